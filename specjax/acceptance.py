@@ -1,0 +1,79 @@
+"""Acceptance rules: greedy verification and exact speculative (rejection) sampling.
+
+Chain verification (Leviathan et al. 2023; Chen et al. 2023). A draft proposed tokens x_1..x_G
+from distributions q_1..q_G; the target scored the G+1 positions and gives p_1..p_{G+1} (after the
+same temperature / top-k / top-p as q). Accept x_i with probability min(1, p_i(x_i) / q_i(x_i))
+while they are accepted; at the first rejection i sample from norm(max(0, p_i - q_i)); if all G
+are accepted sample a bonus token from p_{G+1}. The output is distributed exactly as the target's.
+
+Greedy (temperature 0) is the same rule with one-hot p: accept while x_i == argmax p_i, then emit
+the target's argmax. Deterministic drafters (prompt lookup, lookahead) pass q = one-hot(x).
+
+Batched: each row accepts its own number n[b] in [0, G]; every shape is static.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax import sampling
+from specjax.sampling import SamplingParams
+
+
+def _leading_true(ok: jax.Array) -> jax.Array:
+  """ok [B,G] bool -> [B] int32 number of leading True values."""
+  return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+
+
+def greedy_chain(draft: jax.Array, target_logits: jax.Array):
+  """draft [B,G]; target_logits [B,G+1,V] -> (n_accepted [B], next_token [B]).
+
+  The emitted tokens are draft[:, :n] followed by next_token (the target's argmax at n).
+  """
+  best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B,G+1]
+  n = _leading_true(draft == best[:, :-1])
+  return n, jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
+
+
+def rejection_chain(key: jax.Array, draft: jax.Array, q: jax.Array | None, target_logits: jax.Array,
+                    sp: SamplingParams):
+  """Exact speculative sampling.
+
+  draft [B,G] int32; q [B,G,V] the draft's (already filtered) distributions, or None for a
+  deterministic draft (q = one-hot(draft)); target_logits [B,G+1,V].
+  Returns (n_accepted [B], next_token [B]).
+  """
+  b, g = draft.shape
+  v = target_logits.shape[-1]
+  p = sampling.probs(target_logits, sp)  # [B,G+1,V]
+  if q is None:
+    q = jax.nn.one_hot(draft, v, dtype=jnp.float32)
+  k_acc, k_res = jax.random.split(key)
+  px = jnp.take_along_axis(p[:, :g], draft[..., None], axis=-1)[..., 0]  # [B,G]
+  qx = jnp.take_along_axis(q, draft[..., None], axis=-1)[..., 0]
+  r = jax.random.uniform(k_acc, (b, g))
+  # r < p/q  <=>  r * q < p (no division; a token q could not have drawn is rejected).
+  ok = (r * qx < px) & (qx > 0)
+  n = _leading_true(ok)
+  # Distribution of the next token: residual at the first rejection, else the bonus p_{G+1}.
+  q_pad = jnp.concatenate([q, jnp.zeros((b, 1, v), q.dtype)], axis=1)  # [B,G+1,V]
+  p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [B,V]
+  q_n = jnp.take_along_axis(q_pad, n[:, None, None], axis=1)[:, 0]
+  res = jnp.maximum(p_n - q_n, 0.0)
+  total = jnp.sum(res, axis=-1, keepdims=True)
+  # p == q exactly leaves no residual mass; then rejection had probability 0, and p_n is right.
+  res = jnp.where(total > 0, res / jnp.where(total > 0, total, 1.0), p_n)
+  nxt = sampling.sample_probs(k_res, res)
+  return n, nxt
+
+
+def verify_chain(key: jax.Array, draft: jax.Array, q: jax.Array | None, target_logits: jax.Array,
+                 sp: SamplingParams):
+  """Greedy rows take the cheap argmax path when the whole batch is greedy; otherwise exact
+  rejection sampling (which reduces to greedy verification on temperature-0 rows)."""
+  return jax.lax.cond(
+      jnp.all(sp.temperature == 0),
+      lambda: greedy_chain(draft, target_logits),
+      lambda: rejection_chain(key, draft, q, target_logits, sp),
+  )

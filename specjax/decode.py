@@ -1,0 +1,321 @@
+"""DecodeState, the shared jitted lax.while_loop driver, and the autoregressive baseline.
+
+A generation is one compiled program: prefill, then `lax.while_loop(method.step)` until every row
+is done. Python tokenises before and detokenises after. A method is a small frozen object with
+
+    validate(model)             host-side checks, raising InputError before anything compiles
+    arrays()                    the device arrays it needs (e.g. a draft model's params)
+    extra_slots                 static: cache slots one step may write past the committed length
+    max_emit                    static: the most tokens one step can emit (histogram size)
+    init(prog, arrays, state, prefill_hidden) -> method state      (inside jit, after prefill)
+    step(prog, params, arrays, state) -> state                     (one loop iteration)
+
+and every method reports the same statistics. See `Autoregressive` at the bottom for the smallest
+one; draft.py, prompt_lookup.py, ... for the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+from specjax import sampling
+from specjax.errors import InputError
+from specjax.sampling import SamplingParams
+
+
+@flax.struct.dataclass
+class DecodeState:
+  seq: jax.Array  # [B,S] int32: prompt then generated tokens; index = position
+  seq_len: jax.Array  # [B] int32: valid tokens in seq
+  prompt_len: jax.Array  # [B] int32
+  max_new: jax.Array  # [B] int32
+  done: jax.Array  # [B] bool
+  cache: kv.KVCache  # target K/V for seq[:, :seq_len - 1]; the last token is pending
+  key: jax.Array  # PRNG key, split every step
+  sp: SamplingParams
+  eos: jax.Array  # [N_eos] int32 stop tokens (-1 = unused)
+  steps: jax.Array  # [] int32: loop iterations so far
+  calls: jax.Array  # [B] int32: target forwards while the row was active (prefill included)
+  hist: jax.Array  # [B, max_emit + 1] int32: steps that emitted n tokens
+  method: Any = None  # the method's own state (draft cache, n-gram pool, ...)
+
+  @property
+  def last_token(self) -> jax.Array:
+    """[B] the pending token (emitted, not yet in the cache)."""
+    return jnp.take_along_axis(self.seq, (self.seq_len - 1)[:, None], axis=1)[:, 0]
+
+
+def emit(state: DecodeState, tokens: jax.Array, n: jax.Array) -> DecodeState:
+  """Appends the first n[b] of tokens [B,N] to each active row, stopping at EOS and max_new.
+
+  Rows already done emit nothing. Counts the step in `calls` and `hist` for active rows.
+  """
+  b, num = tokens.shape
+  active = ~state.done
+  n = jnp.where(active, n, 0).astype(jnp.int32)
+  j = jnp.arange(num)[None, :]
+  is_eos = jnp.any(tokens[:, :, None] == state.eos[None, None, :], axis=-1) & (j < n[:, None])
+  hit = jnp.any(is_eos, axis=1)
+  n = jnp.where(hit, jnp.minimum(n, jnp.argmax(is_eos, axis=1) + 1), n)
+  n = jnp.minimum(n, state.max_new - (state.seq_len - state.prompt_len))
+  s = state.seq.shape[1]
+  idx = jnp.where(j < n[:, None], state.seq_len[:, None] + j, s)  # s = out of range: dropped
+  seq = jax.vmap(lambda row, i, t: row.at[i].set(t, mode="drop"))(state.seq, idx, tokens)
+  seq_len = state.seq_len + n
+  done = state.done | (hit & active) | (seq_len - state.prompt_len >= state.max_new)
+  hist = state.hist.at[jnp.arange(b), jnp.minimum(n, state.hist.shape[1] - 1)].add(
+      active.astype(jnp.int32))
+  return state.replace(seq=seq, seq_len=seq_len, done=done, hist=hist,
+                       calls=state.calls + active.astype(jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """Everything static about one compiled generation (the jit cache key)."""
+  graphdef: Any  # the target's nnx GraphDef
+  config: Any  # the target's ModelConfig
+  method: Any  # the (hashable) method object
+  max_len: int  # S
+
+  def forward(self, params, tokens, positions, cache, mask, **kw):
+    from flax import nnx
+
+    return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
+
+  def causal_mask(self, lengths, num_new):
+    return kv.causal_mask(lengths, num_new, self.max_len, self.config.sliding_window)
+
+
+def prefill(prog: Program, params, prompt, prompt_len, max_new, sp, key, eos, max_emit):
+  """Runs the prompt through the target and samples the first new token.
+
+  prompt [B,P] int32 (right-padded); prompt_len, max_new [B]. Returns (state, hidden [B,P,E]).
+  """
+  b, p = prompt.shape
+  s = prog.max_len
+  cfg = prog.config
+  cache = kv.init(cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim,
+                  jax.tree_util.tree_leaves(params)[0].dtype)
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  mask = prog.causal_mask(cache.lengths, p) & (jnp.arange(s) < prompt_len[:, None])[:, None, :]
+  logits, hidden, cache = prog.forward(params, prompt, positions, cache, mask,
+                                       logits_at=(prompt_len - 1)[:, None])
+  cache = kv.rollback(cache, prompt_len)
+  key, sub = jax.random.split(key)
+  first = sampling.sample(sub, logits[:, 0], sp)
+  seq = jnp.zeros((b, s), jnp.int32).at[:, :p].set(prompt)
+  state = DecodeState(
+      seq=seq, seq_len=prompt_len.astype(jnp.int32), prompt_len=prompt_len.astype(jnp.int32),
+      max_new=max_new.astype(jnp.int32), done=jnp.zeros((b,), bool), cache=cache, key=key, sp=sp,
+      eos=eos, steps=jnp.int32(0), calls=jnp.zeros((b,), jnp.int32),
+      hist=jnp.zeros((b, max_emit + 1), jnp.int32))
+  return emit(state, first[:, None], jnp.ones((b,), jnp.int32)), hidden
+
+
+def _run(prog: Program, params, arrays, prompt, prompt_len, max_new, sp, key, eos):
+  method = prog.method
+  state, hidden = prefill(prog, params, prompt, prompt_len, max_new, sp, key, eos, method.max_emit)
+  state = state.replace(method=method.init(prog, arrays, state, hidden))
+  limit = prog.max_len  # every active step emits >= 1 token, so this bound is never the reason
+
+  def cond(s):
+    return jnp.any(~s.done) & (s.steps < limit)
+
+  def body(s):
+    s = method.step(prog, params, arrays, s)
+    return s.replace(steps=s.steps + 1)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return state.replace(cache=None)  # the cache is large and nobody needs it back
+
+
+_run_jit = jax.jit(_run, static_argnums=0)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+  tokens: list[list[int]]  # new tokens per prompt, EOS included if produced
+  texts: list[str]
+  stats: dict
+
+
+def _next_pow2(n: int, minimum: int) -> int:
+  return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+def bucket_prompt_len(n: int) -> int:
+  """Prompt lengths are padded to a power of two (>= 16): lengths in a bucket share a program."""
+  return _next_pow2(n, 16)
+
+
+def _check_number(name, value, ok, allowed):
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+      or not ok(value):
+    raise InputError(f"{name}={value!r} is invalid: {allowed}")
+
+
+def _encode(model, prompts, chat: bool) -> list[list[int]]:
+  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+    raise InputError(
+        f"prompts must be a list of strings or a list of token-id lists, got {type(prompts).__name__}")
+  if len(prompts) == 0:
+    raise InputError("prompts is empty: pass at least one prompt")
+  out = []
+  for i, p in enumerate(prompts):
+    if isinstance(p, str):
+      if model.tokenizer is None:
+        raise InputError(f"prompts[{i}] is text but model {model.name!r} has no tokenizer; "
+                         f"pass token ids")
+      if chat:
+        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                  add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+      else:
+        ids = model.tokenizer.encode(p)
+    elif isinstance(p, Sequence) and all(isinstance(t, (int, np.integer)) for t in p):
+      ids = [int(t) for t in p]
+      bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
+      if bad:
+        raise InputError(f"prompts[{i}] has token id {bad[0]} outside [0, {model.config.vocab_size})")
+    else:
+      raise InputError(f"prompts[{i}] must be a string or a list of ints, got {type(p).__name__}")
+    if len(ids) == 0:
+      raise InputError(f"prompts[{i}] is empty (no tokens): give every prompt at least one token")
+    out.append(ids)
+  return out
+
+
+class _CompileCache:
+  """Compiled programs by (Program, argument shapes). `count` tells tests when we compiled."""
+
+  def __init__(self):
+    self.programs: dict = {}
+    self.count = 0
+
+  def get(self, prog: Program, args) -> tuple[Any, float]:
+    shapes = tuple((x.shape, x.dtype) for x in jax.tree_util.tree_leaves(args))
+    treedef = jax.tree_util.tree_structure(args)
+    key = (prog, shapes, treedef)
+    if key in self.programs:
+      return self.programs[key], 0.0
+    t0 = time.perf_counter()
+    compiled = _run_jit.lower(prog, *args).compile()
+    self.count += 1
+    self.programs[key] = compiled
+    return compiled, time.perf_counter() - t0
+
+
+compile_cache = _CompileCache()
+
+
+def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
+             stop_at_eos: bool = True) -> GenerateOutput:
+  """Generates up to max_new_tokens for each prompt with `method` (default: Autoregressive)."""
+  method = Autoregressive() if method is None else method
+  _check_number("max_new_tokens", max_new_tokens, lambda v: int(v) == v and v >= 1,
+                "must be an integer >= 1")
+  _check_number("temperature", temperature, lambda v: v >= 0 and math.isfinite(v),
+                "must be a finite number >= 0 (0 = greedy)")
+  _check_number("top_k", top_k, lambda v: int(v) == v and v >= 0, "must be an integer >= 0 (0 = off)")
+  _check_number("top_p", top_p, lambda v: 0 < v <= 1, "must be in (0, 1] (1 = off)")
+  _check_number("seed", seed, lambda v: int(v) == v, "must be an integer")
+  if not hasattr(method, "step"):
+    raise InputError(f"method={method!r} is not a decoding method (e.g. sj.Autoregressive())")
+  method.validate(model)
+  ids = _encode(model, prompts, chat)
+  cfg = model.config
+  longest = max(len(x) for x in ids)
+  if longest + max_new_tokens > cfg.max_position_embeddings:
+    raise InputError(
+        f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's context "
+        f"of {cfg.max_position_embeddings} tokens")
+  b = len(ids)
+  p = bucket_prompt_len(longest)
+  s = p + _next_pow2(max_new_tokens, 16) + method.extra_slots
+  s = -(-s // 16) * 16
+  prompt = np.zeros((b, p), np.int32)
+  for i, x in enumerate(ids):
+    prompt[i, :len(x)] = x
+  eos_ids = sorted(set(cfg.eos_token_ids) | (
+      {model.tokenizer.eos_token_id} if model.tokenizer is not None
+      and model.tokenizer.eos_token_id is not None else set())) if stop_at_eos else []
+  eos = np.full((max(1, len(eos_ids)),), -1, np.int32)
+  eos[:len(eos_ids)] = eos_ids
+  args = (model.params, method.arrays(), jnp.asarray(prompt),
+          jnp.asarray([len(x) for x in ids], jnp.int32),
+          jnp.full((b,), max_new_tokens, jnp.int32),
+          SamplingParams.make(b, temperature, top_k, top_p), jax.random.PRNGKey(seed),
+          jnp.asarray(eos))
+  prog = Program(model.graphdef, cfg, method, s)
+  compiled, compile_s = compile_cache.get(prog, args)
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(compiled(*args))
+  wall = time.perf_counter() - t0
+  seq, seq_len, plen = (np.asarray(x) for x in (state.seq, state.seq_len, state.prompt_len))
+  tokens = [seq[i, plen[i]:seq_len[i]].tolist() for i in range(b)]
+  texts = ([model.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+           if model.tokenizer is not None else [""] * b)
+  calls = np.asarray(state.calls)
+  new = int(sum(len(t) for t in tokens))
+  stats = {
+      "method": method.name,
+      "batch": b,
+      "new_tokens": new,
+      "steps": int(state.steps) + 1,  # loop iterations + the prefill call
+      "target_calls_per_row": calls.tolist(),
+      "mean_accepted": float(new / max(1, calls.sum())),  # tau: tokens per target call
+      "accept_hist": np.asarray(state.hist).sum(0).tolist(),
+      "wall_time_s": wall,
+      "tokens_per_second": new / wall if wall > 0 else float("inf"),
+      "compile_time_s": compile_s,
+      "prompt_bucket": p,
+      "cache_len": s,
+  }
+  stats.update(method.stats(state) if hasattr(method, "stats") else {})
+  return GenerateOutput(tokens, texts, stats)
+
+
+# ----------------------------------------------------------------------------- the baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class Autoregressive:
+  """One target call per token: the baseline every other method must reproduce."""
+  name: str = dataclasses.field(default="autoregressive", init=False)
+  lossless: bool = dataclasses.field(default=True, init=False)
+  extra_slots: int = dataclasses.field(default=1, init=False)
+  max_emit: int = dataclasses.field(default=1, init=False)
+
+  def validate(self, model) -> None:
+    pass
+
+  def arrays(self):
+    return {}
+
+  def init(self, prog, arrays, state, hidden):
+    return None
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    cache = state.cache
+    tok = state.last_token[:, None]  # [B,1]
+    pos = cache.lengths[:, None]
+    logits, _, cache = prog.forward(params, tok, pos, cache, prog.causal_mask(cache.lengths, 1))
+    cache = kv.advance(cache, (~state.done).astype(jnp.int32))
+    key, sub = jax.random.split(state.key)
+    nxt = sampling.sample(sub, logits[:, 0], state.sp)
+    state = state.replace(cache=cache, key=key)
+    return emit(state, nxt[:, None], jnp.ones_like(state.seq_len))

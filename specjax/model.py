@@ -1,0 +1,296 @@
+"""Flax NNX decoder for the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2) and GPT-2.
+
+    (tokens [B,T], positions [B,T], cache, mask [B,T,S]) -> (logits [B,T,V], hidden [B,T,E], cache)
+
+The new tokens' K/V are written into the cache at slots [cache.lengths, cache.lengths + T) before
+attention, and every query attends the whole static cache through `mask`: a causal chain, a tree
+of candidates or a lookahead window are all just masks. `cache.lengths` is not moved; the decoding
+method decides which of the written entries to keep (see cache.py).
+
+Layout choices (measured on a 2-core CPU, see README "Performance"): layers are a Python list
+(unrolled under jit, one cache buffer per layer updated in place; a lax.scan over stacked layers
+copied the carried caches and ran ~2x slower), Q/K/V are one fused matmul with weight
+[E, K, G+2, D] grouped by kv head (so splitting axis K over a mesh keeps each query head with its
+kv head), and gate/up are one matmul [E, 2, F].
+"""
+
+from __future__ import annotations
+
+import math
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax import cache as kv
+from specjax.config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """[D/2] inverse frequencies, with linear or llama3 scaling applied (as HF computes them)."""
+  d = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+  rs = dict(cfg.rope_scaling)
+  kind = rs.get("rope_type", "default")
+  if kind == "linear":
+    inv = inv / rs["factor"]
+  elif kind == "llama3":
+    factor = rs["factor"]
+    low, high = rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    inv = np.where(medium, smoothed, scaled)
+  return inv.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B,T,...,D]; cos, sin [B,T,D/2]. Half-split (rotate_half) convention, as HF Llama."""
+  half = x.shape[-1] // 2
+  extra = x.ndim - 3
+  cos = cos.reshape(cos.shape[:2] + (1,) * extra + cos.shape[-1:])
+  sin = sin.reshape(sin.shape[:2] + (1,) * extra + sin.shape[-1:])
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _param(rngs, shape, dtype, scale=0.02):
+  return nnx.Param(scale * jax.random.normal(rngs.params(), shape, dtype))
+
+
+class Norm(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, dtype):
+    self.kind, self.eps = cfg.norm, cfg.norm_eps
+    self.scale = nnx.Param(jnp.ones((cfg.hidden_size,), dtype))
+    if cfg.norm == "layer":
+      self.bias = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
+
+  def __call__(self, x):  # [..., E]
+    h = x.astype(jnp.float32)
+    if self.kind == "layer":
+      h = h - jnp.mean(h, axis=-1, keepdims=True)
+      h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+      return (h.astype(x.dtype) * self.scale.value + self.bias.value).astype(x.dtype)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+    return self.scale.value * h.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+    e, k, g, d = cfg.hidden_size, cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+    self.cfg = cfg
+    self.wqkv = _param(rngs, (e, k, g + 2, d), dtype)  # per kv head: G queries, then k, then v
+    if cfg.qkv_bias:
+      self.bqkv = nnx.Param(jnp.zeros((k, g + 2, d), dtype))
+    self.wo = _param(rngs, (cfg.num_heads, d, e), dtype)
+    if cfg.out_bias:
+      self.bo = nnx.Param(jnp.zeros((e,), dtype))
+
+  def __call__(self, x, rope, layer_cache, start, mask):
+    """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,S,K,D]}; start [B];
+    mask [B,T,S] -> (y [B,T,E], layer_cache)."""
+    cfg = self.cfg
+    b, t, _ = x.shape
+    g = cfg.group_size
+    qkv = jnp.einsum("bte,ekgd->btkgd", x, self.wqkv.value)  # [B,T,K,G+2,D]
+    if cfg.qkv_bias:
+      qkv = qkv + self.bqkv.value
+    q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [B,T,K,G,D] [B,T,K,D] x2
+    if rope is not None:
+      q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    layer_cache = kv.write_layer(layer_cache, k, v, start)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, layer_cache["k"]).astype(jnp.float32)
+    scores = scores * (cfg.head_dim ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", probs, layer_cache["v"])  # [B,T,K,G,D]
+    # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
+    # as an einsum made XLA transpose the weight on every step.
+    o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
+    y = o @ self.wo.value.reshape(cfg.num_heads * cfg.head_dim, -1)
+    if cfg.out_bias:
+      y = y + self.bo.value
+    return y, layer_cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+    self.cfg = cfg
+    m = 2 if cfg.gated_mlp else 1
+    self.w_in = _param(rngs, (cfg.hidden_size, m, cfg.intermediate_size), dtype)  # gate, up
+    self.w_out = _param(rngs, (cfg.intermediate_size, cfg.hidden_size), dtype)
+    if cfg.out_bias:
+      self.b_in = nnx.Param(jnp.zeros((m, cfg.intermediate_size), dtype))
+      self.b_out = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
+
+  def __call__(self, x):  # [B,T,E]
+    h = jnp.einsum("bte,emf->btmf", x, self.w_in.value)  # [B,T,M,F]
+    if self.cfg.out_bias:
+      h = h + self.b_in.value
+    if self.cfg.gated_mlp:
+      h = jax.nn.silu(h[:, :, 0]) * h[:, :, 1]
+    else:
+      h = jax.nn.gelu(h[:, :, 0], approximate=True)
+    y = h @ self.w_out.value
+    if self.cfg.out_bias:
+      y = y + self.b_out.value
+    return y
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+    self.attn_norm = Norm(cfg, dtype)
+    self.attn = Attention(cfg, dtype, rngs)
+    self.mlp_norm = Norm(cfg, dtype)
+    self.mlp = MLP(cfg, dtype, rngs)
+
+  def __call__(self, x, rope, layer_cache, start, mask):
+    y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask)
+    x = x + y
+    x = x + self.mlp(self.mlp_norm(x))
+    return x, layer_cache
+
+
+class Decoder(nnx.Module):
+  """The whole model. Build abstractly with `nnx.eval_shape` and fill from a checkpoint."""
+
+  def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), dtype)  # [V,E]
+    if cfg.position == "learned":
+      self.pos_embed = _param(rngs, (cfg.max_position_embeddings, cfg.hidden_size), dtype)
+    self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = Norm(cfg, dtype)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), dtype)  # [E,V]
+    # Static floats, not an array: a hashable attribute, constant-folded under jit.
+    self.inv_freq = tuple(rope_inv_freq(cfg).tolist()) if cfg.position == "rope" else ()
+
+  def head(self, h: jax.Array) -> jax.Array:
+    """Final-normed hidden [..., E] -> logits [..., V] (float32)."""
+    if self.cfg.tie_word_embeddings:
+      return jnp.einsum("...e,ve->...v", h, self.embed.value).astype(jnp.float32)
+    return (h @ self.lm_head.value).astype(jnp.float32)
+
+  def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
+               logits_at: jax.Array | None = None):
+    """tokens, positions [B,T] int32; mask [B,T,S] bool.
+
+    num_layers: run only the first k layers (layer-skip drafting); their cache entries are
+    written, the rest are passed through. logits_at [B,N]: compute logits only at these of the
+    T positions (prefill needs one). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after
+    the final norm, cache).
+    """
+    n = self.cfg.num_layers if num_layers is None else num_layers
+    x = self.embed.value[tokens]  # [B,T,E]
+    rope = None
+    if self.cfg.position == "learned":
+      x = x + self.pos_embed.value[positions]
+    else:
+      inv_freq = jnp.asarray(self.inv_freq, jnp.float32)
+      angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,D/2]
+      rope = (jnp.cos(angles), jnp.sin(angles))
+    layers = list(cache.layers)
+    for i in range(n):
+      x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask)
+    hidden = self.final_norm(x)
+    sel = hidden
+    if logits_at is not None:
+      sel = jnp.take_along_axis(hidden, logits_at[..., None], axis=1)  # [B,N,E]
+    return self.head(sel), hidden, cache.replace(layers=tuple(layers))
+
+
+class Model:
+  """A loaded model: frozen `config`, NNX `graphdef`, parameter pytree `params`, `tokenizer`.
+
+  Pure use: `model.apply(params, tokens, positions, cache, mask)`; `params` can be swapped for a
+  traced copy inside jit (nnx.merge happens at trace time only).
+  """
+
+  def __init__(self, config: ModelConfig, graphdef, params, tokenizer=None, name: str = "",
+               dtype=jnp.float32, shared: tuple = ()):
+    self.config, self.graphdef, self.params = config, graphdef, params
+    self.tokenizer, self.name, self.dtype = tokenizer, name, jnp.dtype(dtype)
+    self.shared = shared  # parameter paths borrowed from another model (e.g. a draft's embeddings)
+
+  def module(self, params=None) -> Decoder:
+    return nnx.merge(self.graphdef, self.params if params is None else params)
+
+  def apply(self, params, tokens, positions, cache, mask, **kw):
+    return self.module(params)(tokens, positions, cache, mask, **kw)
+
+  def init_cache(self, batch: int, max_len: int, num_layers: int | None = None) -> kv.KVCache:
+    c = self.config
+    return kv.init(num_layers or c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim, self.dtype)
+
+  @property
+  def num_param_bytes(self) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self.params))
+
+  def __repr__(self):
+    c = self.config
+    return (f"Model({self.name or c.arch}: L={c.num_layers} E={c.hidden_size} H={c.num_heads} "
+            f"K={c.num_kv_heads} V={c.vocab_size}, {self.dtype.name})")
+
+  @classmethod
+  def random(cls, config: ModelConfig, *, seed: int = 0, dtype=jnp.float32, tokenizer=None,
+             scale: float = 0.02) -> "Model":
+    """A randomly initialised model (tests, drafts trained from scratch)."""
+    config.validate()
+    module = Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed))
+    graphdef, params = nnx.split(module)
+    if scale != 0.02:
+      params = jax.tree_util.tree_map(lambda x: x * (scale / 0.02), params)
+    return cls(config, graphdef, params, tokenizer, name="random", dtype=dtype)
+
+
+def path_key(path) -> tuple:
+  """A jax tree path into an nnx.State -> specjax's flat key, e.g. ("layers", 3, "attn", "wqkv")."""
+  out = []
+  for p in path:
+    k = getattr(p, "key", getattr(p, "name", getattr(p, "idx", None)))
+    if k == "value":
+      continue
+    out.append(k)
+  return tuple(out)
+
+
+def from_flat(config: ModelConfig, flat: dict, *, dtype=jnp.float32, place=None, where: str = ""):
+  """Flat numpy params in specjax layout -> (graphdef, params). Checks every key and shape.
+
+  place(key, np_array) -> jax.Array puts each tensor on its device(s) as it is converted, so a
+  sharded model is never materialised whole on one device (default: jnp.asarray).
+  """
+  from specjax.errors import WeightsError
+
+  abstract = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0)))
+  graphdef, abs_state = nnx.split(abstract)
+  seen = set()
+
+  def fill(path, leaf):
+    key = path_key(path)
+    if key not in flat:
+      raise WeightsError(f"{where}: no tensor for parameter {'.'.join(map(str, key))}")
+    arr = flat[key]
+    if tuple(arr.shape) != tuple(leaf.shape):
+      raise WeightsError(f"{where}: parameter {'.'.join(map(str, key))} has shape {arr.shape}, "
+                         f"expected {leaf.shape}")
+    seen.add(key)
+    arr = np.asarray(arr).astype(dtype)
+    return place(key, arr) if place is not None else jnp.asarray(arr)
+
+  params = jax.tree_util.tree_map_with_path(fill, abs_state)
+  extra = set(flat) - seen
+  if extra:
+    raise WeightsError(f"{where}: unexpected parameters {sorted(map(str, extra))[:5]}")
+  return graphdef, params

@@ -1,0 +1,83 @@
+"""Temperature / top-k / top-p -> probabilities, and sampling with explicit keys.
+
+Sampling parameters are arrays with one value per row, so greedy and sampling share one compiled
+program: temperature == 0 means greedy, and its "distribution" is the one-hot argmax. The
+acceptance rules see the same one-hot, so greedy verification is the temperature-0 case of exact
+rejection sampling.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class SamplingParams:
+  temperature: jax.Array  # [B] float32; 0 = greedy
+  top_k: jax.Array  # [B] int32; 0 = off
+  top_p: jax.Array  # [B] float32; 1 = off
+
+  @classmethod
+  def make(cls, batch: int, temperature=0.0, top_k=0, top_p=1.0) -> "SamplingParams":
+    return cls(
+        temperature=jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (batch,)),
+        top_k=jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), (batch,)),
+        top_p=jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,)),
+    )
+
+
+def _rows(x: jax.Array, ndim: int) -> jax.Array:
+  """[B] -> [B, 1, ..., 1] to broadcast against an ndim-dimensional [B, ..., V] array."""
+  return x.reshape(x.shape + (1,) * (ndim - 1))
+
+
+def _filter(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Masks (to -inf) tokens outside top-k and outside the top-p nucleus. logits [B,...,V]."""
+  v = logits.shape[-1]
+  srt = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
+  k = _rows(top_k, logits.ndim)
+  k = jnp.where(k > 0, jnp.minimum(k, v), v)
+  kth = jnp.take_along_axis(srt, jnp.broadcast_to(k - 1, srt.shape[:-1] + (1,)), axis=-1)
+  logits = jnp.where(logits < kth, -jnp.inf, logits)
+  # Nucleus over what top-k kept: the smallest prefix of the sorted tokens with mass >= top_p.
+  srt = jnp.where(jnp.arange(v) < k, srt, -jnp.inf)
+  p = jax.nn.softmax(srt, axis=-1)
+  before = jnp.cumsum(p, axis=-1) - p  # mass strictly before each sorted token
+  keep = before < _rows(top_p, logits.ndim)
+  n_keep = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
+  cut = jnp.take_along_axis(srt, n_keep - 1, axis=-1)
+  return jnp.where(logits < cut, -jnp.inf, logits)
+
+
+def probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
+  """logits [B,...,V] -> the distribution to sample from [B,...,V] (float32).
+
+  Temperature is applied first, then top-k, then top-p (HF's order). Rows with temperature 0
+  get the one-hot argmax.
+  """
+  logits = logits.astype(jnp.float32)
+  t = _rows(sp.temperature, logits.ndim)
+  scaled = logits / jnp.where(t > 0, t, 1.0)
+  needs_filter = jnp.any((sp.top_k > 0) | (sp.top_p < 1.0))
+  scaled = jax.lax.cond(needs_filter, lambda x: _filter(x, sp.top_k, sp.top_p), lambda x: x, scaled)
+  p = jax.nn.softmax(scaled, axis=-1)
+  greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  return jnp.where(t > 0, p, greedy)
+
+
+def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
+  """Draws one token per distribution. p [B,...,V] -> [B,...] int32."""
+  return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32)
+
+
+def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:
+  """logits [B,...,V] -> tokens [B,...] int32. All-greedy batches skip the random draw."""
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.lax.cond(
+      jnp.all(sp.temperature == 0),
+      lambda: greedy,
+      lambda: jnp.where(_rows(sp.temperature, greedy.ndim) > 0,
+                        sample_probs(key, probs(logits, sp)), greedy),
+  )

