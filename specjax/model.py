@@ -77,9 +77,9 @@ class Norm(nnx.Module):
     if self.kind == "layer":
       h = h - jnp.mean(h, axis=-1, keepdims=True)
       h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-      return (h.astype(x.dtype) * self.scale.value + self.bias.value).astype(x.dtype)
+      return (h.astype(x.dtype) * self.scale[...] + self.bias[...]).astype(x.dtype)
     h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-    return self.scale.value * h.astype(x.dtype)
+    return self.scale[...] * h.astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -100,9 +100,9 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     g = cfg.group_size
-    qkv = jnp.einsum("bte,ekgd->btkgd", x, self.wqkv.value)  # [B,T,K,G+2,D]
+    qkv = jnp.einsum("bte,ekgd->btkgd", x, self.wqkv[...])  # [B,T,K,G+2,D]
     if cfg.qkv_bias:
-      qkv = qkv + self.bqkv.value
+      qkv = qkv + self.bqkv[...]
     q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [B,T,K,G,D] [B,T,K,D] x2
     if rope is not None:
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -115,9 +115,9 @@ class Attention(nnx.Module):
     # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
     # as an einsum made XLA transpose the weight on every step.
     o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
-    y = o @ self.wo.value.reshape(cfg.num_heads * cfg.head_dim, -1)
+    y = o @ self.wo[...].reshape(cfg.num_heads * cfg.head_dim, -1)
     if cfg.out_bias:
-      y = y + self.bo.value
+      y = y + self.bo[...]
     return y, layer_cache
 
 
@@ -133,16 +133,16 @@ class MLP(nnx.Module):
       self.b_out = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
 
   def __call__(self, x):  # [B,T,E]
-    h = jnp.einsum("bte,emf->btmf", x, self.w_in.value)  # [B,T,M,F]
+    h = jnp.einsum("bte,emf->btmf", x, self.w_in[...])  # [B,T,M,F]
     if self.cfg.out_bias:
-      h = h + self.b_in.value
+      h = h + self.b_in[...]
     if self.cfg.gated_mlp:
       h = jax.nn.silu(h[:, :, 0]) * h[:, :, 1]
     else:
       h = jax.nn.gelu(h[:, :, 0], approximate=True)
-    y = h @ self.w_out.value
+    y = h @ self.w_out[...]
     if self.cfg.out_bias:
-      y = y + self.b_out.value
+      y = y + self.b_out[...]
     return y
 
 
@@ -179,8 +179,8 @@ class Decoder(nnx.Module):
   def head(self, h: jax.Array) -> jax.Array:
     """Final-normed hidden [..., E] -> logits [..., V] (float32)."""
     if self.cfg.tie_word_embeddings:
-      return jnp.einsum("...e,ve->...v", h, self.embed.value).astype(jnp.float32)
-    return (h @ self.lm_head.value).astype(jnp.float32)
+      return jnp.einsum("...e,ve->...v", h, self.embed[...]).astype(jnp.float32)
+    return (h @ self.lm_head[...]).astype(jnp.float32)
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
                logits_at: jax.Array | None = None):
@@ -192,10 +192,10 @@ class Decoder(nnx.Module):
     the final norm, cache).
     """
     n = self.cfg.num_layers if num_layers is None else num_layers
-    x = self.embed.value[tokens]  # [B,T,E]
+    x = self.embed[...][tokens]  # [B,T,E]
     rope = None
     if self.cfg.position == "learned":
-      x = x + self.pos_embed.value[positions]
+      x = x + self.pos_embed[...][positions]
     else:
       inv_freq = jnp.asarray(self.inv_freq, jnp.float32)
       angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,D/2]

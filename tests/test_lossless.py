@@ -1,0 +1,145 @@
+"""The lossless suite, run for every method that claims to be lossless.
+
+Greedy: token-identical to sj.Autoregressive() (fp32), batch 1 and batch 4 with different prompt
+lengths. Sampling: the empirical joint distribution of the first two generated tokens matches the
+exact distribution computed from the target alone (total variation within twice its expected
+sampling error), and a deliberately broken acceptance rule fails the same check.
+
+To add a method: append a (name, factory) pair to GREEDY_METHODS (and SAMPLING_METHODS if it
+claims exact sampling); factory(target) -> method.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import cache as kv
+from specjax import sampling
+
+from conftest import random_prompts, tiny_model
+
+GREEDY_METHODS = [
+    ("autoregressive", lambda target: sj.Autoregressive()),
+]
+SAMPLING_METHODS = [
+    ("autoregressive", lambda target: sj.Autoregressive()),
+]
+
+N_PROMPTS = 20
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def target():
+  return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+  return random_prompts(N_PROMPTS, target.config.vocab_size, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(target, prompts):
+  return [sj.generate(target, [p], sj.Autoregressive(), max_new_tokens=MAX_NEW).tokens[0]
+          for p in prompts]
+
+
+@pytest.mark.parametrize("name,factory", GREEDY_METHODS, ids=[m[0] for m in GREEDY_METHODS])
+def test_greedy_identical_batch1(name, factory, target, prompts, reference):
+  method = factory(target)
+  for p, ref in zip(prompts, reference):
+    out = sj.generate(target, [p], method, max_new_tokens=MAX_NEW)
+    assert out.tokens[0] == ref, f"{name} diverged from autoregressive on prompt {p}"
+
+
+@pytest.mark.parametrize("name,factory", GREEDY_METHODS, ids=[m[0] for m in GREEDY_METHODS])
+def test_greedy_identical_batch4(name, factory, target, prompts, reference):
+  method = factory(target)
+  for i in range(0, 8, 4):
+    batch = prompts[i:i + 4]
+    assert len({len(p) for p in batch}) > 1, "the batch must mix prompt lengths"
+    out = sj.generate(target, batch, method, max_new_tokens=MAX_NEW)
+    assert out.tokens == reference[i:i + 4], f"{name} batch of 4 differs from each row alone"
+
+
+# ----------------------------------------------------------------------------- sampling
+
+SMALL_VOCAB = 13
+N_SAMPLES = 12000
+SAMPLING_SETTINGS = [
+    dict(temperature=1.0, top_k=0, top_p=1.0),
+    dict(temperature=0.7, top_k=0, top_p=1.0),
+    dict(temperature=1.0, top_k=5, top_p=1.0),
+    dict(temperature=0.7, top_k=0, top_p=0.8),
+]
+
+
+def small_target():
+  return tiny_model(seed=3, scale=0.15, vocab_size=SMALL_VOCAB)
+
+
+def exact_two_token_dist(model, prompt, settings) -> np.ndarray:
+  """[V,V] joint probability of the first two generated tokens, from the target alone."""
+  v = model.config.vocab_size
+  sp = sampling.SamplingParams.make(1 + v, **settings)
+  seqs = [prompt] + [prompt + [t] for t in range(v)]
+  t = len(prompt) + 1
+  toks = np.zeros((1 + v, t), np.int32)
+  for i, s in enumerate(seqs):
+    toks[i, :len(s)] = s
+  lengths = np.array([len(s) for s in seqs])
+  cache = model.init_cache(1 + v, t)
+  mask = kv.causal_mask(cache.lengths, t, t)
+  logits, _, _ = model.apply(model.params, toks, np.broadcast_to(np.arange(t), toks.shape), cache,
+                             mask, logits_at=(lengths - 1)[:, None])
+  p = np.asarray(sampling.probs(logits[:, 0], sp), np.float64)
+  return p[0][:, None] * p[1:]
+
+
+def tv_check(model, method, settings, seed=0):
+  prompt = [3, 1, 4, 1, 5]
+  exact = exact_two_token_dist(model, prompt, settings)
+  out = sj.generate(model, [prompt] * N_SAMPLES, method, max_new_tokens=2, seed=seed,
+                    stop_at_eos=False, **settings)
+  counts = np.zeros_like(exact)
+  for t in out.tokens:
+    counts[t[0], t[1]] += 1
+  emp = counts / counts.sum()
+  tv = 0.5 * np.abs(emp - exact).sum()
+  expected = 0.5 * np.sum(np.sqrt(2 * exact * (1 - exact) / (np.pi * N_SAMPLES)))
+  return tv, expected
+
+
+@pytest.mark.parametrize("settings", SAMPLING_SETTINGS, ids=lambda s: "t{temperature}-k{top_k}-p{top_p}".format(**s))
+@pytest.mark.parametrize("name,factory", SAMPLING_METHODS, ids=[m[0] for m in SAMPLING_METHODS])
+def test_sampling_distribution(name, factory, settings):
+  model = small_target()
+  tv, expected = tv_check(model, factory(model), settings)
+  assert tv < 2 * expected, f"{name}: TV {tv:.4f} vs expected sampling error {expected:.4f}"
+
+
+def test_sampling_check_detects_wrong_distribution():
+  """The TV check must fail when the sampler draws from the wrong distribution (temperature)."""
+  model = small_target()
+  exact_settings = dict(temperature=1.0, top_k=0, top_p=1.0)
+  prompt = [3, 1, 4, 1, 5]
+  exact = exact_two_token_dist(model, prompt, exact_settings)
+  out = sj.generate(model, [prompt] * N_SAMPLES, sj.Autoregressive(), max_new_tokens=2,
+                    temperature=0.8, stop_at_eos=False)
+  counts = np.zeros_like(exact)
+  for t in out.tokens:
+    counts[t[0], t[1]] += 1
+  tv = 0.5 * np.abs(counts / counts.sum() - exact).sum()
+  expected = 0.5 * np.sum(np.sqrt(2 * exact * (1 - exact) / (np.pi * N_SAMPLES)))
+  assert tv > 2 * expected
+
+
+def test_seeded_runs_reproducible(target, prompts):
+  a = sj.generate(target, prompts[:4], max_new_tokens=16, temperature=0.9, seed=7)
+  b = sj.generate(target, prompts[:4], max_new_tokens=16, temperature=0.9, seed=7)
+  c = sj.generate(target, prompts[:4], max_new_tokens=16, temperature=0.9, seed=8)
+  assert a.tokens == b.tokens
+  assert a.tokens != c.tokens
