@@ -138,6 +138,12 @@ def from_hf_dict(hf: dict, *, source: str = "config.json") -> ModelConfig:
     e = hf["hidden_size"]
     if hf.get("hidden_act", "silu") != "silu":
       raise ConfigError(f"{source}: unsupported hidden_act {hf['hidden_act']!r} (expected 'silu')")
+    # transformers >= 5 writes rope settings as `rope_parameters` (rope_theta inside); older
+    # configs have top-level `rope_theta` and `rope_scaling`.
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope.get("rope_type", rope.get("type")) in (None, "default"):
+      rope = {}
     window = 0
     if model_type == "mistral" and hf.get("sliding_window"):
       window = int(hf["sliding_window"])
@@ -156,8 +162,8 @@ def from_hf_dict(hf: dict, *, source: str = "config.json") -> ModelConfig:
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
         out_bias=False,
-        rope_theta=float(hf.get("rope_theta", 10000.0)),
-        rope_scaling=_rope_tuple(hf.get("rope_scaling")),
+        rope_theta=theta,
+        rope_scaling=_rope_tuple(rope),
         sliding_window=window,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bos_token_id=hf.get("bos_token_id"),

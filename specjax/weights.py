@@ -147,6 +147,7 @@ def _safetensors_source(path: str) -> _Source:
     file = os.path.join(path, name)
     if not os.path.isfile(file):
       raise WeightsError(f"{file}: listed in the index but missing")
+    _check_safetensors_size(file)  # a truncated file fails here, with a message that says so
     try:
       h = safe_open(file, framework="np")
       for key in h.keys():
@@ -171,9 +172,6 @@ def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
   src = _safetensors_source(path)
   if cfg.arch != "gpt2" and not cfg.tie_word_embeddings and not src.has("lm_head.weight"):
     raise WeightsError(f"{path}: missing tensor 'lm_head.weight' (tie_word_embeddings is false)")
-  # Sanity-check file sizes against headers before reading: a truncated file fails here.
-  for name in {n for n in os.listdir(path) if n.endswith(".safetensors")}:
-    _check_safetensors_size(os.path.join(path, name))
   return cfg, _convert(cfg, src)
 
 
@@ -338,8 +336,13 @@ def default_dtype():
   return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
-def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None):
-  """Loads a named model, a local HF directory or a .gguf file into a specjax Model."""
+def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
+               rules=None):
+  """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
+
+  mesh ("data=2,model=4" or a jax Mesh): each tensor is sharded by `rules` (default
+  sj.sharding.DEFAULT_RULES) as it is converted, never materialised whole on one device.
+  """
   import jax.numpy as jnp
 
   from specjax.model import Model, from_flat
@@ -347,11 +350,20 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if not isinstance(name_or_path, (str, os.PathLike)):
     raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
   name_or_path = os.fspath(name_or_path)
+  if mesh is not None:
+    from specjax import sharding
+
+    if place is not None:
+      raise ValueError("load_model: pass either mesh= or place=, not both")
+    mesh = sharding.make_mesh(mesh)  # a bad mesh fails here, before reading any weights
+    place = sharding.placer(mesh, rules)
   path = resolve(name_or_path)
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
   cfg, flat = read_checkpoint(path)
   graphdef, params = from_flat(cfg, flat, dtype=dtype, place=place, where=path)
+  if mesh is not None:
+    place.done()
   tok = load_tokenizer(path) if tokenizer else None
   return Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
-import os
 
 import jax
 import numpy as np
 import pytest
 
 import specjax as sj
-
-SHARED_PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "prompts")
-
-# Built-in fallback so the suite runs without ../shared.
-FALLBACK_PROMPTS = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",
-    "Explain why the sky is blue.", "Write a haiku about the sea.", "What is 12 times 13?",
-    "List three prime numbers:", "Translate 'good morning' into French:",
-    "The quick brown fox", "import numpy as np\n", "Summarize: The meeting was moved to Friday.",
-    "Q: Who wrote Hamlet?\nA:",
-]
-
+from specjax import prompts
 
 def tiny_config(**kw) -> sj.ModelConfig:
   base = dict(arch="llama", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
@@ -49,23 +35,8 @@ def smollm2():
 
 
 def shared_prompts(n: int, kind: str = "mt_bench") -> list[str]:
-  """First n prompts (first turns) from ../shared/data/prompts, or the built-in list."""
-  out: list[str] = []
-  try:
-    if kind == "humaneval":
-      with gzip.open(os.path.join(SHARED_PROMPTS, "humaneval.jsonl.gz"), "rt") as f:
-        out = [json.loads(line)["prompt"] for line in f]
-    elif kind == "gsm8k":
-      with open(os.path.join(SHARED_PROMPTS, "gsm8k_test.jsonl")) as f:
-        out = [json.loads(line)["question"] for line in f]
-    else:
-      with open(os.path.join(SHARED_PROMPTS, f"{kind}.jsonl")) as f:
-        out = [json.loads(line)["turns"][0] for line in f]
-  except OSError:
-    out = []
-  if not out:
-    out = FALLBACK_PROMPTS
-  return (out * (n // len(out) + 1))[:n]
+  """First n prompts from ../shared/data/prompts (first turns), or the built-in fallback."""
+  return prompts.load(kind, n)
 
 
 def random_prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:

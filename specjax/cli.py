@@ -1,0 +1,187 @@
+"""`specjax generate | demo | bench | train`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _method_factories() -> dict:
+  """CLI method name -> factory(model, args). Methods whose module is absent are not listed."""
+  import specjax as sj
+
+  out = {"autoregressive": lambda model, a: sj.Autoregressive()}
+  if hasattr(sj, "DraftModel"):
+    out["draft"] = lambda model, a: sj.DraftModel(sj.load_model(a.draft), gamma=a.gamma)
+  if hasattr(sj, "SelfSpeculative"):
+    out["self-spec"] = lambda model, a: sj.SelfSpeculative(
+        exit_layer=a.exit_layer or max(1, model.config.num_layers // 4), gamma=a.gamma)
+  if hasattr(sj, "PromptLookup"):
+    out["prompt-lookup"] = lambda model, a: sj.PromptLookup()
+  if hasattr(sj, "Lookahead"):
+    out["lookahead"] = lambda model, a: sj.Lookahead()
+  return out
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--top-k", type=int, default=0)
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+
+
+def _add_method(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--method", default="autoregressive",
+                 help="autoregressive | draft | self-spec | prompt-lookup | lookahead")
+  p.add_argument("--draft", default="smollm2-135m-draft", help="draft model for --method draft")
+  p.add_argument("--gamma", type=int, default=5)
+  p.add_argument("--exit-layer", type=int, default=0)
+
+
+def _make_method(name: str, model, args):
+  from specjax.errors import InputError
+
+  factories = _method_factories()
+  if name not in factories:
+    raise InputError(f"--method {name!r} is unknown; available: {', '.join(factories)}")
+  return factories[name](model, args)
+
+
+def cmd_generate(args) -> None:
+  import specjax as sj
+
+  model = sj.load_model(args.model)
+  method = _make_method(args.method, model, args)
+  out = sj.generate(model, args.prompt, method, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    seed=args.seed, chat=args.chat)
+  for p, t in zip(args.prompt, out.texts):
+    print(f">>> {p}\n{t}\n")
+  stats = {k: v for k, v in out.stats.items() if not isinstance(v, list)}
+  print(json.dumps(stats, indent=1, default=str))
+
+
+DEMO_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Summarize in two sentences: The city council met on Tuesday to discuss the new bike lanes. "
+    "Residents who spoke supported the plan, but shop owners worried about parking. The council "
+    "voted to build the lanes on a trial basis for six months and to review parking afterwards.",
+]
+
+
+def cmd_demo(args) -> None:
+  """The main job on the embedded default model: generate with every available method and
+  compare them with the autoregressive baseline in one run."""
+  import specjax as sj
+  from specjax import bench
+
+  print(f"Loading {args.model} ...", flush=True)
+  model = sj.load_model(args.model)
+  print(model)
+  methods = {}
+  for name, factory in _method_factories().items():
+    try:
+      methods[name] = factory(model, args)
+    except Exception as e:  # e.g. a draft model that is not installed: show why, run the rest
+      print(f"(skipping {name}: {e})")
+  ref = None
+  for name, method in methods.items():
+    out = sj.generate(model, DEMO_PROMPTS[:1], method, max_new_tokens=args.max_new_tokens, chat=True)
+    if ref is None:
+      ref = out.tokens
+      print(f"\n>>> {DEMO_PROMPTS[0]}\n{out.texts[0]}\n")
+    same = "identical to autoregressive" if out.tokens == ref else "DIFFERS from autoregressive"
+    print(f"{name:15s} {same}; tau={out.stats['mean_accepted']:.2f}")
+  rows = bench.bench_methods(model, DEMO_PROMPTS, methods, max_new_tokens=args.max_new_tokens,
+                             repeats=args.repeats, chat=True)
+  print("\nGreedy, batch 1, chat prompts, medians over prompts x repeats (same process):")
+  print(bench.format_table(rows, [("method", "method", "s"), ("tok_s", "tok/s", ".1f"),
+                                  ("tau", "tau", ".2f"), ("speedup", "speedup", ".2f")]))
+
+
+def cmd_bench(args) -> None:
+  import specjax as sj
+  from specjax import bench
+
+  if args.vs_transformers:
+    r = bench.bench_vs_transformers(args.model, max_new_tokens=args.max_new_tokens,
+                                    repeats=args.repeats)
+    print(f"\n{args.model} {r['dtype']}, greedy, batch 1, {r['max_new_tokens']} new tokens, "
+          f"{r['prompts']} prompts x {r['repeats']} repeats (medians), torch threads={r['torch_threads']}")
+    print(bench.format_table([
+        {"impl": "specjax (JAX/XLA)", "tok_s": r["specjax_tok_s"], "ratio": r["ratio"]},
+        {"impl": "transformers (PyTorch)", "tok_s": r["transformers_tok_s"], "ratio": 1.0},
+    ], [("impl", "implementation", "s"), ("tok_s", "tok/s", ".1f"), ("ratio", "vs transformers", ".2f")]))
+    print(f"weights {r['weight_bytes'] / 1e6:.0f} MB/token, read bandwidth {r['read_bandwidth_GBs']:.1f} GB/s "
+          f"-> bound {r['bound_tok_s']:.1f} tok/s; specjax reaches {100 * r['fraction_of_bound']:.0f}% of it")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(r, f, indent=1)
+    return
+
+
+def _bench_methods(args) -> None:
+  import specjax as sj
+  from specjax import bench, prompts
+
+  model = sj.load_model(args.model)
+  names = args.methods.split(",") if args.methods else list(_method_factories())
+  methods = {n: _make_method(n, model, args) for n in names}
+  ps = prompts.load(args.prompts, args.num_prompts)
+  rows = bench.bench_methods(model, ps, methods, max_new_tokens=args.max_new_tokens,
+                             repeats=args.repeats, temperature=args.temperature)
+  print(bench.format_table(rows, [("method", "method", "s"), ("tok_s", "tok/s", ".1f"),
+                                  ("ms_per_token", "ms/token", ".1f"), ("tau", "tau", ".2f"),
+                                  ("speedup", "speedup", ".2f")]))
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(prog="specjax", description="Speculative decoding in JAX")
+  sub = ap.add_subparsers(dest="cmd", required=True)
+
+  g = sub.add_parser("generate", help="generate text for one or more prompts")
+  g.add_argument("--model", default=DEFAULT_MODEL)
+  g.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+  _add_sampling(g)
+  _add_method(g)
+  g.set_defaults(fn=cmd_generate)
+
+  d = sub.add_parser("demo", help="run every method on the embedded default model")
+  d.add_argument("--model", default=DEFAULT_MODEL)
+  d.add_argument("--max-new-tokens", type=int, default=64)
+  d.add_argument("--repeats", type=int, default=2)
+  _add_method(d)
+  d.set_defaults(fn=cmd_demo)
+
+  b = sub.add_parser("bench", help="time methods (or specjax vs transformers) in one run")
+  b.add_argument("--model", default=DEFAULT_MODEL)
+  b.add_argument("--vs-transformers", action="store_true",
+                 help="autoregressive specjax vs transformers' PyTorch generate, same weights")
+  b.add_argument("--methods", default="", help="comma-separated; default: all available")
+  b.add_argument("--prompts", default="mt_bench",
+                 help="mt_bench | spec_bench[:category] | humaneval | gsm8k | a .jsonl/.txt path")
+  b.add_argument("--num-prompts", type=int, default=5)
+  b.add_argument("--max-new-tokens", type=int, default=128)
+  b.add_argument("--repeats", type=int, default=3)
+  b.add_argument("--temperature", type=float, default=0.0)
+  b.add_argument("--json", default="", help="also write the results here")
+  _add_method(b)
+  b.set_defaults(fn=lambda a: cmd_bench(a) if a.vs_transformers else _bench_methods(a))
+
+  args = ap.parse_args(argv)
+  from specjax.errors import SpecJaxError
+
+  try:
+    args.fn(args)
+  except SpecJaxError as e:
+    print(f"specjax: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,75 @@
+"""The autoregressive driver: bucketing without recompiles, batching, EOS, stats, and the
+real-model batch check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import decode
+
+from conftest import random_prompts, shared_prompts, tiny_model
+
+
+def test_same_bucket_does_not_recompile(tiny):
+  sj.generate(tiny, [[1, 2, 3, 4, 5]], max_new_tokens=8)
+  before = decode.compile_cache.count
+  out = sj.generate(tiny, [[7, 8, 9, 10, 11, 12, 13, 14, 15]], max_new_tokens=8)  # bucket 16 too
+  assert decode.compile_cache.count == before
+  assert out.stats["compile_time_s"] == 0.0
+  # Sampling parameters and max_new_tokens inside its bucket are arrays: no recompile either.
+  sj.generate(tiny, [[1, 2, 3]], max_new_tokens=7, temperature=0.8, top_k=5, top_p=0.9, seed=3)
+  assert decode.compile_cache.count == before
+  sj.generate(tiny, [list(range(1, 30))], max_new_tokens=8)  # bucket 32: a new program
+  assert decode.compile_cache.count == before + 1
+
+
+def test_eos_stops_row_and_is_included():
+  model = tiny_model(seed=0)
+  prompt = [5, 6, 7]
+  free = sj.generate(model, [prompt], max_new_tokens=12).tokens[0]
+  eos = free[4]
+  first = free.index(eos)
+  import dataclasses
+
+  m2 = sj.Model(dataclasses.replace(model.config, eos_token_ids=(eos,)), model.graphdef,
+                model.params, None, dtype=model.dtype)
+  out = sj.generate(m2, [prompt, [9, 9, 9, 9, 9, 9]], max_new_tokens=12)
+  assert out.tokens[0] == free[:first + 1]
+  assert out.tokens[0][-1] == eos
+  assert len(out.tokens[1]) <= 12
+  out = sj.generate(m2, [prompt], max_new_tokens=12, stop_at_eos=False)
+  assert out.tokens[0] == free
+
+
+def test_max_new_tokens_and_stats(tiny):
+  out = sj.generate(tiny, random_prompts(3, tiny.config.vocab_size, seed=5), max_new_tokens=9)
+  assert [len(t) for t in out.tokens] == [9, 9, 9]
+  s = out.stats
+  assert s["new_tokens"] == 27 and s["mean_accepted"] == 1.0
+  assert s["steps"] == 9 and s["target_calls_per_row"] == [9, 9, 9]
+  for key in ("wall_time_s", "tokens_per_second", "compile_time_s"):
+    assert s[key] >= 0
+
+
+def test_text_prompts_need_tokenizer(tiny):
+  with pytest.raises(sj.InputError, match="no tokenizer"):
+    sj.generate(tiny, ["hello"], max_new_tokens=4)
+
+
+@pytest.mark.slow
+def test_smollm2_batch_rows_equal_alone(smollm2):
+  prompts = shared_prompts(4, "mt_bench")
+  ids = [smollm2.tokenizer.encode(p)[: 8 + 9 * i] for i, p in enumerate(prompts)]
+  assert len({len(x) for x in ids}) == 4
+  batch = sj.generate(smollm2, ids, max_new_tokens=32, stop_at_eos=False)
+  for i, p in enumerate(ids):
+    alone = sj.generate(smollm2, [p], max_new_tokens=32, stop_at_eos=False)
+    assert batch.tokens[i] == alone.tokens[0], f"row {i} differs in the batch"
+
+
+@pytest.mark.slow
+def test_smollm2_text_and_chat(smollm2):
+  out = sj.generate(smollm2, ["What is the capital of France?"], max_new_tokens=16, chat=True)
+  assert "Paris" in out.texts[0]

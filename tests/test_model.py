@@ -1,0 +1,156 @@
+"""Logits parity with transformers (PyTorch fp32) on tiny random HF models saved locally, the
+prefill/decode equivalence, and parity on the real SmolLM2 weights (GGUF)."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import cache as kv
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              num_attention_heads=4, max_position_embeddings=256)
+
+HF_CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
+    "llama3-rope-tied": lambda: transformers.LlamaConfig(
+        **COMMON, num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "llama-linear-rope": lambda: transformers.LlamaConfig(
+        **COMMON, num_key_value_heads=4, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
+    "mistral": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None),
+    "mistral-window": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=8),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=97, n_embd=64, n_layer=3, n_head=4, n_positions=256),
+}
+
+
+def save_tiny_hf(name: str, path: str, **save_kw) -> "transformers.PreTrainedModel":
+  torch.manual_seed(0)
+  cfg = HF_CONFIGS[name]()
+  cfg._attn_implementation = "eager"
+  model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+  with torch.no_grad():  # spread the weights so the test sees real differences
+    for p in model.parameters():
+      if p.ndim == 1 and "norm" in name:
+        continue
+      p.add_(torch.randn_like(p) * 0.05)
+  model.save_pretrained(path, **save_kw)
+  return model
+
+
+def full_forward(model: sj.Model, ids: np.ndarray):
+  b, t = ids.shape
+  cache = model.init_cache(b, t)
+  mask = kv.causal_mask(cache.lengths, t, t, model.config.sliding_window)
+  logits, hidden, _ = model.apply(model.params, jnp.asarray(ids),
+                                  jnp.broadcast_to(jnp.arange(t), (b, t)), cache, mask)
+  return np.asarray(logits), np.asarray(hidden)
+
+
+@pytest.mark.parametrize("name", list(HF_CONFIGS))
+def test_logits_match_transformers(name, tmp_path):
+  ref_model = save_tiny_hf(name, str(tmp_path))
+  model = sj.load_model(str(tmp_path))
+  ids = np.random.default_rng(0).integers(0, 97, size=(2, 24))
+  with torch.no_grad():
+    ref = ref_model(torch.tensor(ids)).logits.numpy()
+  ours, _ = full_forward(model, ids)
+  assert ours.shape == ref.shape
+  np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+  assert np.abs(ref).max() > 0.1  # the comparison is not between near-zero logits
+
+
+def test_sharded_safetensors_with_index(tmp_path):
+  ref_model = save_tiny_hf("llama", str(tmp_path), max_shard_size="50KB")
+  assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+  assert len([f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]) > 1
+  model = sj.load_model(str(tmp_path))
+  ids = np.arange(10)[None] % 97
+  with torch.no_grad():
+    ref = ref_model(torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(full_forward(model, ids)[0], ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen2"])
+def test_prefill_then_decode_equals_full_forward(name, tmp_path):
+  save_tiny_hf(name, str(tmp_path))
+  model = sj.load_model(str(tmp_path))
+  ids = np.random.default_rng(1).integers(0, 97, size=(1, 20))
+  full, _ = full_forward(model, ids)
+  s, p = 32, 8
+  cache = model.init_cache(1, s)
+  logits, _, cache = model.apply(model.params, jnp.asarray(ids[:, :p]), jnp.arange(p)[None], cache,
+                                 kv.causal_mask(cache.lengths, p, s))
+  cache = kv.advance(cache, jnp.array([p]))
+  steps = [np.asarray(logits)]
+  for t in range(p, 20):
+    logits, _, cache = model.apply(model.params, jnp.asarray(ids[:, t:t + 1]), jnp.array([[t]]),
+                                   cache, kv.causal_mask(cache.lengths, 1, s))
+    cache = kv.advance(cache, jnp.array([1]))
+    steps.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5, rtol=0)
+
+
+def test_exit_layer_matches_truncated_model(tiny):
+  """num_layers=k equals a model that has only the first k layers."""
+  import dataclasses
+  from specjax.model import Model
+
+  k = 1
+  ids = np.array([[1, 2, 3, 4, 5]])
+  cache = tiny.init_cache(1, 8)
+  mask = kv.causal_mask(cache.lengths, 5, 8)
+  early, _, _ = tiny.apply(tiny.params, ids, np.arange(5)[None], cache, mask, num_layers=k)
+  cfg = dataclasses.replace(tiny.config, num_layers=k)
+  small = Model.random(cfg)
+  params = dict(tiny.params)
+  params["layers"] = {0: tiny.params["layers"][0]}
+  from flax import nnx
+
+  small_params = nnx.State(params)
+  out, _, _ = small.apply(small_params, ids, np.arange(5)[None], small.init_cache(1, 8), mask)
+  np.testing.assert_allclose(np.asarray(early), np.asarray(out), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- real weights
+
+
+@pytest.fixture(scope="module")
+def torch_smollm2():
+  from specjax.weights import resolve
+
+  path = resolve("smollm2-135m")
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers_gguf(smollm2, torch_smollm2):
+  ids = np.array([smollm2.tokenizer.encode("The capital of France is Paris. The capital of Italy is")])
+  with torch.no_grad():
+    ref = torch_smollm2(torch.tensor(ids)).logits.numpy()
+  ours, _ = full_forward(smollm2, ids)
+  assert np.abs(ours - ref).max() <= 1e-3
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_matches_transformers_generate(smollm2, torch_smollm2):
+  from conftest import shared_prompts
+
+  prompts = shared_prompts(6, "mt_bench") + shared_prompts(4, "humaneval")
+  ids = [smollm2.tokenizer.encode(p) for p in prompts]
+  ours = sj.generate(smollm2, ids, max_new_tokens=64)  # both stop at EOS (and include it)
+  for i, p in enumerate(ids):
+    with torch.no_grad():
+      ref = torch_smollm2.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                   max_new_tokens=64, do_sample=False)
+    assert ours.tokens[i] == ref[0, len(p):].tolist(), f"prompt {i} diverged from transformers"
