@@ -29,6 +29,7 @@ import numpy as np
 
 from specjax import cache as kv
 from specjax import sampling
+from specjax import sharding
 from specjax.errors import InputError
 from specjax.sampling import SamplingParams
 
@@ -86,6 +87,11 @@ class Program:
   config: Any  # the target's ModelConfig
   method: Any  # the (hashable) method object
   max_len: int  # S
+  mesh: Any = None  # jax.sharding.Mesh ("data", "model") or None: one device
+
+  def constrain(self, tree, batch: int):
+    """Pins the cache/state shardings inside jit (rows over data, kv heads over model)."""
+    return sharding.constrain_state(self.mesh, tree, batch)
 
   def forward(self, params, tokens, positions, cache, mask, **kw):
     from flax import nnx
@@ -106,6 +112,7 @@ def prefill(prog: Program, params, prompt, prompt_len, max_new, sp, key, eos, ma
   cfg = prog.config
   cache = kv.init(cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim,
                   jax.tree_util.tree_leaves(params)[0].dtype)
+  cache = prog.constrain(cache, b)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   mask = prog.causal_mask(cache.lengths, p) & (jnp.arange(s) < prompt_len[:, None])[:, None, :]
   logits, hidden, cache = prog.forward(params, prompt, positions, cache, mask,
@@ -126,6 +133,8 @@ def _run(prog: Program, params, arrays, prompt, prompt_len, max_new, sp, key, eo
   method = prog.method
   state, hidden = prefill(prog, params, prompt, prompt_len, max_new, sp, key, eos, method.max_emit)
   state = state.replace(method=method.init(prog, arrays, state, hidden))
+  b = prompt.shape[0]
+  state = prog.constrain(state, b)
   limit = prog.max_len  # every active step emits >= 1 token, so this bound is never the reason
 
   def cond(s):
@@ -133,10 +142,11 @@ def _run(prog: Program, params, arrays, prompt, prompt_len, max_new, sp, key, eo
 
   def body(s):
     s = method.step(prog, params, arrays, s)
-    return s.replace(steps=s.steps + 1)
+    return prog.constrain(s.replace(steps=s.steps + 1), b)
 
   state = jax.lax.while_loop(cond, body, state)
-  return state.replace(cache=None)  # the cache is large and nobody needs it back
+  # The cache is large and nobody needs it back; the rest is replicated so every host can read it.
+  return sharding.replicate_outputs(prog.mesh, state.replace(cache=None))
 
 
 _run_jit = jax.jit(_run, static_argnums=0)
@@ -206,7 +216,8 @@ class _CompileCache:
     self.count = 0
 
   def get(self, prog: Program, args) -> tuple[Any, float]:
-    shapes = tuple((x.shape, x.dtype) for x in jax.tree_util.tree_leaves(args))
+    shapes = tuple((x.shape, x.dtype, getattr(x, "sharding", None))
+                   for x in jax.tree_util.tree_leaves(args))
     treedef = jax.tree_util.tree_structure(args)
     key = (prog, shapes, treedef)
     if key in self.programs:
@@ -223,8 +234,15 @@ compile_cache = _CompileCache()
 
 def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
-             stop_at_eos: bool = True) -> GenerateOutput:
-  """Generates up to max_new_tokens for each prompt with `method` (default: Autoregressive)."""
+             stop_at_eos: bool = True, mesh=None) -> GenerateOutput:
+  """Generates up to max_new_tokens for each prompt with `method` (default: Autoregressive).
+
+  mesh: "data=2,model=4", a jax Mesh, or None (the mesh the model's params are already sharded
+  on, if any; else one device). Prompts are split over `data` (their count must divide by it);
+  parameters (the target's and a method's, e.g. a draft model's) are placed by
+  sj.sharding.DEFAULT_RULES unless already placed (load_model(..., mesh=)). Outputs are identical
+  to one device. See docs/sharding.md.
+  """
   method = Autoregressive() if method is None else method
   _check_number("max_new_tokens", max_new_tokens, lambda v: int(v) == v and v >= 1,
                 "must be an integer >= 1")
@@ -244,6 +262,12 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
         f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's context "
         f"of {cfg.max_position_embeddings} tokens")
   b = len(ids)
+  if mesh is None:
+    mesh = sharding.mesh_of(model.params)
+  if mesh is not None:
+    mesh = sharding.make_mesh(mesh)
+    sharding.check_batch(mesh, b)
+    sharding.check_model_axis(mesh, model.params)
   p = bucket_prompt_len(longest)
   s = p + _next_pow2(max_new_tokens, 16) + method.extra_slots
   s = -(-s // 16) * 16
@@ -260,7 +284,11 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
           jnp.full((b,), max_new_tokens, jnp.int32),
           SamplingParams.make(b, temperature, top_k, top_p), jax.random.PRNGKey(seed),
           jnp.asarray(eos))
-  prog = Program(model.graphdef, cfg, method, s)
+  if mesh is not None:
+    params, arrays, *batch_args, key, eos_arr = args
+    args = (sharding.shard_params(mesh, params), sharding.shard_params(mesh, arrays),
+            *sharding.rows(mesh, tuple(batch_args)), *sharding.replicate(mesh, (key, eos_arr)))
+  prog = Program(model.graphdef, cfg, method, s, mesh)
   compiled, compile_s = compile_cache.get(prog, args)
   t0 = time.perf_counter()
   state = jax.block_until_ready(compiled(*args))
