@@ -77,3 +77,47 @@ def verify_chain(key: jax.Array, draft: jax.Array, q: jax.Array | None, target_l
       lambda: greedy_chain(draft, target_logits),
       lambda: rejection_chain(key, draft, q, target_logits, sp),
   )
+
+
+def greedy_candidates(cands: jax.Array, target_logits: jax.Array):
+  """Greedy verification of N candidate chains at once (lookahead's n-grams).
+
+  cands [B,N,G] int32 (-1 = no candidate); target_logits [B,N,G+1,V]: row n scored
+  [pending, cands[:, n]]. Returns (best [B] the candidate with the longest accepted prefix, the
+  first on ties; n_accepted [B]; next_token [B] the target's argmax after it).
+  """
+  top = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B,N,G+1]
+  b, num, g = cands.shape
+  acc = _leading_true((cands == top[:, :, :-1]).reshape(b * num, g)).reshape(b, num)
+  best = jnp.argmax(acc, axis=1).astype(jnp.int32)
+  n = jnp.take_along_axis(acc, best[:, None], axis=1)[:, 0]
+  row = jnp.take_along_axis(top, best[:, None, None], axis=1)[:, 0]  # [B,G+1]
+  return best, n, jnp.take_along_axis(row, n[:, None], axis=1)[:, 0]
+
+
+def verify_candidates(key: jax.Array, cands: jax.Array, target_logits: jax.Array,
+                      sp: SamplingParams):
+  """Verifies N deterministic candidate chains; returns (best [B], n_accepted [B], next [B]).
+
+  cands [B,N,G] int32 (-1 = none); target_logits [B,N,G+1,V]. Greedy batches: the longest
+  argmax-matching prefix (`greedy_candidates`). Otherwise one candidate per row is chosen from
+  the target's probabilities alone (the most tokens expected to be accepted, sum_j prod_i<=j
+  p_i(x_i)) and exact rejection with a one-hot draft runs on it. The choice uses no acceptance
+  randomness, and rejection sampling is exact for any draft fixed before its coins are drawn, so
+  the output is distributed as the target's. Temperature-0 rows pick the greedy choice.
+  """
+
+  def sampled():
+    p = sampling.probs(target_logits, sp)  # [B,N,G+1,V]
+    g = cands.shape[2]
+    px = jnp.take_along_axis(p[:, :, :g], jnp.maximum(cands, 0)[..., None], axis=-1)[..., 0]
+    px = jnp.where(cands >= 0, px, 0.0)  # [B,N,G]
+    score = jnp.sum(jnp.cumprod(px, axis=-1), axis=-1)  # expected accepted tokens
+    best = jnp.argmax(score, axis=1).astype(jnp.int32)
+    draft = jnp.take_along_axis(cands, best[:, None, None], axis=1)[:, 0]  # [B,G]
+    logits = jnp.take_along_axis(target_logits, best[:, None, None, None], axis=1)[:, 0]
+    n, nxt = rejection_chain(key, draft, None, logits, sp)
+    return best, n, nxt
+
+  return jax.lax.cond(jnp.all(sp.temperature == 0),
+                      lambda: greedy_candidates(cands, target_logits), sampled)

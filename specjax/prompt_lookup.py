@@ -1,0 +1,153 @@
+"""Prompt lookup decoding: draft by copying what followed an earlier occurrence of the suffix.
+
+As transformers' `prompt_lookup_num_tokens` and vLLM's n-gram proposer. Each step:
+
+  propose  find the most recent earlier occurrence of the last `ngram` tokens of the prompt plus
+           generated text (falling back to shorter suffixes, down to one token) and take up to
+           `num_tokens` tokens that followed it;
+  verify   one target forward over [last token, draft_1 .. draft_k] (causal mask);
+  accept   greedy: the longest prefix matching the target's argmax; sampling: exact rejection
+           with a one-hot draft distribution (`acceptance.verify_chain` with q = None);
+  update   keep the last token and the n accepted drafts in the cache, emit n + 1 tokens.
+
+The search is one vectorised comparison over the whole token buffer `seq` [B,S] (no host loop):
+for every slot e, m[b, e] counts how many tokens ending at e equal the tokens ending at the
+pending position; the best match maximises (min(m, ngram), e). Rows with no earlier occurrence of
+even their last token propose nothing; when no row proposes anything the step runs a one-token
+forward instead of k + 1 tokens (a `lax.cond`, so the program stays one while_loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specjax import acceptance
+from specjax import cache as kv
+from specjax.decode import DecodeState, Program, emit
+from specjax.errors import InputError
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise InputError(f"{name}={value!r} is invalid: must be an integer >= {minimum}")
+
+
+def ngram_search(seq: jax.Array, seq_len: jax.Array, ngram: int, num_tokens: int):
+  """Finds the continuation of the most recent earlier occurrence of each row's suffix.
+
+  seq [B,S] int32 tokens; seq_len [B] valid tokens (the suffix ends at seq_len - 1).
+  Longer matches (up to `ngram` tokens) win; among equally long ones the most recent.
+  Returns (draft [B,num_tokens] int32, -1 past the proposal; n_draft [B] int32 proposed tokens;
+  match [B] int32 length of the matched suffix, 0 = no occurrence).
+  """
+  b, s = seq.shape
+  e = jnp.arange(s)
+  run = jnp.ones((b, s), bool)
+  m = jnp.zeros((b, s), jnp.int32)  # matched suffix length ending at slot e (capped at ngram)
+  for j in range(ngram):
+    shifted = jnp.pad(seq, ((0, 0), (j, 0)), constant_values=-1)[:, :s]  # [B,S]: seq[b, e - j]
+    tgt_pos = seq_len - 1 - j  # [B]
+    tgt = jnp.take_along_axis(seq, jnp.maximum(tgt_pos, 0)[:, None], axis=1)  # [B,1]
+    run = run & (shifted == tgt) & (tgt_pos >= 0)[:, None]
+    m = m + run.astype(jnp.int32)
+  earlier = e[None, :] < (seq_len - 1)[:, None]  # the suffix itself is no match
+  m = jnp.where(earlier, m, 0)
+  best = jnp.argmax(jnp.where(m > 0, m * s + e[None, :], -1), axis=1).astype(jnp.int32)  # [B]
+  match = jnp.take_along_axis(m, best[:, None], axis=1)[:, 0]
+  n_draft = jnp.where(match > 0, jnp.minimum(num_tokens, seq_len - 1 - best), 0).astype(jnp.int32)
+  j = jnp.arange(num_tokens)[None, :]
+  idx = jnp.clip(best[:, None] + 1 + j, 0, s - 1)
+  draft = jnp.where(j < n_draft[:, None], jnp.take_along_axis(seq, idx, axis=1), -1)
+  return draft.astype(jnp.int32), n_draft, match
+
+
+@flax.struct.dataclass
+class LookupState:
+  proposed: jax.Array  # [B] int32 draft tokens verified
+  accepted: jax.Array  # [B] int32 draft tokens accepted
+  matched_steps: jax.Array  # [B] int32 active steps that found an earlier occurrence
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookup:
+  """Prompt lookup decoding. ngram: longest suffix to match (falls back to 1);
+  num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens)."""
+  ngram: int = 3
+  num_tokens: int = 10
+  name: str = dataclasses.field(default="prompt_lookup", init=False)
+  lossless: bool = dataclasses.field(default=True, init=False)
+
+  def __post_init__(self):
+    _check_int("ngram", self.ngram, 1)
+    _check_int("num_tokens", self.num_tokens, 1)
+
+  @property
+  def extra_slots(self) -> int:
+    return self.num_tokens + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.num_tokens + 1
+
+  def validate(self, model) -> None:
+    pass
+
+  def arrays(self):
+    return {}
+
+  def init(self, prog, arrays, state, hidden):
+    z = jnp.zeros_like(state.seq_len)
+    return LookupState(proposed=z, accepted=z, matched_steps=z)
+
+  def propose(self, state: DecodeState):
+    """-> (draft [B,num_tokens] (-1 = none), n_draft [B], match [B]); see `ngram_search`."""
+    return ngram_search(state.seq, state.seq_len, self.ngram, self.num_tokens)
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    b = state.seq.shape[0]
+    k = self.num_tokens
+    draft, n_draft, match = self.propose(state)  # [B,k] [B] [B]
+    active = ~state.done
+    cache = state.cache
+    last = state.last_token[:, None]  # [B,1]
+    key, sub = jax.random.split(state.key)
+
+    def verify(cache):
+      tokens = jnp.concatenate([last, jnp.maximum(draft, 0)], axis=1)  # [B,k+1]
+      pos = cache.lengths[:, None] + jnp.arange(k + 1)[None, :]
+      logits, _, cache = prog.forward(params, tokens, pos, cache,
+                                      prog.causal_mask(cache.lengths, k + 1))
+      n, nxt = acceptance.verify_chain(sub, draft, None, logits, state.sp)
+      return n, nxt, cache
+
+    def single(cache):  # nobody has a draft: a plain autoregressive step
+      pos = cache.lengths[:, None]
+      logits, _, cache = prog.forward(params, last, pos, cache, prog.causal_mask(cache.lengths, 1))
+      _, nxt = acceptance.verify_chain(sub, jnp.full((b, 0), -1, jnp.int32), None, logits, state.sp)
+      return jnp.zeros((b,), jnp.int32), nxt, cache
+
+    n, nxt, cache = jax.lax.cond(jnp.any(active & (n_draft > 0)), verify, single, cache)
+    cache = kv.advance(cache, jnp.where(active, n + 1, 0))
+    out = jnp.concatenate([jnp.maximum(draft, 0), jnp.zeros((b, 1), jnp.int32)], axis=1)
+    out = out.at[jnp.arange(b), n].set(nxt)  # [B,k+1]: draft[:n], then the target's token
+    a = active.astype(jnp.int32)
+    ms = state.method
+    ms = LookupState(proposed=ms.proposed + a * n_draft, accepted=ms.accepted + a * n,
+                     matched_steps=ms.matched_steps + a * (match > 0))
+    state = state.replace(cache=cache, key=key, method=ms)
+    return emit(state, out, n + 1)
+
+  def stats(self, state) -> dict:
+    ms = state.method
+    proposed, accepted = int(ms.proposed.sum()), int(ms.accepted.sum())
+    steps = int((state.calls - 1).sum())  # loop steps while active (calls include the prefill)
+    return {
+        "draft_tokens": proposed,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / proposed if proposed else 0.0,
+        "match_rate": int(ms.matched_steps.sum()) / steps if steps else 0.0,
+    }
