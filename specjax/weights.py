@@ -357,6 +357,9 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
       raise ValueError("load_model: pass either mesh= or place=, not both")
     mesh = sharding.make_mesh(mesh)  # a bad mesh fails here, before reading any weights
     place = sharding.placer(mesh, rules)
+  if name_or_path in NAMED_DRAFTS:
+    return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
+                            rules=rules)
   path = resolve(name_or_path)
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -367,3 +370,25 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
     place.done()
   tok = load_tokenizer(path) if tokenizer else None
   return Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- shipped drafts
+
+# Trained drafts shipped in specjax/assets: name -> (target name, asset file). The asset holds only
+# the draft's own tensors and its vocabulary subset; the target's embeddings / LM head are borrowed
+# at load time (train.py writes and reads the format).
+NAMED_DRAFTS = {
+    "smollm2-135m-draft": ("smollm2-135m", "smollm2-135m-draft.npz"),
+}
+
+
+def load_named_draft(name: str, **kw):
+  """Builds a shipped draft Model around its target's shared tensors (kw as for load_model)."""
+  from specjax import train
+
+  target_name, file = NAMED_DRAFTS[name]
+  path = os.path.join(os.path.dirname(__file__), "assets", file)
+  if not os.path.isfile(path):
+    raise ModelNotFoundError(f"draft {name!r}: {path} is missing; rebuild it with "
+                             f"`specjax train draft` (see experiments/draft_model/README.md)")
+  return train.load_draft_asset(path, load_model(target_name, **kw), name=name)

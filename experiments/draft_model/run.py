@@ -1,0 +1,184 @@
+"""Draft-model and layer-skip speculative decoding on SmolLM2-135M vs autoregressive (batch 1, CPU).
+
+    .venv/bin/python experiments/draft_model/run.py [--prompts 5] [--new 128] [--hf]
+
+For each prompt set (MT-Bench first turns with the chat template, HumanEval raw) and temperature
+(0 and 0.7), every method decodes the same prompts back to back with the autoregressive baseline,
+so load on a shared machine hits both alike. Reports the median per-prompt speedup, tau (tokens
+per target call), alpha, and Leviathan's prediction from the measured cost ratio c:
+tau / (gamma c + 1) (the paper's formula) and tau / (gamma c + v) with v the measured cost of the
+(gamma + 1)-token verification relative to one decode step. --hf adds transformers' assisted
+generation (the same target and draft weights, torch fp32, greedy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+import specjax as sj
+from specjax.draft import leviathan_speedup, measure_cost_ratio
+
+PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "prompts")
+FALLBACK = {"mt_bench": ["Explain why the sky is blue.", "Write a short story about a robot.",
+                         "What are the benefits of exercise?"],
+            "humaneval": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                          "def is_prime(n: int) -> bool:\n"]}
+
+
+def load_prompts(kind: str, n: int) -> list[str]:
+  try:
+    if kind == "humaneval":
+      with gzip.open(os.path.join(PROMPTS, "humaneval.jsonl.gz"), "rt") as f:
+        out = [json.loads(line)["prompt"] for line in f]
+    else:
+      with open(os.path.join(PROMPTS, "mt_bench.jsonl")) as f:
+        out = [json.loads(line)["turns"][0] for line in f]
+  except OSError:
+    out = FALLBACK[kind]
+  return out[:n]
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--prompts", type=int, default=5)
+  ap.add_argument("--new", type=int, default=128)
+  ap.add_argument("--gamma", type=int, default=4)
+  ap.add_argument("--exit-layer", type=int, default=6)
+  ap.add_argument("--temps", default="0,0.7")
+  ap.add_argument("--sets", default="mt_bench,humaneval")
+  ap.add_argument("--hf", action="store_true")
+  args = ap.parse_args(argv)
+
+  target = sj.load_model("smollm2-135m")
+  draft = sj.load_model("smollm2-135m-draft")
+  g = args.gamma
+  methods = {
+      f"draft g={g}": sj.DraftModel(draft, gamma=g),
+      f"draft adaptive<={g + 2}": sj.DraftModel(draft, gamma=g + 2, adaptive=True, threshold=0.3),
+      f"layer-skip k={args.exit_layer} g={g}": sj.SelfSpeculative(exit_layer=args.exit_layer,
+                                                                   gamma=g),
+  }
+  costs = {name: measure_cost_ratio(target, m, cache_len=512) for name, m in methods.items()}
+  for name, c in costs.items():
+    print(f"# {name}: c = {c['c']:.3f} (draft {c['draft_step_ms']:.1f} ms / target step "
+          f"{c['target_step_ms']:.1f} ms), verify = {c['verify_over_step']:.2f} x step", flush=True)
+
+  rows = []
+  for kind in args.sets.split(","):
+    chat = kind != "humaneval"
+    prompts = load_prompts(kind, args.prompts)
+    for temp in (float(t) for t in args.temps.split(",")):
+      kw = dict(max_new_tokens=args.new, temperature=temp, chat=chat, stop_at_eos=False)
+      res = {name: [] for name in ["autoregressive", *methods]}
+      for i, p in enumerate(prompts):
+        base = sj.generate(target, [p], sj.Autoregressive(), seed=i, **kw).stats
+        res["autoregressive"].append((1.0, base))
+        for name, m in methods.items():
+          s = sj.generate(target, [p], m, seed=i, **kw).stats
+          res[name].append((base["wall_time_s"] / s["wall_time_s"], s))
+      for name, rs in res.items():
+        st = [s for _, s in rs]
+        row = {"set": kind, "temperature": temp, "method": name,
+               "speedup": statistics.median(r for r, _ in rs),
+               "tok_s": statistics.median(s["tokens_per_second"] for s in st),
+               "tau": statistics.median(s["mean_accepted"] for s in st)}
+        if name in methods:
+          m, c = methods[name], costs[name]
+          alpha = statistics.median(s["alpha"] for s in st)
+          gam = statistics.median(s["drafted_per_step"] for s in st)
+          row.update(alpha=alpha, drafted=gam, c=c["c"],
+                     pred=leviathan_speedup(alpha, gam, c["c"]),
+                     pred_v=leviathan_speedup(alpha, gam, 0.0) / (gam * c["c"] + c["verify_over_step"]))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+  if args.hf:
+    rows += hf_assisted(target, draft, args)
+
+  print("\n| set | T | method | speedup (median) | tok/s | tau | alpha | c | Leviathan pred. | pred. incl. verify |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"
+    print(f"| {r['set']} | {r['temperature']} | {r['method']} | {f('speedup')}x | {f('tok_s', '{:.1f}')} "
+          f"| {f('tau')} | {f('alpha')} | {f('c', '{:.3f}')} | {f('pred')}x | {f('pred_v')}x |")
+
+
+def hf_assisted(target, draft, args):
+  """transformers' assisted generation with the same weights (greedy), if torch is installed."""
+  try:
+    import time
+
+    import torch
+    import transformers
+  except ImportError:
+    print("# transformers/torch not installed: skipping the assisted-generation comparison")
+    return []
+
+  def to_hf(model, num_layers):
+    cfg = model.config
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings)
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    p = model.params
+    k, g, d, e = cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.hidden_size
+    sd = {"model.embed_tokens.weight": np.asarray(p["embed"][...]),
+          "model.norm.weight": np.asarray(p["final_norm"]["scale"][...])}
+    for i in range(num_layers):
+      lp = p["layers"][i]
+      w = np.asarray(lp["attn"]["wqkv"][...]).transpose(1, 2, 3, 0)  # [K,G+2,D,E]
+      pre = f"model.layers.{i}."
+      sd[pre + "self_attn.q_proj.weight"] = w[:, :g].reshape(k * g * d, e)
+      sd[pre + "self_attn.k_proj.weight"] = w[:, g].reshape(k * d, e)
+      sd[pre + "self_attn.v_proj.weight"] = w[:, g + 1].reshape(k * d, e)
+      sd[pre + "self_attn.o_proj.weight"] = np.asarray(lp["attn"]["wo"][...]).reshape(-1, e).T
+      w_in = np.asarray(lp["mlp"]["w_in"][...])  # [E,2,F]
+      sd[pre + "mlp.gate_proj.weight"] = w_in[:, 0].T
+      sd[pre + "mlp.up_proj.weight"] = w_in[:, 1].T
+      sd[pre + "mlp.down_proj.weight"] = np.asarray(lp["mlp"]["w_out"][...]).T
+      sd[pre + "input_layernorm.weight"] = np.asarray(lp["attn_norm"]["scale"][...])
+      sd[pre + "post_attention_layernorm.weight"] = np.asarray(lp["mlp_norm"]["scale"][...])
+    missing, _ = hf.load_state_dict({n: torch.tensor(np.ascontiguousarray(v)) for n, v in sd.items()},
+                                    strict=False)
+    assert all("lm_head" in n for n in missing), missing
+    hf.tie_weights()
+    return hf
+
+  torch.set_num_threads(2)
+  hf_t, hf_d = to_hf(target, target.config.num_layers), to_hf(draft, draft.config.num_layers)
+  rows = []
+  for kind in args.sets.split(","):
+    chat = kind != "humaneval"
+    speed, taus = [], []
+    for p in load_prompts(kind, args.prompts):
+      ids = sj.decode._encode(target, [p], chat)[0]
+      x = torch.tensor([ids])
+      times = {}
+      for name, extra in (("ar", {}), ("assisted", {"assistant_model": hf_d})):
+        with torch.no_grad():
+          hf_t.generate(x, max_new_tokens=4, do_sample=False, **extra)  # warm-up
+          t0 = time.perf_counter()
+          out = hf_t.generate(x, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
+                              **extra)
+          times[name] = time.perf_counter() - t0
+      speed.append(times["ar"] / times["assisted"])
+      mine = sj.generate(target, [p], max_new_tokens=args.new, chat=chat, stop_at_eos=False).tokens[0]
+      taus.append(out[0, len(ids):].tolist()[:len(mine)] == mine)
+    rows.append({"set": kind, "temperature": 0.0, "method": "transformers assisted (HF draft, full head)",
+                 "speedup": statistics.median(speed)})
+    print(json.dumps(rows[-1]), f"# tokens identical to specjax AR: {sum(taus)}/{len(taus)}", flush=True)
+  return rows
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,405 @@
+"""Draft-model speculative decoding (Leviathan et al. 2023) and layer-skip self-speculation.
+
+One step, all rows at once, all shapes static:
+
+  propose   the draft extends each row by up to gamma tokens, one forward per token, inside a
+            lax.while_loop that stops once every row has drafted its own budget g[b] <= gamma
+            (adaptive gamma, or a row whose draft confidence fell under `threshold`);
+  verify    the target scores [x0, d_1 .. d_gamma] (x0 = the pending token) in one call;
+  accept    greedy or exact rejection sampling (acceptance.py); positions past g[b] carry q = 0,
+            so they are rejected and the next token is drawn from p itself (the chain is shorter);
+  update    the target cache keeps x0, d_1 .. d_n; the draft cache is re-synchronised lazily: the
+            next round's first draft forward re-feeds the last two committed tokens, which covers
+            the case where all gamma drafts were accepted and the draft never saw d_gamma.
+
+Two drafters share this step:
+
+  DraftModel(draft, gamma)          a separate small model with its own static KV cache; it may
+                                    propose over a vocabulary subset (FR-Spec style: q is zero
+                                    outside it, verification uses the target's full p, still exact)
+  SelfSpeculative(exit_layer=k)     the target's first k layers + final norm + LM head, writing
+                                    straight into the target's own cache (verification rewrites
+                                    those slots with the full forward, so nothing is kept apart)
+
+Statistics (`stats`): drafted and accepted tokens, alpha (the per-token acceptance rate, estimated
+as accepted / (accepted + rejections)), and `leviathan_speedup(alpha, gamma, c)` for a measured c.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import acceptance
+from specjax import cache as kv
+from specjax import sampling
+from specjax.decode import DecodeState, Program, emit
+from specjax.errors import InputError
+
+
+def leviathan_speedup(alpha: float, gamma: float, c: float) -> float:
+  """Expected walltime improvement (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))."""
+  alpha = min(max(float(alpha), 0.0), 1.0)
+  tau = gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+  return tau / (gamma * c + 1.0)
+
+
+def _check_int(name, value, lo, hi=None, what=""):
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (
+      hi is not None and value > hi):
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    raise InputError(f"{name}={value!r} is invalid: must be an integer in {rng}{what}")
+
+
+class _Speculative:
+  """The shared propose -> verify -> accept -> update step. Subclasses (frozen dataclasses) supply
+  the drafter and these static options:
+
+    gamma       the static maximum (and starting) number of drafted tokens per step
+    adaptive    per row: grow g by one after a fully accepted round, shrink it after a rejection
+    min_gamma   the adaptive lower bound
+    threshold   stop a row's drafting when its draft's max probability (temperature 1) falls
+                under this (after at least one token); 0 = off
+  """
+
+  name = "speculative"
+  lossless = True
+  refeed = 1  # tokens the first draft forward of a round feeds (2: re-sync a separate cache)
+
+  def __post_init__(self):
+    _check_int("gamma", self.gamma, 1, 64)
+    _check_int("min_gamma", self.min_gamma, 1, self.gamma, f" (<= gamma={self.gamma})")
+    if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not (
+        0.0 <= self.threshold < 1.0):
+      raise InputError(f"threshold={self.threshold!r} is invalid: must be a number in [0, 1)")
+
+  @property
+  def extra_slots(self) -> int:
+    return self.gamma + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.gamma + 1
+
+  # --- drafter hooks -------------------------------------------------------------------------
+
+  def _draft_cache(self, state: DecodeState) -> kv.KVCache:
+    raise NotImplementedError
+
+  def _with_draft_cache(self, state: DecodeState, dcache: kv.KVCache) -> DecodeState:
+    raise NotImplementedError
+
+  def _draft_forward(self, prog, params, arrays, dcache, tokens, start):
+    """tokens [B,T] at positions start[b] + [0, T) -> (draft logits [B,Vs] after the last, dcache)."""
+    raise NotImplementedError
+
+  # --- the step ------------------------------------------------------------------------------
+
+  def _init_stats(self, b):
+    z = jnp.zeros((b,), jnp.int32)
+    return {"g": jnp.full((b,), self.gamma, jnp.int32), "drafted": z, "accepted": z,
+            "rejected": z, "rounds": z}
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    b = state.seq.shape[0]
+    gmax = self.gamma
+    ids = arrays.get("vocab")  # [Vs] int32 token ids the draft proposes over, or None (all V)
+    m = state.method
+    active = ~state.done
+    budget = jnp.where(self.adaptive, m["g"], gmax)  # [B] tokens each row may draft this round
+    key, k_draft, k_acc = jax.random.split(state.key, 3)
+
+    def propose(i, logits, carry):
+      """Samples d_{i+1} from the draft logits [B,Vs] into the carry."""
+      toks, q, drafting, g = carry
+      sub_q = sampling.probs(logits, state.sp)  # [B,Vs] (one-hot for greedy rows)
+      idx = sampling.sample_probs(jax.random.fold_in(k_draft, i), sub_q)  # [B]
+      tok = idx if ids is None else ids[idx]
+      if self.threshold > 0:
+        conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+        drafting = drafting & ((i == 0) | (conf >= self.threshold))
+      drafting = drafting & (i < budget)
+      toks = toks.at[:, i].set(jnp.where(drafting, tok, -1))
+      q = q.at[:, i].set(jnp.where(drafting[:, None], sub_q, 0.0))
+      return toks, q, drafting, g + drafting.astype(jnp.int32)
+
+    seq_len = state.seq_len
+    dcache = self._draft_cache(state)
+    r = self.refeed
+    first = jnp.take_along_axis(state.seq, seq_len[:, None] - r + jnp.arange(r)[None, :], axis=1)
+    logits, dcache = self._draft_forward(prog, params, arrays, dcache, first, seq_len - r)
+    vs = logits.shape[-1]
+    carry = (jnp.full((b, gmax), -1, jnp.int32), jnp.zeros((b, gmax, vs), jnp.float32), active,
+             jnp.zeros((b,), jnp.int32))
+    carry = propose(0, logits, carry)
+
+    def cond(c):
+      i, _, (_, _, drafting, _) = c
+      return (i < gmax) & jnp.any(drafting)
+
+    def body(c):
+      i, dcache, carry = c
+      prev = carry[0][:, i - 1]
+      logits, dcache = self._draft_forward(prog, params, arrays, dcache,
+                                           jnp.maximum(prev, 0)[:, None], seq_len - 1 + i)
+      return i + 1, dcache, propose(i, logits, carry)
+
+    _, dcache, (toks, q_sub, _, g) = jax.lax.while_loop(cond, body, (jnp.int32(1), dcache, carry))
+    state = self._with_draft_cache(state, dcache)
+
+    # Verify [x0, d_1 .. d_gmax] in one target call. Slots past g[b] hold token 0 (harmless:
+    # the target's logits there are never used, since positions >= g are rejected).
+    cache = kv.rollback(state.cache, seq_len - 1)
+    x = jnp.concatenate([state.last_token[:, None], jnp.maximum(toks, 0)], axis=1)  # [B,G+1]
+    pos = (seq_len - 1)[:, None] + jnp.arange(gmax + 1)[None, :]
+    tlogits, _, cache = prog.forward(params, x, pos, cache, prog.causal_mask(cache.lengths, gmax + 1))
+
+    def full_q():  # [B,G,V]: the draft's q over the whole vocabulary, zero outside the subset
+      if ids is None:
+        return q_sub
+      return jnp.zeros((b, gmax, tlogits.shape[-1]), jnp.float32).at[:, :, ids].set(q_sub)
+
+    n, nxt = jax.lax.cond(
+        jnp.all(state.sp.temperature == 0),
+        lambda: acceptance.greedy_chain(toks, tlogits),
+        lambda: self._accept(k_acc, toks, full_q(), tlogits, state.sp))
+    n = jnp.minimum(n, g)
+    out = jnp.concatenate([toks, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    out = jnp.where(jnp.arange(gmax + 1)[None, :] == n[:, None], nxt[:, None], out)
+    state = state.replace(key=key)
+    state = emit(state, out, n + 1)
+    # Keep x0, d_1..d_n: the target cache again holds everything but the pending token.
+    state = state.replace(cache=kv.rollback(cache, state.seq_len - 1))
+
+    full = n >= g
+    rejected = active & ~full
+    grown = jnp.where(full, m["g"] + 1, m["g"] - 1)
+    a = active.astype(jnp.int32)
+    upd = dict(g=jnp.where(active, jnp.clip(grown, self.min_gamma, gmax), m["g"]),
+               drafted=m["drafted"] + a * g, accepted=m["accepted"] + a * n,
+               rejected=m["rejected"] + rejected.astype(jnp.int32), rounds=m["rounds"] + a)
+    return state.replace(method=dict(state.method, **upd))  # (state.method has the new cache)
+
+  def _accept(self, key, draft, q, target_logits, sp):
+    """The acceptance rule (exact rejection sampling; a test subclass breaks it on purpose)."""
+    return acceptance.rejection_chain(key, draft, q, target_logits, sp)
+
+  def stats(self, state) -> dict:
+    m = state.method
+    drafted, accepted = int(np.sum(m["drafted"])), int(np.sum(m["accepted"]))
+    rejected, rounds = int(np.sum(m["rejected"])), int(np.sum(m["rounds"]))
+    alpha = accepted / max(1, accepted + rejected)
+    return {
+        "gamma": self.gamma,
+        "adaptive": self.adaptive,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "draft_rounds": rounds,
+        "accepted_per_step": accepted / max(1, rounds),
+        "drafted_per_step": drafted / max(1, rounds),
+        "alpha": alpha,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel(_Speculative):
+  """A separate draft model (same tokenizer) with its own static KV cache.
+
+  vocab: token ids [Vs] the draft proposes over (default: the draft model's `vocab_subset`
+  attribute if it has one, e.g. the shipped "smollm2-135m-draft", else the whole vocabulary).
+  The draft's logits over the subset are its final-normed hidden state times the matching rows of
+  its (tied or untied) LM head, so the full [E,V] head is never multiplied.
+  """
+  draft: Any = dataclasses.field(default=None, compare=False, repr=False)
+  gamma: int = 5
+  adaptive: bool = False
+  min_gamma: int = 1
+  threshold: float = 0.0
+  vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
+  key: tuple = dataclasses.field(default=(), init=False, repr=False)
+
+  name = "draft_model"
+  refeed = 2
+
+  def __post_init__(self):
+    super().__post_init__()
+    from specjax.model import Model
+
+    if not isinstance(self.draft, Model):
+      raise InputError(f"draft={self.draft!r} is invalid: must be a specjax Model "
+                       f"(e.g. sj.load_model('smollm2-135m-draft'))")
+    vocab = self.vocab if self.vocab is not None else getattr(self.draft, "vocab_subset", None)
+    if vocab is not None:
+      vocab = np.asarray(vocab)
+      v = self.draft.config.vocab_size
+      if vocab.ndim != 1 or vocab.size == 0 or not np.issubdtype(vocab.dtype, np.integer) or \
+          vocab.min() < 0 or vocab.max() >= v or len(np.unique(vocab)) != vocab.size:
+        raise InputError(f"vocab must be distinct token ids in [0, {v}) as a 1-D array, got "
+                         f"shape {vocab.shape} dtype {vocab.dtype}")
+      vocab = vocab.astype(np.int32)
+    object.__setattr__(self, "vocab", vocab)
+    c = self.draft.config
+    object.__setattr__(self, "key", (self.draft.graphdef, c, None if vocab is None else vocab.size,
+                                     str(self.draft.dtype)))
+
+  def validate(self, model) -> None:
+    t, d = model.config, self.draft.config
+    if t.vocab_size != d.vocab_size:
+      raise InputError(f"draft vocabulary size {d.vocab_size} differs from the target's "
+                       f"{t.vocab_size}: a draft must share the target's tokenizer")
+    if model.tokenizer is not None and self.draft.tokenizer is not None and \
+        len(model.tokenizer) != len(self.draft.tokenizer):
+      raise InputError(f"draft tokenizer ({len(self.draft.tokenizer)} tokens) differs from the "
+                       f"target's ({len(model.tokenizer)} tokens)")
+
+  def arrays(self):
+    out = {"draft": self.draft.params}
+    if self.vocab is not None:
+      ids = jnp.asarray(self.vocab)
+      p = self.draft.params
+      head = p["embed"][...] if self.draft.config.tie_word_embeddings else p["lm_head"][...].T
+      out["vocab"], out["head"] = ids, head[ids]  # [Vs], [Vs,E]
+    return out
+
+  def init(self, prog, arrays, state, hidden):
+    """Prefills the draft on the prompt; it keeps prompt[:-1] (the next round re-feeds 2)."""
+    from flax import nnx
+
+    d = self.draft.config
+    b, s = state.seq.shape
+    dcache = kv.init(d.num_layers, b, s, d.num_kv_heads, d.head_dim, self.draft.dtype)
+    p = hidden.shape[1]
+    prompt = state.seq[:, :p]
+    mask = kv.causal_mask(dcache.lengths, p, s, d.sliding_window) & (
+        jnp.arange(s) < state.prompt_len[:, None])[:, None, :]
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    model = nnx.merge(self.draft.graphdef, arrays["draft"])
+    _, _, dcache = model(prompt, positions, dcache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
+    dcache = kv.rollback(dcache, state.prompt_len - 1)
+    return dict(self._init_stats(b), cache=dcache)
+
+  def _draft_cache(self, state):
+    return state.method["cache"]
+
+  def _with_draft_cache(self, state, dcache):
+    return state.replace(method=dict(state.method, cache=dcache))
+
+  def _draft_forward(self, prog, params, arrays, dcache, tokens, start):
+    from flax import nnx
+
+    d = self.draft.config
+    b, t = tokens.shape
+    dcache = kv.rollback(dcache, start)
+    mask = kv.causal_mask(start, t, dcache.max_len, d.sliding_window)
+    pos = start[:, None] + jnp.arange(t)[None, :]
+    model = nnx.merge(self.draft.graphdef, arrays["draft"])
+    logits, hidden, dcache = model(tokens, pos, dcache, mask,
+                                   logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    if "head" in arrays:  # the full-vocabulary logits above are dead code and compiled away
+      return (hidden[:, -1] @ arrays["head"].T).astype(jnp.float32), dcache
+    return logits[:, 0], dcache
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfSpeculative(_Speculative):
+  """Layer-skip drafting: the target's first `exit_layer` layers + final norm + LM head.
+
+  No second model and no extra cache: drafting writes layers [0, exit_layer) of the target's own
+  cache at the slots the verification forward then rewrites with the full model.
+  """
+  exit_layer: int = 0
+  gamma: int = 5
+  adaptive: bool = False
+  min_gamma: int = 1
+  threshold: float = 0.0
+
+  name = "self_speculative"
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check_int("exit_layer", self.exit_layer, 1)
+
+  def validate(self, model) -> None:
+    n = model.config.num_layers
+    if not 1 <= self.exit_layer <= n - 1:
+      raise InputError(f"exit_layer={self.exit_layer} is invalid for a {n}-layer target: "
+                       f"must be in [1, {n - 1}]")
+
+  def arrays(self):
+    return {}
+
+  def init(self, prog, arrays, state, hidden):
+    return self._init_stats(state.seq.shape[0])
+
+  def _draft_cache(self, state):
+    return state.cache
+
+  def _with_draft_cache(self, state, dcache):
+    return state.replace(cache=dcache)
+
+  def _draft_forward(self, prog, params, arrays, dcache, tokens, start):
+    b, t = tokens.shape
+    dcache = kv.rollback(dcache, start)
+    pos = start[:, None] + jnp.arange(t)[None, :]
+    logits, _, dcache = prog.forward(params, tokens, pos, dcache, prog.causal_mask(start, t),
+                                     num_layers=self.exit_layer,
+                                     logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    return logits[:, 0], dcache
+
+
+# ----------------------------------------------------------------------------- measuring c
+
+
+def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, reps: int = 20):
+  """c = (one draft forward of one token) / (one target decode step), timed on this device.
+
+  Also returns the verification cost (gamma + 1 tokens) relative to one decode step.
+  """
+  from flax import nnx
+
+  cfg = target.config
+  b, s = batch, cache_len
+  tok1 = jnp.zeros((b, 1), jnp.int32)
+  tokv = jnp.zeros((b, method.gamma + 1), jnp.int32)
+  lengths = jnp.full((b,), s // 2, jnp.int32)
+
+  def target_fn(params, cache, toks):
+    cache = kv.rollback(cache, lengths)
+    t = toks.shape[1]
+    pos = lengths[:, None] + jnp.arange(t)[None, :]
+    mask = kv.causal_mask(lengths, t, s, cfg.sliding_window)
+    logits, _, cache = nnx.merge(target.graphdef, params)(tokens=toks, positions=pos, cache=cache,
+                                                          mask=mask)
+    return logits, cache
+
+  prog = Program(target.graphdef, cfg, method, s)
+  arrays = method.arrays()
+  if isinstance(method, DraftModel):
+    d = method.draft.config
+    dcache = kv.init(d.num_layers, b, s, d.num_kv_heads, d.head_dim, method.draft.dtype)
+  else:
+    dcache = target.init_cache(b, s)
+
+  def draft_fn(params, arrays, cache, toks):
+    return method._draft_forward(prog, params, arrays, cache, toks, lengths)
+
+  def timed(fn, *args):
+    f = jax.jit(fn)
+    jax.block_until_ready(f(*args))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+      out = f(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / reps
+
+  cache = target.init_cache(b, s)
+  t_step = timed(target_fn, target.params, cache, tok1)
+  t_verify = timed(target_fn, target.params, cache, tokv)
+  t_draft = timed(draft_fn, target.params, arrays, dcache, tok1)
+  return {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
+          "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}

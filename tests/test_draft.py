@@ -1,0 +1,85 @@
+"""draft.py: input errors before compiling, statistics, hashing, seeding, cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import decode
+from specjax.draft import DraftModel, SelfSpeculative, leviathan_speedup, measure_cost_ratio
+
+from conftest import random_prompts, tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+  return tiny_model(seed=0)
+
+
+def test_bad_input_raises_before_compiling(target):
+  before = decode.compile_cache.count
+  with pytest.raises(sj.InputError, match="gamma=0"):
+    DraftModel(target, gamma=0)
+  with pytest.raises(sj.InputError, match="min_gamma"):
+    DraftModel(target, gamma=2, min_gamma=3)
+  with pytest.raises(sj.InputError, match="threshold"):
+    SelfSpeculative(exit_layer=1, threshold=1.5)
+  with pytest.raises(sj.InputError, match="draft="):
+    DraftModel("not a model")
+  with pytest.raises(sj.InputError, match="vocabulary size 50 differs"):
+    sj.generate(target, [[1, 2, 3]], DraftModel(tiny_model(vocab_size=50)))
+  with pytest.raises(sj.InputError, match="vocab must be"):
+    DraftModel(target, vocab=[1, 1, 2])
+  with pytest.raises(sj.InputError, match="exit_layer=0"):
+    SelfSpeculative(exit_layer=0)
+  for k in (2, 5):  # the tiny target has 2 layers: exit_layer must be in [1, 1]
+    with pytest.raises(sj.InputError, match=rf"exit_layer={k} is invalid for a 2-layer"):
+      sj.generate(target, [[1, 2, 3]], SelfSpeculative(exit_layer=k))
+  assert decode.compile_cache.count == before
+
+
+def test_own_draft_accepts_everything(target):
+  """The target as its own draft: alpha = 1 and every step emits gamma + 1 tokens (tau)."""
+  gamma = 3
+  p = random_prompts(2, target.config.vocab_size, seed=4)
+  out = sj.generate(target, p, DraftModel(target, gamma=gamma), max_new_tokens=1 + 5 * (gamma + 1))
+  s = out.stats
+  assert s["alpha"] == 1.0
+  assert s["accepted_per_step"] == gamma
+  assert s["accept_hist"][gamma + 1] == 2 * 5  # 5 full steps per row (+ the prefill's one token)
+
+
+def test_random_draft_stats(target):
+  out = sj.generate(target, random_prompts(1, 61, seed=2),
+                    DraftModel(tiny_model(seed=9), gamma=4, adaptive=True), max_new_tokens=20)
+  s = out.stats
+  assert s["alpha"] < 0.3 and s["drafted_per_step"] < 4  # adaptive gamma shrank
+  assert {"alpha", "accepted_per_step", "drafted_tokens", "gamma"} <= set(s)
+
+
+def test_method_hash_ignores_param_values(target):
+  a = DraftModel(tiny_model(seed=1), gamma=3)
+  b = DraftModel(tiny_model(seed=2), gamma=3)  # same structure, other weights: same program
+  assert a == b and hash(a) == hash(b)
+  assert a != DraftModel(tiny_model(seed=1), gamma=4)
+  assert a != DraftModel(tiny_model(seed=1, num_layers=1), gamma=3)
+  assert SelfSpeculative(exit_layer=1) == SelfSpeculative(exit_layer=1)
+
+
+def test_seeded_sampling_reproducible(target):
+  p = random_prompts(3, 61, seed=5)
+  m = SelfSpeculative(exit_layer=1, gamma=3)
+  a = sj.generate(target, p, m, max_new_tokens=12, temperature=0.8, seed=3)
+  b = sj.generate(target, p, m, max_new_tokens=12, temperature=0.8, seed=3)
+  c = sj.generate(target, p, m, max_new_tokens=12, temperature=0.8, seed=4)
+  assert a.tokens == b.tokens and a.tokens != c.tokens
+
+
+def test_leviathan_and_cost_ratio(target):
+  assert leviathan_speedup(1.0, 4, 0.0) == 5.0
+  assert abs(leviathan_speedup(0.5, 1, 0.0) - 1.5) < 1e-9
+  assert abs(leviathan_speedup(0.8, 3, 0.1) - (1 - 0.8 ** 4) / (0.2 * 1.3)) < 1e-9
+  r = measure_cost_ratio(target, DraftModel(tiny_model(seed=1, num_layers=1), gamma=2),
+                         cache_len=64, reps=2)
+  assert r["c"] > 0 and r["verify_over_step"] > 0
