@@ -11,3 +11,12 @@ __all__ = [
     "Autoregressive", "ConfigError", "DecodeState", "GenerateOutput", "InputError", "Model",
     "ModelConfig", "ModelNotFoundError", "SpecJaxError", "WeightsError", "generate", "load_model",
 ]
+
+from specjax.prompt_lookup import PromptLookup  # noqa: E402
+__all__ += ["PromptLookup"]
+from specjax.lookahead import Lookahead  # noqa: E402
+__all__ += ["Lookahead"]
+
+from specjax.draft import DraftModel, SelfSpeculative  # noqa: E402
+
+__all__ += ["DraftModel", "SelfSpeculative"]

@@ -22,13 +22,46 @@ from conftest import random_prompts, tiny_model
 
 GREEDY_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
+    ("prompt_lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=4)),
+    ("lookahead", lambda target: sj.Lookahead(window=3, ngram=3, guess=2)),
 ]
 SAMPLING_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
+    ("prompt_lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=3)),
+    ("lookahead", lambda target: sj.Lookahead(window=3, ngram=3, guess=2)),
 ]
 
 N_PROMPTS = 20
 MAX_NEW = 24
+
+# ---- draft.py (issue 3): a separate draft model (as its own draft: alpha = 1; random: alpha ~ 0;
+# the target's first layer over a vocabulary subset: in between), adaptive gamma, layer-skip.
+
+
+def _random_draft(target, seed=7):
+  return tiny_model(seed=seed, scale=0.15, vocab_size=target.config.vocab_size)
+
+
+def _layer_draft(target):
+  from specjax.train import draft_from_target
+  v = target.config.vocab_size
+  return draft_from_target(target, 1, vocab=np.arange(0, v, 2) if v > 20 else np.arange(v - 3))
+
+
+GREEDY_METHODS += [
+    ("draft_self", lambda target: sj.DraftModel(target, gamma=4)),
+    ("draft_random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
+    ("draft_subset_adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=4,
+                                                           adaptive=True, threshold=0.3)),
+    ("self_spec", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=3)),
+    ("self_spec_adaptive", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=4, adaptive=True)),
+]
+SAMPLING_METHODS += [
+    ("draft_random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
+    ("draft_subset_adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=3,
+                                                           adaptive=True, threshold=0.2)),
+    ("self_spec", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2)),
+]
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +176,20 @@ def test_seeded_runs_reproducible(target, prompts):
   c = sj.generate(target, prompts[:4], max_new_tokens=16, temperature=0.9, seed=8)
   assert a.tokens == b.tokens
   assert a.tokens != c.tokens
+
+
+def test_sampling_check_detects_broken_acceptance():
+  """A draft-model step that accepts every drafted token must fail the same TV check."""
+  from specjax import sampling as smp
+  from specjax.draft import DraftModel
+
+  class AlwaysAccept(DraftModel):
+    def _accept(self, key, draft, q, target_logits, sp):
+      b, g = draft.shape
+      p = smp.probs(target_logits[:, g], sp)
+      return np.full((b,), g, np.int32), smp.sample_probs(key, p)
+
+  model = small_target()
+  tv, expected = tv_check(model, AlwaysAccept(_random_draft(model), gamma=2),
+                          dict(temperature=1.0, top_k=0, top_p=1.0))
+  assert tv > 2 * expected, f"broken rule passed: TV {tv:.4f} vs {expected:.4f}"
