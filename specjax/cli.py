@@ -140,6 +140,15 @@ def _bench_methods(args) -> None:
                                   ("speedup", "speedup", ".2f")]))
 
 
+def cmd_train_draft(args) -> None:
+  from specjax import train
+
+  train.train_draft(args.model, out_dir=args.out_dir, export=args.export, num_layers=args.num_layers,
+                    vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,
+                    seq_len=args.seq_len, lr=args.lr, max_minutes=args.max_minutes,
+                    gen_minutes=args.gen_minutes, seed=args.seed)
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="specjax", description="Speculative decoding in JAX")
   sub = ap.add_subparsers(dest="cmd", required=True)
@@ -172,6 +181,24 @@ def main(argv=None) -> None:
   b.add_argument("--json", default="", help="also write the results here")
   _add_method(b)
   b.set_defaults(fn=lambda a: cmd_bench(a) if a.vs_transformers else _bench_methods(a))
+
+  t = sub.add_parser("train", help="train speculation drafts")
+  tsub = t.add_subparsers(dest="what", required=True)
+  td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target "
+                       "(orbax checkpoints in --out-dir; rerun to resume)")
+  td.add_argument("--model", default=DEFAULT_MODEL)
+  td.add_argument("--out-dir", default="runs/draft")
+  td.add_argument("--export", default=None, help="write the draft asset (.npz) here when done")
+  td.add_argument("--num-layers", type=int, default=2)
+  td.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary subset size")
+  td.add_argument("--steps", type=int, default=2000)
+  td.add_argument("--batch-size", type=int, default=8)
+  td.add_argument("--seq-len", type=int, default=256)
+  td.add_argument("--lr", type=float, default=1e-3)
+  td.add_argument("--max-minutes", type=float, default=20.0)
+  td.add_argument("--gen-minutes", type=float, default=12.0)
+  td.add_argument("--seed", type=int, default=0)
+  td.set_defaults(fn=cmd_train_draft)
 
   args = ap.parse_args(argv)
   from specjax.errors import SpecJaxError

@@ -1,0 +1,39 @@
+"""The CLI reports user errors as one line and exit status 2, and wires every subcommand."""
+
+from __future__ import annotations
+
+import pytest
+
+from specjax import cli
+
+
+def test_unknown_model_is_a_clean_error(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["generate", "--model", "no-such-model", "--prompt", "hi"])
+  assert e.value.code == 2
+  assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_unknown_method_is_a_clean_error(capsys, monkeypatch):
+  import specjax as sj
+
+  monkeypatch.setattr(sj, "load_model", lambda name: object())
+  with pytest.raises(SystemExit) as e:
+    cli.main(["generate", "--prompt", "hi", "--method", "telepathy"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "--method 'telepathy' is unknown" in err and "prompt-lookup" in err
+
+
+def test_every_method_is_listed():
+  assert set(cli._method_factories()) == {"autoregressive", "draft", "self-spec", "prompt-lookup",
+                                          "lookahead"}
+
+
+def test_train_draft_arguments_reach_train_draft(monkeypatch):
+  from specjax import train
+
+  seen = {}
+  monkeypatch.setattr(train, "train_draft", lambda model, **kw: seen.update(model=model, **kw))
+  cli.main(["train", "draft", "--model", "m", "--steps", "7", "--out-dir", "/tmp/x"])
+  assert seen["model"] == "m" and seen["steps"] == 7 and seen["out_dir"] == "/tmp/x"
