@@ -39,7 +39,7 @@ from specjax import acceptance
 from specjax import cache as kv
 from specjax import sampling
 from specjax.decode import DecodeState, Program, emit
-from specjax.errors import InputError
+from specjax.errors import InputError, check_int
 
 
 def leviathan_speedup(alpha: float, gamma: float, c: float) -> float:
@@ -49,11 +49,6 @@ def leviathan_speedup(alpha: float, gamma: float, c: float) -> float:
   return tau / (gamma * c + 1.0)
 
 
-def _check_int(name, value, lo, hi=None, what=""):
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (
-      hi is not None and value > hi):
-    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-    raise InputError(f"{name}={value!r} is invalid: must be an integer in {rng}{what}")
 
 
 class _Speculative:
@@ -72,8 +67,8 @@ class _Speculative:
   refeed = 1  # tokens the first draft forward of a round feeds (2: re-sync a separate cache)
 
   def __post_init__(self):
-    _check_int("gamma", self.gamma, 1, 64)
-    _check_int("min_gamma", self.min_gamma, 1, self.gamma, f" (<= gamma={self.gamma})")
+    check_int("gamma", self.gamma, 1, 64)
+    check_int("min_gamma", self.min_gamma, 1, self.gamma, f" (<= gamma={self.gamma})")
     if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not (
         0.0 <= self.threshold < 1.0):
       raise InputError(f"threshold={self.threshold!r} is invalid: must be a number in [0, 1)")
@@ -322,7 +317,7 @@ class SelfSpeculative(_Speculative):
 
   def __post_init__(self):
     super().__post_init__()
-    _check_int("exit_layer", self.exit_layer, 1)
+    check_int("exit_layer", self.exit_layer, 1)
 
   def validate(self, model) -> None:
     n = model.config.num_layers

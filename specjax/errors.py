@@ -19,3 +19,14 @@ class ModelNotFoundError(SpecJaxError, FileNotFoundError):
 
 class InputError(SpecJaxError, ValueError):
   """A bad argument to generate() or a method constructor."""
+
+
+def check_int(name: str, value, lo: int, hi: int | None = None, what: str = "") -> None:
+  """Raises InputError unless value is an integer in [lo, hi] (hi=None: no upper bound)."""
+  import numpy as np
+
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (
+      hi is not None and value > hi):
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    raise InputError(f"{name}={value!r} is invalid: must be an integer in {rng}{what}"
+                     if hi is not None else f"{name}={value!r} is invalid: must be an integer {rng}{what}")

@@ -37,7 +37,7 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
-from specjax.errors import InputError
+from specjax.errors import InputError, check_int
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,9 +124,6 @@ class LookaheadState:
   useful: jax.Array  # [B] int32 active steps that accepted >= 1 candidate token
 
 
-def _check_int(name: str, value, minimum: int, what: str = "") -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise InputError(f"{name}={value!r} is invalid: must be an integer >= {minimum}{what}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +138,12 @@ class Lookahead:
   lossless: bool = dataclasses.field(default=True, init=False)
 
   def __post_init__(self):
-    _check_int("window", self.window, 1)
-    _check_int("ngram", self.ngram, 1)
+    check_int("window", self.window, 1)
+    check_int("ngram", self.ngram, 1)
     if self.ngram < 2:
       raise InputError(f"ngram={self.ngram!r} is invalid: must be an integer >= 2 (an n-gram of "
                        f"one token proposes nothing)")
-    _check_int("guess", self.guess, 1)
+    check_int("guess", self.guess, 1)
 
   @property
   def tokens_per_step(self) -> int:

@@ -28,12 +28,9 @@ import jax.numpy as jnp
 from specjax import acceptance
 from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
-from specjax.errors import InputError
+from specjax.errors import InputError, check_int
 
 
-def _check_int(name: str, value, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise InputError(f"{name}={value!r} is invalid: must be an integer >= {minimum}")
 
 
 def ngram_search(seq: jax.Array, seq_len: jax.Array, ngram: int, num_tokens: int):
@@ -82,8 +79,8 @@ class PromptLookup:
   lossless: bool = dataclasses.field(default=True, init=False)
 
   def __post_init__(self):
-    _check_int("ngram", self.ngram, 1)
-    _check_int("num_tokens", self.num_tokens, 1)
+    check_int("ngram", self.ngram, 1)
+    check_int("num_tokens", self.num_tokens, 1)
 
   @property
   def extra_slots(self) -> int:

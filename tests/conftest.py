@@ -24,6 +24,18 @@ def tiny_model(seed: int = 0, scale: float = 0.3, **kw) -> sj.Model:
   return sj.Model.random(tiny_config(**kw), seed=seed, scale=scale)
 
 
+def memoryless_model(seed: int = 0) -> sj.Model:
+  """A tiny model with every attention output zeroed: its greedy next token is a function of the
+  current token alone, so text it generated predicts its own continuation exactly (drafts that
+  copy or Jacobi-iterate it are accepted)."""
+  import jax.numpy as jnp
+
+  m = tiny_model(seed=seed)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.zeros_like(x) if "'wo'" in jax.tree_util.keystr(path) else x, m.params)
+  return sj.Model(m.config, m.graphdef, params)
+
+
 @pytest.fixture(scope="session")
 def tiny():
   return tiny_model()

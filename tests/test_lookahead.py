@@ -13,7 +13,7 @@ from specjax import cache as kv
 from specjax import sampling
 from specjax.lookahead import layout, pool_init, pool_insert, pool_lookup
 
-from conftest import tiny_model
+from conftest import memoryless_model, tiny_model
 
 
 # ----------------------------------------------------------------------------- mask and layout
@@ -126,13 +126,6 @@ def test_bad_arguments(kw, arg):
 # ----------------------------------------------------------------------------- end to end
 
 
-def memoryless_model(seed: int = 0) -> sj.Model:
-  """Attention outputs zeroed: the greedy next token is a function of the current token alone,
-  so Jacobi guesses converge in one step and the pool fills with n-grams the target will emit."""
-  m = tiny_model(seed=seed)
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros_like(x) if "'wo'" in jax.tree_util.keystr(path) else x, m.params)
-  return sj.Model(m.config, m.graphdef, params)
 
 
 def test_pool_drafts_are_accepted():

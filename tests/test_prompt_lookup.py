@@ -12,7 +12,7 @@ import pytest
 import specjax as sj
 from specjax.prompt_lookup import PromptLookup, ngram_search
 
-from conftest import random_prompts, tiny_model
+from conftest import memoryless_model, random_prompts, tiny_model
 
 
 def search(rows, ngram=3, k=3, width=16):
@@ -65,13 +65,6 @@ def test_bad_arguments(kw, arg):
     sj.PromptLookup(**kw)
 
 
-def memoryless_model(seed: int = 0) -> sj.Model:
-  """A tiny model with every attention output zeroed: its greedy next token is a function of the
-  current token alone, so text it generated predicts its own continuation exactly."""
-  m = tiny_model(seed=seed)
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros_like(x) if "'wo'" in jax.tree_util.keystr(path) else x, m.params)
-  return sj.Model(m.config, m.graphdef, params)
 
 
 def test_copies_repeating_text():
