@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -10,6 +11,20 @@ import pytest
 
 import specjax as sj
 from specjax import prompts
+
+EIGHT_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked eight_devices run only in a process started with 8 simulated devices
+  (tests/test_sharding.py starts one); elsewhere they are deselected, not skipped."""
+  if EIGHT_DEVICE_FLAG in os.environ.get("XLA_FLAGS", ""):
+    return
+  keep = [i for i in items if i.get_closest_marker("eight_devices") is None]
+  if len(keep) != len(items):
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+
 
 def tiny_config(**kw) -> sj.ModelConfig:
   base = dict(arch="llama", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
