@@ -350,6 +350,9 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if not isinstance(name_or_path, (str, os.PathLike)):
     raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
   name_or_path = os.fspath(name_or_path)
+  if name_or_path in NAMED_DRAFTS:  # before mesh -> place: the target load does that itself
+    return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
+                            rules=rules)
   if mesh is not None:
     from specjax import sharding
 
@@ -357,9 +360,6 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
       raise ValueError("load_model: pass either mesh= or place=, not both")
     mesh = sharding.make_mesh(mesh)  # a bad mesh fails here, before reading any weights
     place = sharding.placer(mesh, rules)
-  if name_or_path in NAMED_DRAFTS:
-    return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
-                            rules=rules)
   path = resolve(name_or_path)
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):

@@ -83,3 +83,10 @@ def test_leviathan_and_cost_ratio(target):
   r = measure_cost_ratio(target, DraftModel(tiny_model(seed=1, num_layers=1), gamma=2),
                          cache_len=64, reps=2)
   assert r["c"] > 0 and r["verify_over_step"] > 0
+
+
+@pytest.mark.slow
+def test_named_draft_loads_on_a_mesh():
+  """load_model(name, mesh=) for a shipped draft builds it around a mesh-placed target."""
+  d = sj.load_model("smollm2-135m-draft", mesh="model=1", tokenizer=False)
+  assert d.config.vocab_size == 49152
