@@ -4,7 +4,7 @@ A generation is one compiled program: prefill, then `lax.while_loop(method.step)
 is done. Python tokenises before and detokenises after. A method is a small frozen object with
 
     validate(model)             host-side checks, raising InputError before anything compiles
-    arrays()                    the device arrays it needs (e.g. a draft model's params)
+    arrays(model)               the device arrays it needs (e.g. a draft model's params)
     extra_slots                 static: cache slots one step may write past the committed length
     max_emit                    static: the most tokens one step can emit (histogram size)
     init(prog, arrays, state, prefill_hidden) -> method state      (inside jit, after prefill)
@@ -279,7 +279,7 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
       and model.tokenizer.eos_token_id is not None else set())) if stop_at_eos else []
   eos = np.full((max(1, len(eos_ids)),), -1, np.int32)
   eos[:len(eos_ids)] = eos_ids
-  args = (model.params, method.arrays(), jnp.asarray(prompt),
+  args = (model.params, method.arrays(model), jnp.asarray(prompt),
           jnp.asarray([len(x) for x in ids], jnp.int32),
           jnp.full((b,), max_new_tokens, jnp.int32),
           SamplingParams.make(b, temperature, top_k, top_p), jax.random.PRNGKey(seed),
@@ -331,7 +331,7 @@ class Autoregressive:
   def validate(self, model) -> None:
     pass
 
-  def arrays(self):
+  def arrays(self, model):
     return {}
 
   def init(self, prog, arrays, state, hidden):

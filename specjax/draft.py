@@ -51,6 +51,30 @@ def leviathan_speedup(alpha: float, gamma: float, c: float) -> float:
 
 
 
+def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
+  """vocab: distinct token ids (1-D) a drafter proposes over, or None; returns int32 or None."""
+  if vocab is None:
+    return None
+  arr = np.asarray(vocab)
+  ok = arr.ndim == 1 and arr.size > 0 and np.issubdtype(arr.dtype, np.integer)
+  if ok and (arr.min() < 0 or len(np.unique(arr)) != arr.size or
+             (vocab_size is not None and arr.max() >= vocab_size)):
+    ok = False
+  if not ok:
+    bound = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
+    raise InputError(f"vocab must be distinct token ids in {bound} as a 1-D array, got "
+                     f"shape {arr.shape} dtype {arr.dtype}")
+  return arr.astype(np.int32)
+
+
+def _subset_arrays(model, ids: np.ndarray) -> dict:
+  """{"vocab": ids [Vs], "head": the matching LM-head rows [Vs,E]} of `model` (tied or untied)."""
+  p = model.params
+  head = p["embed"][...] if model.config.tie_word_embeddings else p["lm_head"][...].T
+  ids = jnp.asarray(ids)
+  return {"vocab": ids, "head": head[ids]}
+
+
 class _Speculative:
   """The shared propose -> verify -> accept -> update step. Subclasses (frozen dataclasses) supply
   the drafter and these static options:
@@ -72,6 +96,11 @@ class _Speculative:
     if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not (
         0.0 <= self.threshold < 1.0):
       raise InputError(f"threshold={self.threshold!r} is invalid: must be a number in [0, 1)")
+
+  @property
+  def variable_width(self) -> bool:
+    """Whether rounds can draft fewer than gamma tokens (then verification width follows)."""
+    return (self.adaptive or self.threshold > 0) and self.gamma > 1
 
   @property
   def extra_slots(self) -> int:
@@ -98,7 +127,7 @@ class _Speculative:
   def _init_stats(self, b):
     z = jnp.zeros((b,), jnp.int32)
     return {"g": jnp.full((b,), self.gamma, jnp.int32), "drafted": z, "accepted": z,
-            "rejected": z, "rounds": z}
+            "rejected": z, "rounds": z, "verified": z}
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     b = state.seq.shape[0]
@@ -147,12 +176,26 @@ class _Speculative:
     _, dcache, (toks, q_sub, _, g) = jax.lax.while_loop(cond, body, (jnp.int32(1), dcache, carry))
     state = self._with_draft_cache(state, dcache)
 
-    # Verify [x0, d_1 .. d_gmax] in one target call. Slots past g[b] hold token 0 (harmless:
-    # the target's logits there are never used, since positions >= g are rejected).
+    # Verify [x0, d_1 .. d_w] in one target call, w = the most any row drafted this round when
+    # drafting can stop early (adaptive / threshold: one compiled branch per width, so a short
+    # round pays a short verification), else gmax. Slots past g[b] hold token 0 (harmless: the
+    # target's logits there are never used, since positions >= g are rejected).
     cache = kv.rollback(state.cache, seq_len - 1)
     x = jnp.concatenate([state.last_token[:, None], jnp.maximum(toks, 0)], axis=1)  # [B,G+1]
-    pos = (seq_len - 1)[:, None] + jnp.arange(gmax + 1)[None, :]
-    tlogits, _, cache = prog.forward(params, x, pos, cache, prog.causal_mask(cache.lengths, gmax + 1))
+
+    def verify(w):  # -> target logits [B,gmax+1,V] (zero past w) and the cache
+      def run(cache):
+        pos = (seq_len - 1)[:, None] + jnp.arange(w)[None, :]
+        logits, _, cache = prog.forward(params, x[:, :w], pos, cache, prog.causal_mask(cache.lengths, w))
+        return jnp.pad(logits, ((0, 0), (0, gmax + 1 - w), (0, 0))), cache
+      return run
+
+    if self.variable_width:
+      widest = jnp.clip(jnp.max(jnp.where(active, g, 0)), 1, gmax)
+      tlogits, cache = jax.lax.switch(widest - 1, [verify(w + 1) for w in range(1, gmax + 1)], cache)
+    else:
+      widest = gmax
+      tlogits, cache = verify(gmax + 1)(cache)
 
     def full_q():  # [B,G,V]: the draft's q over the whole vocabulary, zero outside the subset
       if ids is None:
@@ -177,7 +220,8 @@ class _Speculative:
     a = active.astype(jnp.int32)
     upd = dict(g=jnp.where(active, jnp.clip(grown, self.min_gamma, gmax), m["g"]),
                drafted=m["drafted"] + a * g, accepted=m["accepted"] + a * n,
-               rejected=m["rejected"] + rejected.astype(jnp.int32), rounds=m["rounds"] + a)
+               rejected=m["rejected"] + rejected.astype(jnp.int32), rounds=m["rounds"] + a,
+               verified=m["verified"] + a * (widest + 1))
     return state.replace(method=dict(state.method, **upd))  # (state.method has the new cache)
 
   def _accept(self, key, draft, q, target_logits, sp):
@@ -188,6 +232,7 @@ class _Speculative:
     m = state.method
     drafted, accepted = int(np.sum(m["drafted"])), int(np.sum(m["accepted"]))
     rejected, rounds = int(np.sum(m["rejected"])), int(np.sum(m["rounds"]))
+    verified = int(np.sum(m["verified"]))
     alpha = accepted / max(1, accepted + rejected)
     return {
         "gamma": self.gamma,
@@ -197,6 +242,7 @@ class _Speculative:
         "draft_rounds": rounds,
         "accepted_per_step": accepted / max(1, rounds),
         "drafted_per_step": drafted / max(1, rounds),
+        "verified_per_step": verified / max(1, rounds),  # positions the target scored per call
         "alpha": alpha,
     }
 
@@ -229,14 +275,7 @@ class DraftModel(_Speculative):
       raise InputError(f"draft={self.draft!r} is invalid: must be a specjax Model "
                        f"(e.g. sj.load_model('smollm2-135m-draft'))")
     vocab = self.vocab if self.vocab is not None else getattr(self.draft, "vocab_subset", None)
-    if vocab is not None:
-      vocab = np.asarray(vocab)
-      v = self.draft.config.vocab_size
-      if vocab.ndim != 1 or vocab.size == 0 or not np.issubdtype(vocab.dtype, np.integer) or \
-          vocab.min() < 0 or vocab.max() >= v or len(np.unique(vocab)) != vocab.size:
-        raise InputError(f"vocab must be distinct token ids in [0, {v}) as a 1-D array, got "
-                         f"shape {vocab.shape} dtype {vocab.dtype}")
-      vocab = vocab.astype(np.int32)
+    vocab = _check_vocab(vocab, self.draft.config.vocab_size)
     object.__setattr__(self, "vocab", vocab)
     c = self.draft.config
     object.__setattr__(self, "key", (self.draft.graphdef, c, None if vocab is None else vocab.size,
@@ -252,13 +291,10 @@ class DraftModel(_Speculative):
       raise InputError(f"draft tokenizer ({len(self.draft.tokenizer)} tokens) differs from the "
                        f"target's ({len(model.tokenizer)} tokens)")
 
-  def arrays(self):
+  def arrays(self, model):
     out = {"draft": self.draft.params}
     if self.vocab is not None:
-      ids = jnp.asarray(self.vocab)
-      p = self.draft.params
-      head = p["embed"][...] if self.draft.config.tie_word_embeddings else p["lm_head"][...].T
-      out["vocab"], out["head"] = ids, head[ids]  # [Vs], [Vs,E]
+      out.update(_subset_arrays(self.draft, self.vocab))  # [Vs], [Vs,E]
     return out
 
   def init(self, prog, arrays, state, hidden):
@@ -306,27 +342,33 @@ class SelfSpeculative(_Speculative):
 
   No second model and no extra cache: drafting writes layers [0, exit_layer) of the target's own
   cache at the slots the verification forward then rewrites with the full model.
+  vocab: token ids [Vs] to propose over (FR-Spec style, as in DraftModel; e.g. the shipped draft's
+  `vocab_subset`): the exit head then multiplies Vs rows of the LM head instead of all V.
   """
   exit_layer: int = 0
   gamma: int = 5
   adaptive: bool = False
   min_gamma: int = 1
   threshold: float = 0.0
+  vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   name = "self_speculative"
 
   def __post_init__(self):
     super().__post_init__()
     check_int("exit_layer", self.exit_layer, 1)
+    object.__setattr__(self, "vocab", _check_vocab(self.vocab))
 
   def validate(self, model) -> None:
     n = model.config.num_layers
     if not 1 <= self.exit_layer <= n - 1:
       raise InputError(f"exit_layer={self.exit_layer} is invalid for a {n}-layer target: "
                        f"must be in [1, {n - 1}]")
+    if self.vocab is not None:
+      _check_vocab(self.vocab, model.config.vocab_size)
 
-  def arrays(self):
-    return {}
+  def arrays(self, model):
+    return {} if self.vocab is None else _subset_arrays(model, self.vocab)
 
   def init(self, prog, arrays, state, hidden):
     return self._init_stats(state.seq.shape[0])
@@ -341,9 +383,11 @@ class SelfSpeculative(_Speculative):
     b, t = tokens.shape
     dcache = kv.rollback(dcache, start)
     pos = start[:, None] + jnp.arange(t)[None, :]
-    logits, _, dcache = prog.forward(params, tokens, pos, dcache, prog.causal_mask(start, t),
-                                     num_layers=self.exit_layer,
-                                     logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    logits, hidden, dcache = prog.forward(params, tokens, pos, dcache, prog.causal_mask(start, t),
+                                          num_layers=self.exit_layer,
+                                          logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    if "head" in arrays:  # as in DraftModel: the full-vocabulary logits are compiled away
+      return (hidden[:, -1] @ arrays["head"].T).astype(jnp.float32), dcache
     return logits[:, 0], dcache
 
 
@@ -353,7 +397,9 @@ class SelfSpeculative(_Speculative):
 def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, reps: int = 20):
   """c = (one draft forward of one token) / (one target decode step), timed on this device.
 
-  Also returns the verification cost (gamma + 1 tokens) relative to one decode step.
+  Also returns the verification cost (gamma + 1 tokens) relative to one decode step, and for a
+  method whose verification width varies (adaptive / threshold) the cost of every width 2 ..
+  gamma + 1 as `verify_by_width` {width: cost / step}.
   """
   from flax import nnx
 
@@ -373,7 +419,7 @@ def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, 
     return logits, cache
 
   prog = Program(target.graphdef, cfg, method, s)
-  arrays = method.arrays()
+  arrays = method.arrays(target)
   if isinstance(method, DraftModel):
     d = method.draft.config
     dcache = kv.init(d.num_layers, b, s, d.num_kv_heads, d.head_dim, method.draft.dtype)
@@ -396,5 +442,11 @@ def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, 
   t_step = timed(target_fn, target.params, cache, tok1)
   t_verify = timed(target_fn, target.params, cache, tokv)
   t_draft = timed(draft_fn, target.params, arrays, dcache, tok1)
-  return {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
-          "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}
+  out = {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
+         "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}
+  if method.variable_width:
+    out["verify_by_width"] = {w: timed(target_fn, target.params, cache,
+                                       jnp.zeros((b, w), jnp.int32)) / t_step
+                              for w in range(2, method.gamma + 1)}
+    out["verify_by_width"][method.gamma + 1] = t_verify / t_step
+  return out

@@ -160,7 +160,7 @@ class Lookahead:
   def validate(self, model) -> None:
     pass
 
-  def arrays(self):
+  def arrays(self, model):
     return {}
 
   def init(self, prog, arrays, state, hidden):

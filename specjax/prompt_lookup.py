@@ -93,7 +93,7 @@ class PromptLookup:
   def validate(self, model) -> None:
     pass
 
-  def arrays(self):
+  def arrays(self, model):
     return {}
 
   def init(self, prog, arrays, state, hidden):

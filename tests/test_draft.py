@@ -33,6 +33,10 @@ def test_bad_input_raises_before_compiling(target):
     DraftModel(target, vocab=[1, 1, 2])
   with pytest.raises(sj.InputError, match="exit_layer=0"):
     SelfSpeculative(exit_layer=0)
+  with pytest.raises(sj.InputError, match="vocab must be"):
+    SelfSpeculative(exit_layer=1, vocab=[[1, 2]])
+  with pytest.raises(sj.InputError, match=r"vocab must be distinct token ids in \[0, 61\)"):
+    sj.generate(target, [[1, 2, 3]], SelfSpeculative(exit_layer=1, vocab=[0, 5, 999]))
   for k in (2, 5):  # the tiny target has 2 layers: exit_layer must be in [1, 1]
     with pytest.raises(sj.InputError, match=rf"exit_layer={k} is invalid for a 2-layer"):
       sj.generate(target, [[1, 2, 3]], SelfSpeculative(exit_layer=k))
@@ -56,6 +60,22 @@ def test_random_draft_stats(target):
   s = out.stats
   assert s["alpha"] < 0.3 and s["drafted_per_step"] < 4  # adaptive gamma shrank
   assert {"alpha", "accepted_per_step", "drafted_tokens", "gamma"} <= set(s)
+
+
+def test_verification_width_follows_drafting(target):
+  """When drafting can stop early, the target scores only the drafted positions (+ the pending
+  token); a fixed-gamma method always scores gamma + 1. Same tokens either way."""
+  p = random_prompts(1, 61, seed=6)  # batch 1: the width is this row's own drafted count + 1
+  draft = tiny_model(seed=9, scale=0.3)
+  fixed = sj.generate(target, p, DraftModel(draft, gamma=4), max_new_tokens=16)
+  short = sj.generate(target, p, DraftModel(draft, gamma=4, threshold=0.99), max_new_tokens=16)
+  assert fixed.tokens == short.tokens
+  assert fixed.stats["verified_per_step"] == 5
+  s = short.stats
+  assert s["drafted_per_step"] < 3.5 and s["verified_per_step"] == s["drafted_per_step"] + 1
+  grow = sj.generate(target, p, DraftModel(target, gamma=4, min_gamma=1, adaptive=True),
+                     max_new_tokens=16)  # alpha = 1: every row drafts (and verifies) the most
+  assert grow.stats["verified_per_step"] == grow.stats["drafted_per_step"] + 1 == 5
 
 
 def test_method_hash_ignores_param_values(target):
@@ -82,7 +102,10 @@ def test_leviathan_and_cost_ratio(target):
   assert abs(leviathan_speedup(0.8, 3, 0.1) - (1 - 0.8 ** 4) / (0.2 * 1.3)) < 1e-9
   r = measure_cost_ratio(target, DraftModel(tiny_model(seed=1, num_layers=1), gamma=2),
                          cache_len=64, reps=2)
-  assert r["c"] > 0 and r["verify_over_step"] > 0
+  assert r["c"] > 0 and r["verify_over_step"] > 0 and "verify_by_width" not in r
+  r = measure_cost_ratio(target, SelfSpeculative(exit_layer=1, gamma=3, adaptive=True),
+                         cache_len=64, reps=2)
+  assert sorted(r["verify_by_width"]) == [2, 3, 4] and min(r["verify_by_width"].values()) > 0
 
 
 @pytest.mark.slow

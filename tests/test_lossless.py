@@ -55,12 +55,16 @@ GREEDY_METHODS += [
                                                            adaptive=True, threshold=0.3)),
     ("self_spec", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=3)),
     ("self_spec_adaptive", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=4, adaptive=True)),
+    ("self_spec_subset_threshold", lambda target: sj.SelfSpeculative(
+        exit_layer=1, gamma=4, threshold=0.3, vocab=_layer_draft(target).vocab_subset)),
 ]
 SAMPLING_METHODS += [
     ("draft_random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
     ("draft_subset_adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=3,
                                                            adaptive=True, threshold=0.2)),
     ("self_spec", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2)),
+    ("self_spec_subset", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2,
+                                                           vocab=_layer_draft(target).vocab_subset)),
 ]
 
 

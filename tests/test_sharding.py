@@ -292,7 +292,7 @@ def test_draft_params_sharded_too():
   names = [n for n, _ in METHODS]
   factory = dict(METHODS)[next(n for n in names if "draft" in n and "self" not in n)]
   method = factory(target_model())
-  arrays = sharding.shard_params("model=8", method.arrays())
+  arrays = sharding.shard_params("model=8", method.arrays(target_model()))
   flat = {path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(arrays)[0]}
   mlp = [x for key, x in flat.items() if key[-2:] == ("mlp", "w_out")]
   assert mlp and all(len({str(s.index) for s in x.addressable_shards}) == N_DEV for x in mlp)
