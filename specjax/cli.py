@@ -146,7 +146,8 @@ def cmd_train_draft(args) -> None:
   train.train_draft(args.model, out_dir=args.out_dir, export=args.export, num_layers=args.num_layers,
                     vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,
                     seq_len=args.seq_len, lr=args.lr, max_minutes=args.max_minutes,
-                    gen_minutes=args.gen_minutes, seed=args.seed)
+                    gen_minutes=args.gen_minutes, teacher_minutes=args.teacher_minutes,
+                    code_chars=args.code_chars, top_k=args.top_k, seed=args.seed)
 
 
 def main(argv=None) -> None:
@@ -196,7 +197,13 @@ def main(argv=None) -> None:
   td.add_argument("--seq-len", type=int, default=256)
   td.add_argument("--lr", type=float, default=1e-3)
   td.add_argument("--max-minutes", type=float, default=20.0)
-  td.add_argument("--gen-minutes", type=float, default=12.0)
+  td.add_argument("--gen-minutes", type=float, default=12.0,
+                  help="time for the target to generate continuations of training prompts")
+  td.add_argument("--teacher-minutes", type=float, default=5.0,
+                  help="time for the target to label text windows (teacher forcing)")
+  td.add_argument("--code-chars", type=int, default=2_000_000,
+                  help="characters of Python standard-library source added as code text")
+  td.add_argument("--top-k", type=int, default=8, help="soft labels: the target's top-k per position")
   td.add_argument("--seed", type=int, default=0)
   td.set_defaults(fn=cmd_train_draft)
 

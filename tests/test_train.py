@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -66,3 +67,56 @@ def test_vocab_subset_most_frequent_then_lowest_ids():
   labels = np.array([[5, 5, 5, 9, 9, -1], [7, -1, -1, -1, -1, -1]], np.int32)
   ids = train.vocab_subset({"labels": labels}, vocab_size=20, size=5)
   assert ids.tolist() == [0, 1, 5, 7, 9]
+
+
+def test_teacher_data_soft_labels_and_resume(tmp_path):
+  """Teacher forcing labels every position with the target's argmax and top-k log-probs, and a
+  rerun continues from the partial file instead of relabelling."""
+  import jax.numpy as jnp
+
+  from specjax import cache as kv
+
+  target = tiny_model(seed=0)
+  rng = np.random.default_rng(0)
+  texts = [list(rng.integers(0, 61, n)) for n in (50, 70, 90)]
+  part = str(tmp_path / "teacher.partial.npz")
+  kw = dict(seq_len=16, batch_size=2, top_k=4, partial=part, max_minutes=5)
+  logs = []
+  d = train.teacher_data(target, texts, log=logs.append, **kw)
+  assert d["tokens"].shape == (12, 16) and d["topk_ids"].shape == (12, 16, 4)
+  # Labels are the target's own next-token argmax over each window.
+  cache = target.init_cache(12, 16)
+  logits, _, _ = target.apply(target.params, jnp.asarray(d["tokens"]),
+                              np.broadcast_to(np.arange(16), (12, 16)), cache,
+                              kv.causal_mask(cache.lengths, 16, 16))
+  logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  assert np.array_equal(d["labels"], logp.argmax(-1))
+  assert np.array_equal(d["topk_ids"][..., 0], d["labels"])
+  np.testing.assert_allclose(d["topk_logp"].astype(np.float32),
+                             np.take_along_axis(logp, d["topk_ids"], -1), rtol=2e-3, atol=2e-2)
+  assert np.all(np.diff(d["topk_logp"].astype(np.float32), axis=-1) <= 0)
+  logs2 = []
+  d2 = train.teacher_data(target, texts, log=logs2.append, **kw)
+  assert any("resuming after 12 labelled windows" in l for l in logs2), logs2
+  assert not any("windows (" in l for l in logs2)  # nothing relabelled
+  assert all(np.array_equal(d[k], d2[k]) for k in d)
+
+
+def test_soft_loss_with_one_hot_labels_is_the_hard_loss():
+  target = tiny_model(seed=0, num_layers=3)
+  vocab = np.arange(0, 61, 2).astype(np.int32)
+  draft = train.draft_from_target(target, 1, vocab)
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, 61, (2, 12)).astype(np.int32)
+  labels = rng.integers(-1, 61, (2, 12)).astype(np.int32)
+  own = train.own_params(draft)
+  hard, aux = train.draft_loss(draft, own, vocab, tokens, labels)
+  soft, aux2 = train.draft_loss(draft, own, vocab, tokens, labels, labels[..., None],
+                                np.zeros((2, 12, 1), np.float16))
+  np.testing.assert_allclose(float(hard), float(soft), rtol=1e-5)
+  assert float(aux["coverage"]) == float(aux2["coverage"]) < 1  # odd ids are outside the subset
+  # A real soft target (two tokens) pulls the loss away from the one-hot one.
+  two = np.stack([labels, (labels + 2) % 61], -1)
+  lp = np.log(np.array([0.6, 0.4], np.float16))
+  mixed, _ = train.draft_loss(draft, own, vocab, tokens, labels, two, np.broadcast_to(lp, two.shape))
+  assert abs(float(mixed) - float(hard)) > 1e-3
