@@ -7,14 +7,14 @@ For each prompt set (MT-Bench first turns with the chat template, HumanEval raw)
 so load on a shared machine hits both alike. Reports the median per-prompt speedup, tau (tokens
 per target call), alpha, and Leviathan's prediction from the measured cost ratio c:
 tau / (gamma c + 1) (the paper's formula) and tau / (gamma c + v) with v the measured cost of the
-(gamma + 1)-token verification relative to one decode step. --hf adds transformers' assisted
+verification relative to one decode step (at the mean width the method verified: gamma + 1, or
+less for the adaptive variant, whose verification follows how far it drafted). --hf adds transformers' assisted
 generation (the same target and draft weights, torch fp32, greedy).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import statistics
@@ -23,33 +23,21 @@ import sys
 import numpy as np
 
 import specjax as sj
+from specjax import prompts
 from specjax.draft import leviathan_speedup, measure_cost_ratio
 
-PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "prompts")
-FALLBACK = {"mt_bench": ["Explain why the sky is blue.", "Write a short story about a robot.",
-                         "What are the benefits of exercise?"],
-            "humaneval": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                          "def is_prime(n: int) -> bool:\n"]}
-
-
 def load_prompts(kind: str, n: int) -> list[str]:
-  try:
-    if kind == "humaneval":
-      with gzip.open(os.path.join(PROMPTS, "humaneval.jsonl.gz"), "rt") as f:
-        out = [json.loads(line)["prompt"] for line in f]
-    else:
-      with open(os.path.join(PROMPTS, "mt_bench.jsonl")) as f:
-        out = [json.loads(line)["turns"][0] for line in f]
-  except OSError:
-    out = FALLBACK[kind]
-  return out[:n]
+  return prompts.load(kind, n)  # ../shared/data/prompts, or the built-in fallback list
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--prompts", type=int, default=5)
   ap.add_argument("--new", type=int, default=128)
-  ap.add_argument("--gamma", type=int, default=4)
+  ap.add_argument("--gamma", type=int, default=3)
+  ap.add_argument("--threshold", type=float, default=0.4,
+                  help="adaptive variant: stop drafting under this draft confidence")
+  ap.add_argument("--draft", default="smollm2-135m-draft", help="a named draft, or an exported draft asset (.npz)")
   ap.add_argument("--exit-layer", type=int, default=6)
   ap.add_argument("--temps", default="0,0.7")
   ap.add_argument("--sets", default="mt_bench,humaneval")
@@ -57,18 +45,25 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   target = sj.load_model("smollm2-135m")
-  draft = sj.load_model("smollm2-135m-draft")
+  if args.draft.endswith(".npz"):  # an exported draft asset (train_draft(export=...))
+    from specjax.train import load_draft_asset
+    draft = load_draft_asset(args.draft, target)
+  else:
+    draft = sj.load_model(args.draft)
   g = args.gamma
   methods = {
       f"draft g={g}": sj.DraftModel(draft, gamma=g),
-      f"draft adaptive<={g + 2}": sj.DraftModel(draft, gamma=g + 2, adaptive=True, threshold=0.3),
-      f"layer-skip k={args.exit_layer} g={g}": sj.SelfSpeculative(exit_layer=args.exit_layer,
-                                                                   gamma=g),
+      f"draft adaptive<={g + 2} thr={args.threshold}": sj.DraftModel(
+          draft, gamma=g + 2, adaptive=True, threshold=args.threshold),
+      f"layer-skip k={args.exit_layer} g={g}": sj.SelfSpeculative(
+          exit_layer=args.exit_layer, gamma=g, vocab=draft.vocab_subset),
   }
   costs = {name: measure_cost_ratio(target, m, cache_len=512) for name, m in methods.items()}
   for name, c in costs.items():
     print(f"# {name}: c = {c['c']:.3f} (draft {c['draft_step_ms']:.1f} ms / target step "
-          f"{c['target_step_ms']:.1f} ms), verify = {c['verify_over_step']:.2f} x step", flush=True)
+          f"{c['target_step_ms']:.1f} ms), verify = {c['verify_over_step']:.2f} x step"
+          + (" by width " + ", ".join(f"{w}: {v:.2f}" for w, v in c["verify_by_width"].items())
+             if "verify_by_width" in c else ""), flush=True)
 
   rows = []
   for kind in args.sets.split(","):
@@ -93,9 +88,10 @@ def main(argv=None):
           m, c = methods[name], costs[name]
           alpha = statistics.median(s["alpha"] for s in st)
           gam = statistics.median(s["drafted_per_step"] for s in st)
+          row["verified"] = statistics.median(s["verified_per_step"] for s in st)
           row.update(alpha=alpha, drafted=gam, c=c["c"],
                      pred=leviathan_speedup(alpha, gam, c["c"]),
-                     pred_v=leviathan_speedup(alpha, gam, 0.0) / (gam * c["c"] + c["verify_over_step"]))
+                     pred_v=leviathan_speedup(alpha, gam, 0.0) / (gam * c["c"] + verify_cost(c, row)))
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -108,6 +104,17 @@ def main(argv=None):
     f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"
     print(f"| {r['set']} | {r['temperature']} | {r['method']} | {f('speedup')}x | {f('tok_s', '{:.1f}')} "
           f"| {f('tau')} | {f('alpha')} | {f('c', '{:.3f}')} | {f('pred')}x | {f('pred_v')}x |")
+
+
+def verify_cost(c: dict, row: dict) -> float:
+  """Measured verification cost (in decode steps) at the width this method used on average."""
+  by_width = c.get("verify_by_width")
+  if not by_width:
+    return c["verify_over_step"]
+  w = row["verified"]
+  lo = min(max(int(np.floor(w)), min(by_width)), max(by_width))
+  hi = min(lo + 1, max(by_width))
+  return by_width[lo] + (w - lo) * (by_width[hi] - by_width[lo])  # linear between widths
 
 
 def hf_assisted(target, draft, args):
@@ -154,29 +161,51 @@ def hf_assisted(target, draft, args):
     hf.tie_weights()
     return hf
 
-  torch.set_num_threads(2)
+  torch.set_num_threads(os.cpu_count() or 1)
   hf_t, hf_d = to_hf(target, target.config.num_layers), to_hf(draft, draft.config.num_layers)
+  variants = {  # transformers' assistant settings (generation_config of the assistant model)
+      f"transformers assisted g={args.gamma}": dict(
+          num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant",
+          assistant_confidence_threshold=0.0),
+      "transformers assisted heuristic (5, +2/-1, conf 0.4)": dict(
+          num_assistant_tokens=5, num_assistant_tokens_schedule="heuristic_transient",
+          assistant_confidence_threshold=0.4),
+  }
   rows = []
   for kind in args.sets.split(","):
     chat = kind != "humaneval"
-    speed, taus = [], []
-    for p in load_prompts(kind, args.prompts):
+    res = {name: [] for name in ["transformers AR", *variants]}
+    same = 0
+    ps = load_prompts(kind, args.prompts)
+    for p in ps:
       ids = sj.decode._encode(target, [p], chat)[0]
       x = torch.tensor([ids])
-      times = {}
-      for name, extra in (("ar", {}), ("assisted", {"assistant_model": hf_d})):
+
+      def run(extra):
         with torch.no_grad():
           hf_t.generate(x, max_new_tokens=4, do_sample=False, **extra)  # warm-up
           t0 = time.perf_counter()
           out = hf_t.generate(x, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
                               **extra)
-          times[name] = time.perf_counter() - t0
-      speed.append(times["ar"] / times["assisted"])
+          return time.perf_counter() - t0, out[0, len(ids):].tolist()
+
+      t_ar, toks = run({})
+      res["transformers AR"].append((1.0, args.new / t_ar))
+      for name, gc in variants.items():
+        for k, v in gc.items():
+          setattr(hf_d.generation_config, k, v)
+        t, toks_a = run({"assistant_model": hf_d})
+        res[name].append((t_ar / t, args.new / t))
+        same += toks_a == toks
       mine = sj.generate(target, [p], max_new_tokens=args.new, chat=chat, stop_at_eos=False).tokens[0]
-      taus.append(out[0, len(ids):].tolist()[:len(mine)] == mine)
-    rows.append({"set": kind, "temperature": 0.0, "method": "transformers assisted (HF draft, full head)",
-                 "speedup": statistics.median(speed)})
-    print(json.dumps(rows[-1]), f"# tokens identical to specjax AR: {sum(taus)}/{len(taus)}", flush=True)
+      same += toks[:len(mine)] == mine
+    for name, rs in res.items():
+      rows.append({"set": kind, "temperature": 0.0, "method": name,
+                   "speedup": statistics.median(r for r, _ in rs),
+                   "tok_s": statistics.median(t for _, t in rs)})
+      print(json.dumps(rows[-1]), flush=True)
+    print(f"# {kind}: transformers outputs identical to each other and to specjax AR in "
+          f"{same}/{len(ps) * (len(variants) + 1)} comparisons", flush=True)
   return rows
 
 
