@@ -40,6 +40,7 @@ from specjax import cache as kv
 from specjax import sampling
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
+from specjax.model import head_rows
 
 
 def leviathan_speedup(alpha: float, gamma: float, c: float) -> float:
@@ -68,11 +69,9 @@ def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
 
 
 def _subset_arrays(model, ids: np.ndarray) -> dict:
-  """{"vocab": ids [Vs], "head": the matching LM-head rows [Vs,E]} of `model` (tied or untied)."""
-  p = model.params
-  head = p["embed"][...] if model.config.tie_word_embeddings else p["lm_head"][...].T
+  """{"vocab": ids [Vs], "head": the matching LM-head rows [Vs,E]} of `model`."""
   ids = jnp.asarray(ids)
-  return {"vocab": ids, "head": head[ids]}
+  return {"vocab": ids, "head": head_rows(model.config, model.params, ids)}
 
 
 class _Speculative:

@@ -265,6 +265,13 @@ def path_key(path) -> tuple:
   return tuple(out)
 
 
+def head_rows(config: ModelConfig, params, ids) -> jax.Array:
+  """The LM-head rows [Vs,E] for token ids [Vs] (the embedding when tied): logits over just those
+  tokens are final-normed hidden @ head_rows(...).T, as in `Decoder.head` restricted to `ids`."""
+  head = params["embed"][...] if config.tie_word_embeddings else params["lm_head"][...].T
+  return head[ids]
+
+
 def from_flat(config: ModelConfig, flat: dict, *, dtype=jnp.float32, place=None, where: str = ""):
   """Flat numpy params in specjax layout -> (graphdef, params). Checks every key and shape.
 

@@ -33,7 +33,8 @@ def prompts_dir() -> str | None:
   return None
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str) -> list[dict]:
+  """Rows of a .jsonl or .jsonl.gz file."""
   opener = gzip.open if path.endswith(".gz") else open
   with opener(path, "rt") as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -49,7 +50,7 @@ def load(kind: str = "mt_bench", n: int | None = None) -> list[str]:
       with open(kind) as f:
         rows = [line.rstrip("\n") for line in f if line.strip()]
     else:
-      for r in _read_jsonl(kind):
+      for r in read_jsonl(kind):
         rows.append(r.get("prompt") or r.get("question") or r["turns"][0])
   else:
     d = prompts_dir()
@@ -59,7 +60,7 @@ def load(kind: str = "mt_bench", n: int | None = None) -> list[str]:
     if name not in files:
       raise ValueError(f"prompt set {kind!r} unknown; use one of {', '.join(files)} or a file path")
     if d and os.path.isfile(os.path.join(d, files[name])):
-      for r in _read_jsonl(os.path.join(d, files[name])):
+      for r in read_jsonl(os.path.join(d, files[name])):
         if category and r.get("category") != category:
           continue
         rows.append(r.get("prompt") or r.get("question") or r["turns"][0])
@@ -74,4 +75,4 @@ def categories() -> list[str]:
   d = prompts_dir()
   if not d or not os.path.isfile(os.path.join(d, "spec_bench.jsonl")):
     return []
-  return sorted({r["category"] for r in _read_jsonl(os.path.join(d, "spec_bench.jsonl"))})
+  return sorted({r["category"] for r in read_jsonl(os.path.join(d, "spec_bench.jsonl"))})

@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 import time
@@ -38,44 +37,45 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import cache as kv
+from specjax import prompts
 from specjax.errors import InputError
-from specjax.model import Model, path_key
+from specjax.model import Model, head_rows, path_key
 
-PROMPTS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "prompts")
-ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
-_FALLBACK = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",
-             "Explain why the sky is blue.", "Write a haiku about the sea.", "What is 12 times 13?",
-             "List three prime numbers:", "Translate 'good morning' into French:"]
+_FILES = {"mt_bench": "mt_bench.jsonl", "spec_bench": "spec_bench.jsonl",
+          "gsm8k": "gsm8k_test.jsonl", "humaneval": "humaneval.jsonl.gz"}
 
 
 # ----------------------------------------------------------------------------- prompts
 
 
-def training_prompts(prompts_dir: str = PROMPTS_DIR, *, held_out: int = 20, max_chars: int = 800,
-                     limit: int = 400, seed: int = 0) -> list[tuple[str, bool]]:
-  """(prompt, chat) pairs for distillation, disjoint from the benchmark's first `held_out`
-  MT-Bench and HumanEval prompts. Falls back to a built-in list when the directory is absent."""
-  out: list[tuple[str, bool]] = []
+def _records(prompts_dir: str | None) -> dict[str, list[dict]]:
+  """The prompt files' rows by set (empty where a file is absent). prompts_dir None: the shared
+  folder `specjax.prompts.prompts_dir()` finds ($SPECJAX_PROMPTS or ../shared/data/prompts)."""
+  d = prompts_dir if prompts_dir is not None else prompts.prompts_dir()
+  paths = {k: os.path.join(d, f) for k, f in _FILES.items()} if d else {}
+  return {k: prompts.read_jsonl(paths[k]) if k in paths and os.path.isfile(paths[k]) else []
+          for k in _FILES}
 
-  def jsonl(name, opener=open):
-    path = os.path.join(prompts_dir, name)
-    if not os.path.isfile(path):
-      return []
-    with opener(path, "rt") as f:
-      return [json.loads(line) for line in f if line.strip()]
 
-  mt = jsonl("mt_bench.jsonl")
-  out += [(r["turns"][0], True) for r in mt[held_out:]]
-  spec = jsonl("spec_bench.jsonl")
-  out += [(r["turns"][0], True) for r in spec[80:]]  # the first 80 rows are MT-Bench
-  out += [(r["question"], True) for r in jsonl("gsm8k_test.jsonl")[:150]]
-  out += [(r["prompt"], False) for r in jsonl("humaneval.jsonl.gz", gzip.open)[held_out:]]
+def _shuffled_prompts(rec: dict, held_out: int, max_chars: int, limit: int,
+                      seed: int) -> list[tuple[str, bool]]:
+  out = [(r["turns"][0], True) for r in rec["mt_bench"][held_out:]]
+  out += [(r["turns"][0], True) for r in rec["spec_bench"][80:]]  # the first 80 rows are MT-Bench
+  out += [(r["question"], True) for r in rec["gsm8k"][:150]]
+  out += [(r["prompt"], False) for r in rec["humaneval"][held_out:]]
   out = [(p, c) for p, c in out if len(p) <= max_chars]
   if not out:
-    out = [(p, True) for p in _FALLBACK]
+    out = [(p, True) for p in prompts.FALLBACK[:8]]
   rng = np.random.default_rng(seed)
   rng.shuffle(out)
   return out[:limit]
+
+
+def training_prompts(prompts_dir: str | None = None, *, held_out: int = 20, max_chars: int = 800,
+                     limit: int = 400, seed: int = 0) -> list[tuple[str, bool]]:
+  """(prompt, chat) pairs for distillation, disjoint from the benchmark's first `held_out`
+  MT-Bench and HumanEval prompts. Falls back to a built-in list when the files are absent."""
+  return _shuffled_prompts(_records(prompts_dir), held_out, max_chars, limit, seed)
 
 
 # ----------------------------------------------------------------------------- data
@@ -112,20 +112,13 @@ def generate_data(target: Model, prompts: list[tuple[str, bool]], *, max_new_tok
   return seqs
 
 
-def training_texts(prompts_dir: str = PROMPTS_DIR, *, held_out: int = 20) -> list[tuple[str, bool]]:
+def training_texts(prompts_dir: str | None = None, *, held_out: int = 20) -> list[tuple[str, bool]]:
   """(text, chat) pairs for teacher forcing: questions (chat template) and answers / code (raw),
   disjoint from the benchmark's first `held_out` MT-Bench and HumanEval prompts."""
-  out = list(training_prompts(prompts_dir, held_out=held_out, max_chars=20000, limit=10 ** 6))
-  path = os.path.join(prompts_dir, "gsm8k_test.jsonl")
-  if os.path.isfile(path):
-    with open(path) as f:
-      rows = [json.loads(line) for line in f]
-    out += [(r["question"] + "\n" + r["answer"], False) for r in rows[150:]]
-  path = os.path.join(prompts_dir, "humaneval.jsonl.gz")
-  if os.path.isfile(path):
-    with gzip.open(path, "rt") as f:
-      rows = [json.loads(line) for line in f]
-    out += [(r["prompt"] + r["canonical_solution"], False) for r in rows[held_out:]]
+  rec = _records(prompts_dir)
+  out = _shuffled_prompts(rec, held_out, max_chars=20000, limit=10 ** 6, seed=0)
+  out += [(r["question"] + "\n" + r["answer"], False) for r in rec["gsm8k"][150:]]
+  out += [(r["prompt"] + r["canonical_solution"], False) for r in rec["humaneval"][held_out:]]
   return out
 
 
@@ -306,11 +299,6 @@ def draft_from_target(target: Model, num_layers: int = 2, vocab: np.ndarray | No
   return m
 
 
-def _subset_head(draft: Model, params, vocab) -> jax.Array:
-  head = params["embed"][...] if draft.config.tie_word_embeddings else params["lm_head"][...].T
-  return head[vocab]  # [Vs,E]
-
-
 def draft_loss(draft: Model, own: dict, vocab, tokens, labels, topk_ids=None, topk_logp=None):
   """Cross-entropy of the draft's subset logits against the target's labels.
 
@@ -327,7 +315,7 @@ def draft_loss(draft: Model, own: dict, vocab, tokens, labels, topk_ids=None, to
   mask = kv.causal_mask(cache.lengths, t, t, cfg.sliding_window)
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   _, hidden, _ = draft.apply(params, tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
-  logits = (hidden @ _subset_head(draft, params, vocab).T).astype(jnp.float32)  # [B,T,Vs]
+  logits = (hidden @ head_rows(cfg, params, vocab).T).astype(jnp.float32)  # [B,T,Vs]
   logp = jax.nn.log_softmax(logits, axis=-1)
 
   def in_subset(ids):  # position of each id in the (sorted) subset, and whether it is there
@@ -438,7 +426,7 @@ def load_draft_asset(path: str, target: Model, name: str = "") -> Model:
 
 def train_draft(target: str | Model = "smollm2-135m", *, out_dir: str = "runs/draft",
                 export: str | None = None, num_layers: int = 2, vocab_size: int = 8192,
-                prompts_dir: str = PROMPTS_DIR, num_prompts: int = 400, max_new_tokens: int = 128,
+                prompts_dir: str | None = None, num_prompts: int = 400, max_new_tokens: int = 128,
                 gen_batch_size: int = 16, gen_minutes: float = 12.0, teacher_minutes: float = 5.0,
                 code_chars: int = 2_000_000, top_k: int = 8, steps: int = 2000,
                 batch_size: int = 8, seq_len: int = 256, lr: float = 1e-3,
@@ -536,11 +524,13 @@ def train_draft(target: str | Model = "smollm2-135m", *, out_dir: str = "runs/dr
     hits = total = 0.0
     for i in range(0, len(val_rows), batch_size):
       rows = val_rows[i:i + batch_size]
-      rows = np.concatenate([rows, np.repeat(rows[-1:], batch_size - len(rows))])  # one shape
+      real = len(rows)
+      rows = np.concatenate([rows, np.repeat(rows[-1:], batch_size - real)])  # one shape
       batch = _windows(data, rows, seq_len)
-      n = int(np.sum(batch[1][:len(val_rows[i:i + batch_size])] >= 0))
+      batch[1][real:] = -1  # padding rows carry no labels, so they count nowhere
       _, aux = evaluate(own, tuple(map(jnp.asarray, batch)))
-      hits += float(aux["top1"]) * n  # (padding rows repeat a real row: a tiny bias, not worth a mask)
+      n = float(aux["coverage"]) * int(np.sum(batch[1] >= 0))  # labels inside the subset
+      hits += float(aux["top1"]) * n
       total += n
     return hits / max(total, 1)
 

@@ -26,10 +26,6 @@ import specjax as sj
 from specjax import prompts
 from specjax.draft import leviathan_speedup, measure_cost_ratio
 
-def load_prompts(kind: str, n: int) -> list[str]:
-  return prompts.load(kind, n)  # ../shared/data/prompts, or the built-in fallback list
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--prompts", type=int, default=5)
@@ -68,11 +64,11 @@ def main(argv=None):
   rows = []
   for kind in args.sets.split(","):
     chat = kind != "humaneval"
-    prompts = load_prompts(kind, args.prompts)
+    ps = prompts.load(kind, args.prompts)
     for temp in (float(t) for t in args.temps.split(",")):
       kw = dict(max_new_tokens=args.new, temperature=temp, chat=chat, stop_at_eos=False)
       res = {name: [] for name in ["autoregressive", *methods]}
-      for i, p in enumerate(prompts):
+      for i, p in enumerate(ps):
         base = sj.generate(target, [p], sj.Autoregressive(), seed=i, **kw).stats
         res["autoregressive"].append((1.0, base))
         for name, m in methods.items():
@@ -176,7 +172,7 @@ def hf_assisted(target, draft, args):
     chat = kind != "humaneval"
     res = {name: [] for name in ["transformers AR", *variants]}
     same = 0
-    ps = load_prompts(kind, args.prompts)
+    ps = prompts.load(kind, args.prompts)
     for p in ps:
       ids = sj.decode._encode(target, [p], chat)[0]
       x = torch.tensor([ids])
