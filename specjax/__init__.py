@@ -12,11 +12,11 @@ __all__ = [
     "ModelConfig", "ModelNotFoundError", "SpecJaxError", "WeightsError", "generate", "load_model",
 ]
 
-from specjax.prompt_lookup import PromptLookup  # noqa: E402
+from specjax.methods.prompt_lookup import PromptLookup  # noqa: E402
 __all__ += ["PromptLookup"]
-from specjax.lookahead import Lookahead  # noqa: E402
+from specjax.methods.lookahead import Lookahead  # noqa: E402
 __all__ += ["Lookahead"]
 
-from specjax.draft import DraftModel, SelfSpeculative  # noqa: E402
+from specjax.methods.draft import DraftModel, SelfSpeculative  # noqa: E402
 
 __all__ += ["DraftModel", "SelfSpeculative"]

@@ -11,7 +11,7 @@ is done. Python tokenises before and detokenises after. A method is a small froz
     step(prog, params, arrays, state) -> state                     (one loop iteration)
 
 and every method reports the same statistics. See `Autoregressive` at the bottom for the smallest
-one; draft.py, prompt_lookup.py, ... for the others.
+one; methods/draft.py, methods/prompt_lookup.py, ... for the others.
 """
 
 from __future__ import annotations

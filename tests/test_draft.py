@@ -7,7 +7,7 @@ import pytest
 
 import specjax as sj
 from specjax import decode
-from specjax.draft import DraftModel, SelfSpeculative, leviathan_speedup, measure_cost_ratio
+from specjax.methods.draft import DraftModel, SelfSpeculative, leviathan_speedup, measure_cost_ratio
 
 from conftest import random_prompts, tiny_model
 

@@ -11,7 +11,7 @@ import specjax as sj
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import sampling
-from specjax.lookahead import layout, pool_init, pool_insert, pool_lookup
+from specjax.methods.lookahead import layout, pool_init, pool_insert, pool_lookup
 
 from conftest import memoryless_model, tiny_model
 

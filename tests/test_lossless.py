@@ -185,7 +185,7 @@ def test_seeded_runs_reproducible(target, prompts):
 def test_sampling_check_detects_broken_acceptance():
   """A draft-model step that accepts every drafted token must fail the same TV check."""
   from specjax import sampling as smp
-  from specjax.draft import DraftModel
+  from specjax.methods.draft import DraftModel
 
   class AlwaysAccept(DraftModel):
     def _accept(self, key, draft, q, target_logits, sp):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax.prompt_lookup import PromptLookup, ngram_search
+from specjax.methods.prompt_lookup import PromptLookup, ngram_search
 
 from conftest import memoryless_model, random_prompts, tiny_model
 

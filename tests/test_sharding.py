@@ -93,26 +93,26 @@ if CHILD:
       out[cls_name.lower()] = factory
 
     def draft_factory(t):
-      from specjax.draft import DraftModel
+      from specjax.methods.draft import DraftModel
       d = tiny_model(seed=5, num_layers=1, vocab_size=t.config.vocab_size)
       return DraftModel(draft=d, gamma=3)
 
     def self_spec_factory(t):
-      from specjax.draft import SelfSpeculative
+      from specjax.methods.draft import SelfSpeculative
       return SelfSpeculative(exit_layer=1, gamma=3)
 
     def lookup_factory(t):
-      from specjax.prompt_lookup import PromptLookup
+      from specjax.methods.prompt_lookup import PromptLookup
       return PromptLookup(ngram=2, num_tokens=4)
 
     def lookahead_factory(t):
-      from specjax.lookahead import Lookahead
+      from specjax.methods.lookahead import Lookahead
       return Lookahead()
 
-    probe("DraftModel", "specjax.draft", draft_factory)
-    probe("SelfSpeculative", "specjax.draft", self_spec_factory)
-    probe("PromptLookup", "specjax.prompt_lookup", lookup_factory)
-    probe("Lookahead", "specjax.lookahead", lookahead_factory)
+    probe("DraftModel", "specjax.methods.draft", draft_factory)
+    probe("SelfSpeculative", "specjax.methods.draft", self_spec_factory)
+    probe("PromptLookup", "specjax.methods.prompt_lookup", lookup_factory)
+    probe("Lookahead", "specjax.methods.lookahead", lookahead_factory)
     return sorted(out.items())
 
   METHODS = available_methods()

@@ -24,7 +24,7 @@ import numpy as np
 
 import specjax as sj
 from specjax import prompts
-from specjax.draft import leviathan_speedup, measure_cost_ratio
+from specjax.methods.draft import leviathan_speedup, measure_cost_ratio
 
 def main(argv=None):
   ap = argparse.ArgumentParser()
