@@ -1,4 +1,4 @@
-"""`specjax generate | demo | bench | train`."""
+"""`specjax generate | demo | bench | data | train`."""
 
 from __future__ import annotations
 
@@ -140,6 +140,32 @@ def _bench_methods(args) -> None:
                                   ("speedup", "speedup", ".2f")]))
 
 
+def cmd_data_generate(args) -> None:
+  from specjax.training import corpus
+
+  tokens = corpus.parse_count(args.tokens)  # bad counts fail before the model loads
+  if tokens < 1:
+    from specjax.errors import InputError
+    raise InputError(f"--tokens {args.tokens!r} is invalid: must be >= 1")
+  corpus._check_out_dir(args.out)
+  temps = [float(t) for t in args.temperatures.split(",")] if args.temperatures else []
+  c = corpus.generate_corpus(args.model, args.out, tokens=tokens, batch_size=args.batch_size,
+                             max_new_tokens=args.max_new_tokens, temperatures=temps,
+                             seed=args.seed, max_minutes=args.max_minutes or None)
+  print(c)
+
+
+def cmd_data_throughput(args) -> None:
+  import specjax as sj
+  from specjax import bench
+  from specjax.training import corpus
+
+  sizes = [int(b) for b in args.batch_sizes.split(",")]
+  rows = corpus.measure_throughput(sj.load_model(args.model), sizes, new_tokens=args.new_tokens)
+  print(bench.format_table(rows, [("batch", "batch", "d"), ("tokens_per_second", "tok/s", ".1f"),
+                                  ("step_ms", "ms/step", ".1f"), ("vs_batch1", "vs batch 1", ".2f")]))
+
+
 def cmd_train_draft(args) -> None:
   from specjax import train
 
@@ -182,6 +208,26 @@ def main(argv=None) -> None:
   b.add_argument("--json", default="", help="also write the results here")
   _add_method(b)
   b.set_defaults(fn=lambda a: cmd_bench(a) if a.vs_transformers else _bench_methods(a))
+
+  da = sub.add_parser("data", help="build the self-distillation corpus drafters train on")
+  dsub = da.add_subparsers(dest="what", required=True)
+  dg = dsub.add_parser("generate", help="the target's own responses to an evaluation-free prompt "
+                       "pool, in resumable shards (rerun the same command to continue)")
+  dg.add_argument("--model", default=DEFAULT_MODEL)
+  dg.add_argument("--out", required=True, help="corpus directory")
+  dg.add_argument("--tokens", default="2M", help="response tokens to produce, e.g. 2M or 500k")
+  dg.add_argument("--batch-size", type=int, default=64)
+  dg.add_argument("--max-new-tokens", type=int, default=256)
+  dg.add_argument("--temperatures", default="0,0.7,1.0,0.8",
+                  help="comma-separated; shard i samples at the (i mod n)-th (0 = greedy)")
+  dg.add_argument("--max-minutes", type=float, default=0.0, help="stop after this long (0 = no limit)")
+  dg.add_argument("--seed", type=int, default=0)
+  dg.set_defaults(fn=cmd_data_generate)
+  dt = dsub.add_parser("throughput", help="generation tokens/s by batch size")
+  dt.add_argument("--model", default=DEFAULT_MODEL)
+  dt.add_argument("--batch-sizes", default="1,16,32,64,128")
+  dt.add_argument("--new-tokens", type=int, default=64)
+  dt.set_defaults(fn=cmd_data_throughput)
 
   t = sub.add_parser("train", help="train speculation drafts")
   tsub = t.add_subparsers(dest="what", required=True)
