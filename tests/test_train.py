@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
 
 import specjax as sj
 from specjax import train
+from specjax.training import trainer
 
 from conftest import tiny_model
 
@@ -120,3 +123,120 @@ def test_soft_loss_with_one_hot_labels_is_the_hard_loss():
   lp = np.log(np.array([0.6, 0.4], np.float16))
   mixed, _ = train.draft_loss(draft, own, vocab, tokens, labels, two, np.broadcast_to(lp, two.shape))
   assert abs(float(mixed) - float(hard)) > 1e-3
+
+
+# ----------------------------------------------------------------------------- trainer.py
+
+
+class _Stop(Exception):
+  pass
+
+
+def _regression(seed=0, n=64):
+  """A small noisy linear regression: params, loss_fn (uses its rng), batches(step), held-out."""
+  import jax.numpy as jnp
+
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n + 16, 5)).astype(np.float32)
+  y = (x @ rng.normal(size=(5, 3)) + 0.1 * rng.normal(size=(n + 16, 3))).astype(np.float32)
+  params = {"w": np.zeros((5, 3), np.float32), "b": np.zeros((3,), np.float32)}
+
+  def loss_fn(p, batch, key):
+    xb, yb = batch
+    pred = (xb + 0.01 * jax.random.normal(key, xb.shape)) @ p["w"] + p["b"]
+    return jnp.mean((pred - yb) ** 2), {"close": jnp.mean(jnp.abs(pred - yb) < 0.3)}
+
+  def batches(step):
+    rows = trainer.batch_rows(n, 8, seed, step)
+    return x[rows], y[rows]
+
+  return params, loss_fn, batches, [(x[n:], y[n:])]
+
+
+def _cfg(out, **kw):
+  base = dict(out_dir=str(out), steps=12, lr=0.3, warmup=3, ckpt_every=4, eval_every=5,
+              log_every=1, progress=False)
+  return trainer.TrainConfig(**{**base, **kw})
+
+
+def test_trainer_resumes_after_a_kill_to_the_same_parameters(tmp_path):
+  import shutil
+
+  params, loss_fn, batches, held = _regression()
+  quiet = lambda *a: None
+  ref = trainer.train(params, loss_fn, batches, _cfg(tmp_path / "ref"), held_out=held, log=quiet)
+  assert ref.step == 12 and ref.resumed_from is None
+  assert ref.held_out["loss"] < 0.5 * float(np.mean(held[0][1] ** 2))  # it learned something
+
+  def stop_at(k):
+    def cb(step, p, m):
+      if step == k:
+        raise _Stop
+    return cb
+
+  # Killed between checkpoints: the interrupted call saves step 6 on its way out; a hard kill
+  # would not have, so drop that checkpoint and resume from the periodic one at step 4.
+  run = tmp_path / "killed"
+  with pytest.raises(_Stop):
+    trainer.train(params, loss_fn, batches, _cfg(run), held_out=held, log=quiet, callback=stop_at(6))
+  assert sorted(int(d) for d in os.listdir(run / "ckpt") if d.isdigit()) == [4, 6]
+  shutil.rmtree(run / "ckpt" / "6")
+  assert max(r["step"] for r in trainer.read_log(str(run))) == 6
+  logs = []
+  res = trainer.train(params, loss_fn, batches, _cfg(run), held_out=held, log=logs.append)
+  assert res.resumed_from == 4 and res.step == 12
+  assert any("resumed from checkpoint at step 4" in l for l in logs), logs
+  for k in params:
+    assert np.array_equal(np.asarray(res.params[k]), np.asarray(ref.params[k])), k
+  assert res.held_out == ref.held_out
+  # The log holds each step once (the lines after the checkpoint were dropped and redone).
+  train_steps = [r["step"] for r in trainer.read_log(str(run)) if r["split"] == "train"]
+  assert train_steps == list(range(1, 13))
+  assert [r["step"] for r in trainer.read_log(str(run)) if r["split"] == "heldout"] == [5, 10, 12]
+  assert (run / "train.png").stat().st_size > 1000 and (run / "config.json").is_file()
+
+  # Interrupted (Ctrl-C style) at step 7: resumes from the checkpoint written on the way out.
+  run2 = tmp_path / "interrupted"
+  with pytest.raises(_Stop):
+    trainer.train(params, loss_fn, batches, _cfg(run2), held_out=held, log=quiet, callback=stop_at(7))
+  res2 = trainer.train(params, loss_fn, batches, _cfg(run2), held_out=held, log=quiet)
+  assert res2.resumed_from == 7
+  for k in params:
+    assert np.array_equal(np.asarray(res2.params[k]), np.asarray(ref.params[k])), k
+  # A finished run called again does nothing more and returns the same parameters.
+  res3 = trainer.train(params, loss_fn, batches, _cfg(run2), held_out=held, log=quiet)
+  assert res3.resumed_from == 12 and np.array_equal(res3.params["w"], ref.params["w"])
+  # The caller's params were not touched.
+  assert not np.any(params["w"])
+
+
+def test_trainer_bad_arguments(tmp_path):
+  params, loss_fn, batches, held = _regression()
+  for kw, match in ((dict(steps=0), "steps=0"), (dict(steps=2.5), "steps=2.5"),
+                    (dict(lr=0.0), "lr=0.0"), (dict(lr=-1e-3), "lr=-0.001"),
+                    (dict(lr=float("nan")), "lr=nan"), (dict(warmup=-1), "warmup=-1"),
+                    (dict(weight_decay=-0.1), "weight_decay"), (dict(grad_clip=-1.0), "grad_clip"),
+                    (dict(ckpt_every=0), "ckpt_every=0"), (dict(eval_every=0), "eval_every=0"),
+                    (dict(final_lr=2.0), "final_lr=2.0")):
+    with pytest.raises(sj.InputError, match=match):
+      trainer.train(params, loss_fn, batches, _cfg(tmp_path / "bad", **kw))
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(sj.InputError, match="not a writable directory"):
+    trainer.train(params, loss_fn, batches, _cfg(blocker / "run"))
+  with pytest.raises(sj.InputError, match="batches"):
+    trainer.train(params, loss_fn, [held[0]], _cfg(tmp_path / "r"))
+  with pytest.raises(sj.InputError, match="floating-point"):
+    trainer.train({"w": np.zeros(3, np.int32)}, loss_fn, batches, _cfg(tmp_path / "r"))
+  # Resuming a run under another seed would silently change its data order: refused.
+  trainer.train(params, loss_fn, batches, _cfg(tmp_path / "s", steps=2), log=lambda *a: None)
+  with pytest.raises(sj.InputError, match="seed=0, not seed=1"):
+    trainer.train(params, loss_fn, batches, _cfg(tmp_path / "s", steps=4, seed=1))
+
+
+def test_batch_rows_is_a_pure_epoch_order():
+  n, b = 10, 4
+  flat = np.concatenate([trainer.batch_rows(n, b, 3, s) for s in range(5)])  # 2 epochs
+  assert sorted(flat[:10].tolist()) == list(range(10)) == sorted(flat[10:20].tolist())
+  assert np.array_equal(trainer.batch_rows(n, b, 3, 3), flat[12:16])  # no state: same answer
+  assert not np.array_equal(trainer.batch_rows(n, b, 4, 0), trainer.batch_rows(n, b, 3, 0))
