@@ -141,7 +141,7 @@ def _bench_methods(args) -> None:
 
 
 def cmd_train_draft(args) -> None:
-  from specjax import train
+  from specjax.training import draft as train
 
   train.train_draft(args.model, out_dir=args.out_dir, export=args.export, num_layers=args.num_layers,
                     vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,

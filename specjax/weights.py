@@ -376,7 +376,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
 
 # Trained drafts shipped in specjax/assets: name -> (target name, asset file). The asset holds only
 # the draft's own tensors and its vocabulary subset; the target's embeddings / LM head are borrowed
-# at load time (train.py writes and reads the format).
+# at load time (specjax/training/draft.py writes and reads the format).
 NAMED_DRAFTS = {
     "smollm2-135m-draft": ("smollm2-135m", "smollm2-135m-draft.npz"),
 }
@@ -384,7 +384,7 @@ NAMED_DRAFTS = {
 
 def load_named_draft(name: str, **kw):
   """Builds a shipped draft Model around its target's shared tensors (kw as for load_model)."""
-  from specjax import train
+  from specjax.training import draft as train
 
   target_name, file = NAMED_DRAFTS[name]
   path = os.path.join(os.path.dirname(__file__), "assets", file)

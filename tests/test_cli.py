@@ -31,7 +31,7 @@ def test_every_method_is_listed():
 
 
 def test_train_draft_arguments_reach_train_draft(monkeypatch):
-  from specjax import train
+  from specjax.training import draft as train
 
   seen = {}
   monkeypatch.setattr(train, "train_draft", lambda model, **kw: seen.update(model=model, **kw))

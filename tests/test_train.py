@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import train
+from specjax.training import draft as train
 from specjax.training import trainer
 
 from conftest import tiny_model
