@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax import registry
 from specjax.training import draft as train
 from specjax.training import trainer
 
@@ -240,3 +241,24 @@ def test_batch_rows_is_a_pure_epoch_order():
   assert sorted(flat[:10].tolist()) == list(range(10)) == sorted(flat[10:20].tolist())
   assert np.array_equal(trainer.batch_rows(n, b, 3, 3), flat[12:16])  # no state: same answer
   assert not np.array_equal(trainer.batch_rows(n, b, 4, 0), trainer.batch_rows(n, b, 3, 0))
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_needs_no_training_code():
+  """weights.py loads shipped drafters through specjax.registry; importing the package (and
+  building a drafter) never imports specjax.training."""
+  import subprocess
+  import sys
+
+  code = ("import sys, specjax, specjax.registry as r; "
+          "assert r.DRAFTERS['smollm2-135m-draft'].kind == 'draft'; "
+          "import os; assert os.path.isfile(r.DRAFTERS['smollm2-135m-draft'].path); "
+          "assert not [m for m in sys.modules if m.startswith('specjax.train')], sys.modules")
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  subprocess.run([sys.executable, "-c", code], check=True, env=env)
+  with pytest.raises(sj.ModelNotFoundError, match="unknown drafter 'nope'"):
+    registry.get("nope")
+  header = registry.read_draft_header(registry.get("smollm2-135m-draft").path)
+  assert header["target"] == "smollm2-135m" and header["format"] == 1

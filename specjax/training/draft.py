@@ -39,7 +39,9 @@ import numpy as np
 from specjax import cache as kv
 from specjax import prompts
 from specjax.errors import InputError
-from specjax.model import Model, head_rows, path_key
+from specjax.model import Model, head_rows
+from specjax.registry import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
+                              own_params, read_draft_header, with_params)
 
 _FILES = {"mt_bench": "mt_bench.jsonl", "spec_bench": "spec_bench.jsonl",
           "gsm8k": "gsm8k_test.jsonl", "humaneval": "humaneval.jsonl.gz"}
@@ -245,60 +247,6 @@ def vocab_subset(data: dict, vocab_size: int, size: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- the draft
 
 
-def _flat_name(key: tuple) -> str:
-  return "_".join(map(str, key))
-
-
-def own_params(draft: Model) -> dict:
-  """name -> array for the draft's own (trainable, stored) tensors; shared ones excluded."""
-  out = {}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(draft.params):
-    key = path_key(path)
-    if key not in draft.shared:
-      out[_flat_name(key)] = leaf
-  return out
-
-
-def with_params(draft: Model, own: dict):
-  """The draft's param State with its own tensors replaced by `own` (works under jit)."""
-  def pick(path, leaf):
-    name = _flat_name(path_key(path))
-    return own[name] if name in own else leaf
-  return jax.tree_util.tree_map_with_path(pick, draft.params)
-
-
-def draft_from_target(target: Model, num_layers: int = 2, vocab: np.ndarray | None = None,
-                      own: dict | None = None, name: str = "draft") -> Model:
-  """A `num_layers`-layer draft sharing the target's embeddings / LM head (and tokenizer).
-
-  Its own tensors start as copies of the target's first layers and final norm, or come from `own`.
-  """
-  cfg = target.config
-  if not 1 <= num_layers <= cfg.num_layers:
-    raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}]")
-  from flax import nnx
-  from specjax.model import Decoder
-
-  dcfg = dataclasses.replace(cfg, num_layers=num_layers)
-  abstract = nnx.eval_shape(lambda: Decoder(dcfg, dtype=target.dtype, rngs=nnx.Rngs(0)))
-  graphdef, abs_state = nnx.split(abstract)
-  src = {path_key(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(target.params)}
-  shared = tuple(k for k in (("embed",), ("lm_head",), ("pos_embed",)) if k in src)
-
-  def fill(path, leaf):
-    key = path_key(path)
-    if own is not None and key not in shared:
-      arr = own[_flat_name(key)]
-      if tuple(arr.shape) != tuple(leaf.shape):
-        raise InputError(f"draft tensor {_flat_name(key)} has shape {arr.shape}, expected {leaf.shape}")
-      return jnp.asarray(arr, target.dtype)
-    return src[key] if key in shared else jnp.array(src[key])  # copies: training must not alias
-  params = jax.tree_util.tree_map_with_path(fill, abs_state)
-  m = Model(dcfg, graphdef, params, target.tokenizer, name=name, dtype=target.dtype, shared=shared)
-  m.vocab_subset = None if vocab is None else np.asarray(vocab, np.int32)
-  return m
-
-
 def draft_loss(draft: Model, own: dict, vocab, tokens, labels, topk_ids=None, topk_logp=None):
   """Cross-entropy of the draft's subset logits against the target's labels.
 
@@ -380,45 +328,6 @@ def split_rows(data: dict, held_out: float = 0.03) -> tuple[np.ndarray, np.ndarr
   rows = np.flatnonzero((data["labels"] >= 0).any(1))
   n_val = int(len(rows) * held_out) if len(rows) >= 20 else 0
   return rows[:len(rows) - n_val], rows[len(rows) - n_val:]
-
-
-# ----------------------------------------------------------------------------- asset I/O
-
-
-def export_draft(draft: Model, path: str, *, target_name: str, meta: dict | None = None) -> str:
-  """Writes the draft's own tensors (float16), its subset ids and a header to one .npz."""
-  own = {k: np.asarray(v, np.float16) for k, v in own_params(draft).items()}
-  header = {"target": target_name, "num_layers": draft.config.num_layers, "format": 1,
-            "shared": ["_".join(k) for k in draft.shared], **(meta or {})}
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  vocab = draft.vocab_subset if draft.vocab_subset is not None else np.zeros((0,), np.int32)
-  np.savez(path, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
-           __vocab__=np.asarray(vocab, np.int32), **own)
-  return path
-
-
-def read_draft_header(path: str) -> dict:
-  with np.load(path) as z:
-    return json.loads(bytes(z["__header__"]).decode())
-
-
-def load_draft_asset(path: str, target: Model, name: str = "") -> Model:
-  """Rebuilds a draft exported by `export_draft` around `target`'s shared tensors."""
-  from specjax.errors import WeightsError
-
-  if not os.path.isfile(path):
-    raise WeightsError(f"{path}: draft asset missing")
-  with np.load(path) as z:
-    header = json.loads(bytes(z["__header__"]).decode())
-    vocab = z["__vocab__"]
-    own = {k: z[k].astype(np.float32) for k in z.files if not k.startswith("__")}
-  try:
-    draft = draft_from_target(target, header["num_layers"], vocab if vocab.size else None, own=own,
-                              name=name or os.path.basename(path))
-  except (KeyError, InputError) as e:
-    raise WeightsError(f"{path}: draft asset does not fit target {target.name!r} ({e})") from e
-  draft.asset_header = header
-  return draft
 
 
 # ----------------------------------------------------------------------------- training
