@@ -88,12 +88,13 @@ def own_params(draft: Model) -> dict:
   return out
 
 
-def with_params(draft: Model, own: dict):
-  """The draft's param State with its own tensors replaced by `own` (works under jit)."""
+def with_params(draft: Model, own: dict, params=None):
+  """The draft's param State (or `params`, one of the same structure) with its own tensors
+  replaced by `own` (works under jit)."""
   def pick(path, leaf):
     name = _flat_name(path_key(path))
     return own[name] if name in own else leaf
-  return jax.tree_util.tree_map_with_path(pick, draft.params)
+  return jax.tree_util.tree_map_with_path(pick, draft.params if params is None else params)
 
 
 def draft_from_target(target: Model, num_layers: int = 2, vocab: np.ndarray | None = None,

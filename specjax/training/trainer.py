@@ -2,7 +2,7 @@
 
 A drafter trainer supplies three things and gets the rest from `train`:
 
-    params                      the trainable pytree (frozen tensors are closed over by loss_fn)
+    params                      the trainable pytree (frozen tensors: closed over, or `frozen=`)
     loss_fn(params, batch, rng) -> (loss scalar, metrics dict of scalars)
     batches(step) -> batch      a pure function of the step (and the seed it closes over), so a
                                 resumed run sees exactly the batches the killed one would have
@@ -208,7 +208,9 @@ def plot(out_dir: str, title: str = "") -> str:
 # ----------------------------------------------------------------------------- the loop
 
 
-def _prepare_out_dir(out_dir: str) -> str:
+def prepare_out_dir(out_dir: str) -> str:
+  """Creates out_dir if needed; InputError unless it is a writable directory. Returns its
+  absolute path."""
   out_dir = os.path.abspath(os.fspath(out_dir))
   try:
     os.makedirs(out_dir, exist_ok=True)
@@ -235,19 +237,24 @@ def _mean_metrics(per_batch: list[tuple[float, dict]]) -> dict:
 
 
 def train(params, loss_fn: Callable, batches: Callable[[int], object], config: TrainConfig, *,
-          held_out: Sequence = (), eval_fn: Callable | None = None,
+          held_out: Sequence = (), eval_fn: Callable | None = None, frozen=None,
           callback: Callable | None = None, log: Callable = print,
           title: str = "") -> TrainResult:
   """Trains `params` to minimise loss_fn; resumable (call again with the same config.out_dir).
 
   params: a pytree of float arrays (the trainable tensors only).
-  loss_fn(params, batch, rng) -> (loss, metrics): differentiated w.r.t. params; frozen tensors are
-    closed over. metrics: a dict of scalars; an optional "count" is the number of positions the
-    metrics average over, used to weight held-out batches.
+  loss_fn(params, batch, rng) -> (loss, metrics): differentiated w.r.t. params; small frozen
+    tensors can be closed over (large ones: see `frozen`). metrics: a dict of scalars; an
+    optional "count" is the number of positions they average over (weights held-out batches).
   batches(step) -> batch: the training batch of step `step` (0-based), a pure function of the
     step (see `batch_rows`); every batch must have the same shapes (one compiled update).
-  held_out: fixed batches, evaluated every `eval_every` steps and at the end with eval_fn
-    (default loss_fn; same signature, no gradient) and averaged by "count".
+  held_out: fixed batches, evaluated at the start of a fresh run (logged as step 0), every
+    `eval_every` steps and at the end with eval_fn (default loss_fn; same signature, no
+    gradient), averaged by "count".
+  frozen: a pytree of tensors the losses read but do not train (e.g. the target's params); when
+    given, loss_fn and eval_fn are called as f(params, batch, rng, frozen). Large frozen tensors
+    belong here rather than in a closure: jit bakes closed-over arrays into the program as
+    constants (slow to compile, a second copy in memory).
   callback(step, params, metrics): called after each step (and its checkpoint); raising from it
     stops training, after saving a checkpoint at that step.
   Returns TrainResult(params, step, held_out metrics at the end, resumed_from, out_dir).
@@ -267,7 +274,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   if not leaves or not all(jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
     raise InputError("params must be a non-empty pytree of floating-point arrays")
   held_out = list(held_out)
-  out_dir = _prepare_out_dir(config.out_dir)
+  out_dir = prepare_out_dir(config.out_dir)
 
   opt = optimizer(config)
   lr_at = schedule(config)
@@ -300,9 +307,12 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
     json.dump(dataclasses.asdict(config), f, indent=1, default=str)
 
-  def update(params, opt_state, batch, step):
+  extra = () if frozen is None else (frozen,)
+
+  def update(params, opt_state, frozen, batch, step):
     rng = jax.random.fold_in(key, step)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
+    args = () if frozen is None else (frozen,)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, *args)
     updates, opt_state = opt.update(grads, opt_state, params)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, loss, metrics
@@ -313,7 +323,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
 
   def held_out_metrics():
     return _mean_metrics([(float(l), {k: float(v) for k, v in m.items()})
-                          for l, m in (evaluate(params, b, eval_key) for b in held_out)])
+                          for l, m in (evaluate(params, b, eval_key, *extra) for b in held_out)])
 
   logf = open(os.path.join(out_dir, LOG_FILE), "a")
 
@@ -332,12 +342,16 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   bar = tqdm(total=config.steps, initial=step, disable=not config.progress, desc="train",
              dynamic_ncols=True)
   try:
+    if held_out and resumed_from is None:  # the starting point, for the plot and comparisons
+      val, val_step = held_out_metrics(), 0
+      write({"step": 0, "split": "heldout", "seconds": 0.0, **val})
     while step < config.steps:
       if config.max_minutes and time.time() - t0 > 60 * config.max_minutes:
         log(f"train: time limit ({config.max_minutes} min) at step {step}")
         break
       batch = batches(step)
-      params, opt_state, loss, metrics = update(params, opt_state, batch, jnp.asarray(step, jnp.int32))
+      params, opt_state, loss, metrics = update(params, opt_state, frozen, batch,
+                                                jnp.asarray(step, jnp.int32))
       step += 1
       bar.update(1)
       if step % config.log_every == 0 or step in (1, config.steps):
