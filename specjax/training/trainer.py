@@ -345,6 +345,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
     if held_out and resumed_from is None:  # the starting point, for the plot and comparisons
       val, val_step = held_out_metrics(), 0
       write({"step": 0, "split": "heldout", "seconds": 0.0, **val})
+      log("train: step 0 held-out " + " ".join(f"{k} {v:.4f}" for k, v in val.items()))
     while step < config.steps:
       if config.max_minutes and time.time() - t0 > 60 * config.max_minutes:
         log(f"train: time limit ({config.max_minutes} min) at step {step}")
