@@ -167,13 +167,15 @@ def cmd_data_throughput(args) -> None:
 
 
 def cmd_train_draft(args) -> None:
-  from specjax import train
+  from specjax.training import draft
 
-  train.train_draft(args.model, out_dir=args.out_dir, export=args.export, num_layers=args.num_layers,
-                    vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,
-                    seq_len=args.seq_len, lr=args.lr, max_minutes=args.max_minutes,
-                    gen_minutes=args.gen_minutes, teacher_minutes=args.teacher_minutes,
-                    code_chars=args.code_chars, top_k=args.top_k, seed=args.seed)
+  draft.train_draft(args.model, args.corpus, out_dir=args.out_dir, export=args.export,
+                    num_layers=args.num_layers, vocab_size=args.vocab_size, steps=args.steps,
+                    batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
+                    weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                    soft_top_k=args.soft_top_k, held_out=args.held_out,
+                    ckpt_every=args.ckpt_every, eval_every=args.eval_every,
+                    max_minutes=args.max_minutes, seed=args.seed)
 
 
 def main(argv=None) -> None:
@@ -231,10 +233,12 @@ def main(argv=None) -> None:
 
   t = sub.add_parser("train", help="train speculation drafts")
   tsub = t.add_subparsers(dest="what", required=True)
-  td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target "
-                       "(orbax checkpoints in --out-dir; rerun to resume)")
-  td.add_argument("--model", default=DEFAULT_MODEL)
-  td.add_argument("--out-dir", default="runs/draft")
+  td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "
+                       "self-distillation corpus (checkpoints in --out-dir; rerun to resume)")
+  td.add_argument("--model", default=DEFAULT_MODEL, help="the target")
+  td.add_argument("--corpus", required=True, help="a corpus directory (`specjax data generate`)")
+  td.add_argument("--out-dir", default="runs/draft",
+                  help="checkpoints, log.jsonl and train.png; rerunning resumes from here")
   td.add_argument("--export", default=None, help="write the draft asset (.npz) here when done")
   td.add_argument("--num-layers", type=int, default=2)
   td.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary subset size")
@@ -242,14 +246,17 @@ def main(argv=None) -> None:
   td.add_argument("--batch-size", type=int, default=8)
   td.add_argument("--seq-len", type=int, default=256)
   td.add_argument("--lr", type=float, default=1e-3)
-  td.add_argument("--max-minutes", type=float, default=20.0)
-  td.add_argument("--gen-minutes", type=float, default=12.0,
-                  help="time for the target to generate continuations of training prompts")
-  td.add_argument("--teacher-minutes", type=float, default=5.0,
-                  help="time for the target to label text windows (teacher forcing)")
-  td.add_argument("--code-chars", type=int, default=2_000_000,
-                  help="characters of Python standard-library source added as code text")
-  td.add_argument("--top-k", type=int, default=8, help="soft labels: the target's top-k per position")
+  td.add_argument("--warmup", type=int, default=100)
+  td.add_argument("--weight-decay", type=float, default=0.0)
+  td.add_argument("--grad-clip", type=float, default=1.0)
+  td.add_argument("--soft-top-k", type=int, default=0,
+                  help="train on the target's top-k distribution (one target forward per step; "
+                  "0: the corpus tokens)")
+  td.add_argument("--held-out", type=float, default=0.02, help="fraction of corpus sequences held out")
+  td.add_argument("--ckpt-every", type=int, default=100)
+  td.add_argument("--eval-every", type=int, default=100)
+  td.add_argument("--max-minutes", type=float, default=0.0, help="stop (with a checkpoint) after this "
+                  "long; 0: no limit")
   td.add_argument("--seed", type=int, default=0)
   td.set_defaults(fn=cmd_train_draft)
 

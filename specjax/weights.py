@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from specjax import config as config_lib
+from specjax import registry
 from specjax.config import ModelConfig
 from specjax.errors import ModelNotFoundError, WeightsError
 
@@ -350,7 +351,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if not isinstance(name_or_path, (str, os.PathLike)):
     raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
   name_or_path = os.fspath(name_or_path)
-  if name_or_path in NAMED_DRAFTS:  # before mesh -> place: the target load does that itself
+  if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
     return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
                             rules=rules)
   if mesh is not None:
@@ -372,23 +373,10 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   return Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
 
 
-# ----------------------------------------------------------------------------- shipped drafts
-
-# Trained drafts shipped in specjax/assets: name -> (target name, asset file). The asset holds only
-# the draft's own tensors and its vocabulary subset; the target's embeddings / LM head are borrowed
-# at load time (train.py writes and reads the format).
-NAMED_DRAFTS = {
-    "smollm2-135m-draft": ("smollm2-135m", "smollm2-135m-draft.npz"),
-}
+# ----------------------------------------------------------------------------- shipped drafters
 
 
 def load_named_draft(name: str, **kw):
-  """Builds a shipped draft Model around its target's shared tensors (kw as for load_model)."""
-  from specjax import train
-
-  target_name, file = NAMED_DRAFTS[name]
-  path = os.path.join(os.path.dirname(__file__), "assets", file)
-  if not os.path.isfile(path):
-    raise ModelNotFoundError(f"draft {name!r}: {path} is missing; rebuild it with "
-                             f"`specjax train draft` (see experiments/draft_model/README.md)")
-  return train.load_draft_asset(path, load_model(target_name, **kw), name=name)
+  """Builds a shipped drafter (specjax.registry.DRAFTERS) around its target's shared tensors,
+  loading the target by name (kw as for load_model)."""
+  return registry.build(name, load_model(registry.get(name).target, **kw))

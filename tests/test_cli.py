@@ -31,9 +31,12 @@ def test_every_method_is_listed():
 
 
 def test_train_draft_arguments_reach_train_draft(monkeypatch):
-  from specjax import train
+  from specjax.training import draft as train
 
   seen = {}
-  monkeypatch.setattr(train, "train_draft", lambda model, **kw: seen.update(model=model, **kw))
-  cli.main(["train", "draft", "--model", "m", "--steps", "7", "--out-dir", "/tmp/x"])
-  assert seen["model"] == "m" and seen["steps"] == 7 and seen["out_dir"] == "/tmp/x"
+  monkeypatch.setattr(train, "train_draft",
+                      lambda model, corpus, **kw: seen.update(model=model, corpus=corpus, **kw))
+  cli.main(["train", "draft", "--model", "m", "--corpus", "c/", "--steps", "7", "--out-dir", "/tmp/x",
+            "--soft-top-k", "4", "--export", "d.npz"])
+  assert seen["model"] == "m" and seen["corpus"] == "c/" and seen["steps"] == 7
+  assert seen["out_dir"] == "/tmp/x" and seen["soft_top_k"] == 4 and seen["export"] == "d.npz"

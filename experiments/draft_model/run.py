@@ -42,7 +42,7 @@ def main(argv=None):
 
   target = sj.load_model("smollm2-135m")
   if args.draft.endswith(".npz"):  # an exported draft asset (train_draft(export=...))
-    from specjax.train import load_draft_asset
+    from specjax.registry import load_draft_asset
     draft = load_draft_asset(args.draft, target)
   else:
     draft = sj.load_model(args.draft)

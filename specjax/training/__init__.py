@@ -1,0 +1,13 @@
+"""Training drafters on the target's own outputs.
+
+    corpus.py    the self-distillation corpus (the target's chat responses, in shards)
+    trainer.py   one optax / orbax training loop every drafter kind plugs a loss and params into
+    draft.py     distilling a small same-tokenizer draft model (hard labels from the corpus,
+                 optional soft labels from the target's top-k), and the teacher features that
+                 Medusa / EAGLE heads train on
+
+Nothing outside training imports it except the CLI; shipped drafters are loaded through
+specjax.registry, which needs no training code.
+"""
+
+from specjax.training.trainer import TrainConfig, TrainResult, batch_rows, train  # noqa: F401

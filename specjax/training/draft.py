@@ -1,0 +1,299 @@
+"""Distilling a small draft model from its target's own responses, on the shared trainer.
+
+    specjax train draft --corpus DIR   ->   train_draft(target, corpus, ...)
+
+1. Data: the self-distillation corpus (training/corpus.py): the target's own chat responses. Its
+   windows are split per sequence into training and held-out windows. The response tokens ARE the
+   target's outputs, so hard next-token labels come straight from the corpus (greedy responses:
+   the target's argmax; sampled ones: samples of its distribution, whose cross-entropy has the
+   same minimiser); prompt positions carry no label. Optional soft labels (`soft_top_k`): the
+   target's top-k next-token distribution, computed per batch inside the update step (one target
+   forward per step, never stored).
+2. Vocabulary subset (FR-Spec): the Vs tokens that follow most often in the training windows,
+   topped up with the lowest token ids (BPE merge order ~ frequency). The draft proposes only over
+   these, so its LM head costs Vs/V of the target's; lossless, since verification uses the full p.
+3. Draft: the target's first `num_layers` layers and final norm as the starting point, sharing the
+   target's embeddings and LM head rows (frozen, not stored). Only the layers and final norm train.
+4. Training: `trainer.train` (AdamW, warmup + cosine, clipping, orbax checkpoints, exact resume).
+   Held-out metrics: top1 = agreement of the draft's argmax with the target's greedy next token
+   (the quantity greedy acceptance depends on; the target's argmax over the held-out windows is
+   computed once at the start), top1_corpus = agreement with the corpus token.
+5. Export: `registry.export_draft`, the format `sj.load_model("<name>-draft")` reads.
+
+`teacher_features` gives other drafter trainers (Medusa, EAGLE) the target's final hidden states
+and logits / top-k for corpus windows, a batch at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+from specjax.errors import InputError, check_int
+from specjax.model import Model, head_rows
+from specjax.registry import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
+                              own_params, read_draft_header, with_params)
+from specjax.training import trainer
+
+# ----------------------------------------------------------------------------- teacher
+
+
+def teacher_outputs(target: Model, params, tokens):
+  """The target's full-sequence forward (traceable): tokens [B,T] int32 -> (logits [B,T,V]
+  float32, hidden [B,T,E]: final-normed, the features the LM head reads)."""
+  cfg = target.config
+  b, t = tokens.shape
+  cache = kv.init(cfg.num_layers, b, t, cfg.num_kv_heads, cfg.head_dim, target.dtype)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  logits, hidden, _ = target.apply(params, tokens, pos, cache,
+                                   kv.causal_mask(cache.lengths, t, t, cfg.sliding_window))
+  return logits.astype(jnp.float32), hidden
+
+
+def top_k(logits, k: int):
+  """logits [...,V] -> (ids [...,k] int32, log-probabilities [...,k] float32), most likely first.
+
+  By k rounds of argmax: XLA's CPU top_k sorts each V-wide row on one thread, which cost ~8x the
+  whole SmolLM2 forward; k argmax passes are parallel and cheap.
+  """
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  ids, vals = [], []
+  for _ in range(k):
+    i = jnp.argmax(logits, axis=-1)
+    vals.append(jnp.take_along_axis(logits, i[..., None], axis=-1)[..., 0])
+    ids.append(i)
+    logits = jnp.where(jnp.arange(logits.shape[-1]) == i[..., None], -jnp.inf, logits)
+  return jnp.stack(ids, -1).astype(jnp.int32), jnp.stack(vals, -1) - lse
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _features(target, params, tokens, k):
+  logits, hidden = teacher_outputs(target, params, tokens)
+  return hidden.astype(jnp.float32), (logits if k is None else top_k(logits, k))
+
+
+def teacher_features(target: Model, tokens, *, top_k: int | None = None, batch_size: int = 8):
+  """The target's features for windows, computed `batch_size` rows at a time (one compile).
+
+  tokens [B,T] int32 (e.g. corpus windows). Returns (hidden [B,T,E] float32: the final-normed
+  hidden states, the features EAGLE heads read; and logits [B,T,V] float32, or with top_k=k the
+  pair (ids [B,T,k] int32, log-probabilities [B,T,k] float32)). A short last batch is padded to
+  batch_size, so every call with the same T reuses one compiled forward.
+  """
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or 0 in tokens.shape:
+    raise InputError(f"tokens must be a non-empty integer array [B,T], got {tokens.dtype} {tokens.shape}")
+  if (tokens.min() < 0 or tokens.max() >= target.config.vocab_size):
+    raise InputError(f"tokens must be ids in [0, {target.config.vocab_size}), got "
+                     f"[{tokens.min()}, {tokens.max()}]")
+  check_int("batch_size", batch_size, 1)
+  if top_k is not None:
+    check_int("top_k", top_k, 1, target.config.vocab_size)
+  hs, outs = [], []
+  for i in range(0, len(tokens), batch_size):
+    x = tokens[i:i + batch_size]
+    n = len(x)
+    x = np.concatenate([x, np.zeros((batch_size - n,) + x.shape[1:], x.dtype)]) if n < batch_size else x
+    h, o = _features(target, target.params, jnp.asarray(x, jnp.int32), top_k)
+    hs.append(np.asarray(h)[:n])
+    outs.append(jax.tree_util.tree_map(lambda a: np.asarray(a)[:n], o))
+  return np.concatenate(hs), jax.tree_util.tree_map(lambda *a: np.concatenate(a), *outs)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def next_token_labels(tok: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """[Nw,T] int32: the next token tok[:, t+1] where mask[:, t] says it is a response token, else
+  -1. The last position has no next token inside its window (the corpus's next window, which
+  starts one token earlier, covers that transition)."""
+  labels = np.full(tok.shape, -1, np.int32)
+  labels[:, :-1] = np.where(mask[:, :-1], tok[:, 1:], -1)
+  return labels
+
+
+def vocab_subset(counts: np.ndarray, size: int) -> np.ndarray:
+  """[Vs] int32, sorted: the `size` most frequent ids of counts [V], topped up with the lowest ids."""
+  counts = np.asarray(counts)
+  seen = np.flatnonzero(counts)
+  seen = seen[np.argsort(-counts[seen], kind="stable")][:size]
+  rest = np.setdiff1d(np.arange(len(counts)), seen)[:size - len(seen)]
+  return np.sort(np.concatenate([seen, rest])).astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def draft_loss(draft: Model, own: dict, vocab, tokens, labels, topk_ids=None, topk_logp=None,
+               params=None):
+  """Cross-entropy of the draft's subset logits against the target's next tokens.
+
+  tokens [B,T] int32; labels [B,T] int32: the next token to predict after position t (-1: none).
+  topk_ids / topk_logp [B,T,k]: the target's k most likely next tokens and log-probabilities; when
+  given, the loss is the soft cross-entropy against the target's distribution restricted to those
+  k tokens inside the subset (renormalised), else the hard cross-entropy against `labels`.
+  Positions whose label falls outside the subset are skipped. params: the draft's full param
+  State to put `own` into (default draft.params; pass it as a jit argument to avoid baking the
+  shared embeddings into the program as constants).
+  Returns (loss, {"top1": argmax == label, "coverage": labels inside the subset, "count"}).
+  """
+  b, t = tokens.shape
+  params = with_params(draft, own, params)
+  cfg = draft.config
+  cache = kv.init(cfg.num_layers, b, t, cfg.num_kv_heads, cfg.head_dim, draft.dtype)
+  mask = kv.causal_mask(cache.lengths, t, t, cfg.sliding_window)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  _, hidden, _ = draft.apply(params, tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
+  logits = (hidden @ head_rows(cfg, params, vocab).T).astype(jnp.float32)  # [B,T,Vs]
+  logp = jax.nn.log_softmax(logits, axis=-1)
+
+  def in_subset(ids):  # position of each id in the (sorted) subset, and whether it is there
+    idx = jnp.clip(jnp.searchsorted(vocab, ids), 0, vocab.shape[0] - 1)
+    return idx, (ids >= 0) & (vocab[idx] == ids)
+
+  idx, m = in_subset(labels)
+  has = labels >= 0
+  if topk_ids is None:
+    nll = -jnp.take_along_axis(logp, idx[..., None], axis=-1)[..., 0]
+  else:
+    kidx, km = in_subset(topk_ids)
+    w = jnp.where(km & has[..., None], jnp.exp(topk_logp.astype(jnp.float32)), 0.0)
+    w = w / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1e-9)
+    nll = -jnp.sum(w * jnp.take_along_axis(logp, kidx, axis=-1), axis=-1)
+  hit = jnp.argmax(logits, axis=-1) == idx
+  denom = jnp.maximum(jnp.sum(m), 1)
+  return jnp.sum(nll * m) / denom, {"top1": jnp.sum(hit & m) / denom,
+                                    "coverage": jnp.sum(m) / jnp.maximum(jnp.sum(has), 1),
+                                    "count": jnp.sum(m).astype(jnp.float32)}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _load_corpus(corpus):
+  if isinstance(corpus, (str, os.PathLike)):
+    from specjax.training import corpus as corpus_lib
+
+    return corpus_lib.load(os.fspath(corpus))
+  if not all(hasattr(corpus, a) for a in ("windows", "check_compatible", "meta")):
+    raise InputError(f"corpus={corpus!r} is invalid: give a corpus directory or a loaded Corpus")
+  return corpus
+
+
+def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: str = "runs/draft",
+                export: str | None = None, num_layers: int = 2, vocab_size: int = 8192,
+                steps: int = 2000, batch_size: int = 8, seq_len: int = 256, lr: float = 1e-3,
+                warmup: int = 100, weight_decay: float = 0.0, grad_clip: float = 1.0,
+                soft_top_k: int = 0, held_out: float = 0.02, max_held_out_windows: int = 64,
+                ckpt_every: int = 100, eval_every: int = 100, max_minutes: float = 0.0,
+                seed: int = 0, progress: bool = True, log=print) -> Model:
+  """Distils a `num_layers`-layer draft from `target` on `corpus`; resumable (rerun the same call).
+
+  target: a loaded Model or a name for load_model. corpus: a corpus directory or a loaded Corpus
+  of that target's responses. out_dir: the run's checkpoints, log.jsonl and train.png
+  (trainer.py). soft_top_k > 0: train against the target's top-k distribution, computed per batch
+  (one target forward per step) instead of the corpus's next token. held_out: the fraction of
+  corpus sequences held out; at most max_held_out_windows of their windows are evaluated.
+  export: the .npz asset to write at the end (registry format). Returns the draft Model, with
+  `train_step` and `held_out_top1` (agreement with the target's greedy next token) set.
+  """
+  for arg, v, lo in (("num_layers", num_layers, 1), ("vocab_size", vocab_size, 2),
+                     ("batch_size", batch_size, 1), ("seq_len", seq_len, 2),
+                     ("soft_top_k", soft_top_k, 0), ("max_held_out_windows", max_held_out_windows, 1)):
+    check_int(arg, v, lo)
+  if not (isinstance(held_out, (int, float)) and 0.0 <= held_out < 1.0):
+    raise InputError(f"held_out={held_out!r} is invalid: a fraction in [0, 1)")
+  if corpus is None:
+    raise InputError("corpus=None: give a corpus directory (`specjax data generate`)")
+  config = trainer.TrainConfig(out_dir=out_dir, steps=steps, lr=lr, warmup=warmup,
+                               weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
+                               eval_every=eval_every, seed=seed, max_minutes=max_minutes,
+                               progress=progress)
+  config.validate()
+  trainer.prepare_out_dir(out_dir)
+  corpus = _load_corpus(corpus)
+  from specjax.weights import load_model
+
+  target_name = target if isinstance(target, str) else target.name
+  target = load_model(target) if isinstance(target, str) else target
+  cfg = target.config
+  if not num_layers <= cfg.num_layers:
+    raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's layers)")
+  if vocab_size > cfg.vocab_size:
+    raise InputError(f"vocab_size={vocab_size} exceeds the target's vocabulary ({cfg.vocab_size})")
+  if soft_top_k > cfg.vocab_size:
+    raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary ({cfg.vocab_size})")
+  corpus.check_compatible(target)
+
+  tok, mask = corpus.windows(seq_len, "train", held_out, seed)
+  labels = next_token_labels(tok, mask)
+  if not np.any(labels >= 0):
+    raise InputError(f"corpus {getattr(corpus, 'path', '')}: no training windows with response "
+                     f"tokens (held_out={held_out}, seq_len={seq_len})")
+  vtok, vmask = corpus.windows(seq_len, "heldout", held_out, seed)
+  vtok, vmask = vtok[:max_held_out_windows], vmask[:max_held_out_windows]
+  vlabels = next_token_labels(vtok, vmask)
+  log(f"data: {len(tok)} training windows ({int(np.sum(labels >= 0))} labelled positions), "
+      f"{len(vtok)} held-out windows")
+
+  vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=cfg.vocab_size), vocab_size)
+  name = f"{target_name}-draft"
+  draft = draft_from_target(target, num_layers, vocab, name=name)
+  vocab_j = jnp.asarray(vocab)
+  # Large frozen tensors go in as jit arguments, not closed-over constants.
+  frozen = {"draft": draft.params, "target": target.params if soft_top_k else None}
+
+  def loss_fn(own, batch, rng, frozen):
+    del rng  # deterministic loss
+    tokens, lab = batch
+    if not soft_top_k:
+      return draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
+    logits, _ = teacher_outputs(target, frozen["target"], tokens)
+    ids, logp = top_k(logits, soft_top_k)
+    lab = jnp.where(lab >= 0, ids[..., 0], -1)  # the target's argmax, where there is a label
+    return draft_loss(draft, own, vocab_j, tokens, lab, ids, logp, params=frozen["draft"])
+
+  def eval_fn(own, batch, rng, frozen):
+    tokens, lab, greedy = batch
+    loss, m = draft_loss(draft, own, vocab_j, tokens, greedy, params=frozen["draft"])
+    _, mc = draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
+    return loss, {"top1": m["top1"], "coverage": m["coverage"], "count": m["count"],
+                  "top1_corpus": mc["top1"]}
+
+  held = []
+  if len(vtok):
+    _, (greedy, _) = teacher_features(target, vtok, top_k=1, batch_size=batch_size)
+    greedy = np.where(vlabels >= 0, greedy[..., 0], -1)
+    pad = -len(vtok) % batch_size  # one shape: padding rows carry no labels, so count 0
+    vtok = np.concatenate([vtok, np.zeros((pad, seq_len), np.int32)])
+    vlabels, greedy = (np.concatenate([a, np.full((pad, seq_len), -1, np.int32)]) for a in (vlabels, greedy))
+    held = [tuple(jnp.asarray(a[i:i + batch_size]) for a in (vtok, vlabels, greedy))
+            for i in range(0, len(vtok), batch_size)]
+
+  def batches(step):
+    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
+    return jnp.asarray(tok[rows]), jnp.asarray(labels[rows])
+
+  res = trainer.train(own_params(draft), loss_fn, batches, config, held_out=held, eval_fn=eval_fn,
+                      frozen=frozen, log=log, title=f"{name}: {num_layers} layers, Vs={len(vocab)}"
+                      + (f", soft top-{soft_top_k}" if soft_top_k else ""))
+  val = None if res.held_out is None else res.held_out["top1"]
+  log(f"train: stopped at step {res.step}" + (f", held-out top1 {val:.4f}" if val is not None else ""))
+  draft = draft_from_target(target, num_layers, vocab, name=name,
+                            own={k: np.asarray(v) for k, v in res.params.items()})
+  draft.train_step, draft.held_out_top1 = res.step, val
+  if export:
+    meta = dict(corpus.meta)
+    export_draft(draft, export, target_name=target_name, meta={
+        "steps": res.step, "vocab_size": int(len(vocab)), "lr": lr, "batch_size": batch_size,
+        "seq_len": seq_len, "soft_top_k": soft_top_k, "labels": int(np.sum(labels >= 0)),
+        "held_out_top1": val, "held_out": None if res.held_out is None else res.held_out,
+        "corpus": {k: meta[k] for k in ("model", "vocab_size", "weights_sha256") if k in meta}})
+    log(f"export: wrote {export} ({os.path.getsize(export) / 2**20:.1f} MiB)")
+  return draft
+

@@ -1,0 +1,383 @@
+"""One training loop for every drafter kind (draft models, Medusa / EAGLE / MTP heads).
+
+A drafter trainer supplies three things and gets the rest from `train`:
+
+    params                      the trainable pytree (frozen tensors: closed over, or `frozen=`)
+    loss_fn(params, batch, rng) -> (loss scalar, metrics dict of scalars)
+    batches(step) -> batch      a pure function of the step (and the seed it closes over), so a
+                                resumed run sees exactly the batches the killed one would have
+
+`train` runs optax AdamW (linear warmup, cosine decay to `final_lr` x lr, global-norm gradient
+clipping) with one jitted update step, evaluates on fixed held-out batches every `eval_every`
+steps, saves orbax checkpoints (params, optimizer state, step, seed) every `ckpt_every` steps, at
+the end and when interrupted, and resumes from the latest one when called again with the same
+out_dir. Per run, out_dir holds:
+
+    ckpt/         orbax checkpoints (the latest `keep`)
+    log.jsonl     one line per logged step: {"step", "split": "train" | "heldout", "loss", "lr",
+                  "seconds", <metrics>}; a resumed run drops the lines after its checkpoint
+    train.png     loss and metric curves (train and held-out), rewritten at every checkpoint
+    config.json   the TrainConfig of the latest call
+
+The random key handed to loss_fn at step s is fold_in(key(seed), s), also a pure function of
+(seed, step): an interrupted and resumed run reaches the same parameters as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.errors import InputError, check_int
+
+LOG_FILE, PLOT_FILE, CONFIG_FILE, CKPT_DIR = "log.jsonl", "train.png", "config.json", "ckpt"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimisation and bookkeeping settings of one run (see the module docstring).
+
+  warmup: linear warmup steps from 0 to lr (capped at steps - 1); then cosine decay to
+  final_lr * lr at `steps`. weight_decay applies to tensors with >= 2 dims only (not to norms or
+  biases). grad_clip: global-norm clipping threshold (0: off). max_minutes: stop early (with a
+  checkpoint) after this much training time in this call (0: no limit). log_every: steps between
+  train lines in log.jsonl (the first and last step are always logged).
+  """
+  out_dir: str
+  steps: int = 1000
+  lr: float = 1e-3
+  warmup: int = 100
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  final_lr: float = 0.05
+  ckpt_every: int = 100
+  eval_every: int = 100
+  log_every: int = 10
+  seed: int = 0
+  max_minutes: float = 0.0
+  keep: int = 2
+  progress: bool = True
+
+  def validate(self) -> None:
+    """Raises InputError naming the first bad field."""
+    if not isinstance(self.out_dir, (str, os.PathLike)) or not os.fspath(self.out_dir):
+      raise InputError(f"out_dir={self.out_dir!r} is invalid: must be a directory path")
+    for name, lo in (("steps", 1), ("warmup", 0), ("ckpt_every", 1), ("eval_every", 1),
+                     ("log_every", 1), ("seed", 0), ("keep", 1)):
+      check_int(name, getattr(self, name), lo)
+    for name, lo, hi, open_lo in (("lr", 0.0, math.inf, True), ("weight_decay", 0.0, math.inf, False),
+                                  ("grad_clip", 0.0, math.inf, False), ("final_lr", 0.0, 1.0, False),
+                                  ("max_minutes", 0.0, math.inf, False)):
+      v = getattr(self, name)
+      ok = (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            and math.isfinite(v) and (v > lo if open_lo else v >= lo) and v <= hi)
+      if not ok:
+        bound = f"> {lo}" if open_lo else f">= {lo}"
+        raise InputError(f"{name}={v!r} is invalid: must be a finite number {bound}"
+                         + (f" and <= {hi}" if hi != math.inf else ""))
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What `train` returns. held_out: the held-out metrics at the last step (None without
+  held-out batches); resumed_from: the checkpoint step this call started from (None: fresh)."""
+  params: object
+  step: int
+  held_out: dict | None
+  resumed_from: int | None
+  out_dir: str
+
+
+# ----------------------------------------------------------------------------- data order
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """[batch_size] int: the rows of an n-row dataset that training step `step` reads.
+
+  Epoch e visits the rows in the order permutation(seed, e); step s reads positions
+  [s * batch_size, (s + 1) * batch_size) of the concatenated epochs. A pure function of its
+  arguments, so any step's batch can be rebuilt after a resume without replaying the others.
+  """
+  check_int("n", n, 1)
+  check_int("batch_size", batch_size, 1)
+  out: list[np.ndarray] = []
+  pos, need = step * batch_size, batch_size
+  while need:
+    epoch, off = divmod(pos, n)
+    take = _permutation(n, seed, epoch)[off:off + need]
+    out.append(take)
+    pos, need = pos + len(take), need - len(take)
+  return np.concatenate(out)
+
+
+# ----------------------------------------------------------------------------- optimiser
+
+
+def schedule(config: TrainConfig):
+  """step -> learning rate: linear warmup from 0, then cosine decay to final_lr * lr."""
+  import optax
+
+  warmup = min(config.warmup, config.steps - 1)
+  return optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup, max(config.steps, warmup + 1),
+                                            config.lr * config.final_lr)
+
+
+def optimizer(config: TrainConfig):
+  """optax AdamW on the schedule, after global-norm clipping; no decay on 0-/1-dim tensors."""
+  import optax
+
+  decay_mask = lambda params: jax.tree_util.tree_map(lambda x: jnp.ndim(x) >= 2, params)
+  adamw = optax.adamw(schedule(config), weight_decay=config.weight_decay, mask=decay_mask)
+  if config.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+  return adamw
+
+
+# ----------------------------------------------------------------------------- log and plot
+
+
+def read_log(out_dir: str) -> list[dict]:
+  """The run's log.jsonl lines as dicts (empty when there is none)."""
+  path = os.path.join(out_dir, LOG_FILE)
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_log(out_dir: str, step: int) -> list[dict]:
+  """Keeps the log lines up to `step` (a resumed run redoes the later ones); returns them."""
+  rows = [r for r in read_log(out_dir) if r["step"] <= step]
+  path = os.path.join(out_dir, LOG_FILE)
+  with open(path + ".tmp", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  os.replace(path + ".tmp", path)
+  return rows
+
+
+_NOT_PLOTTED = {"step", "split", "loss", "lr", "seconds", "count", "grad_norm"}
+
+
+def plot(out_dir: str, title: str = "") -> str:
+  """Writes out_dir/train.png from log.jsonl: loss (left) and the other metrics (right), train
+  as lines and held-out as markers. Uses the Agg canvas directly (no pyplot, no global backend)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  rows = read_log(out_dir)
+  fig = Figure(figsize=(10, 4))
+  FigureCanvasAgg(fig)
+  ax_loss, ax_metric = fig.subplots(1, 2)
+  for split, style in (("train", dict(lw=1, alpha=0.8)), ("heldout", dict(marker="o", ls="--"))):
+    rs = [r for r in rows if r.get("split") == split]
+    if not rs:
+      continue
+    ax_loss.plot([r["step"] for r in rs], [r["loss"] for r in rs], label=split, **style)
+    names = sorted({k for r in rs for k in r if k not in _NOT_PLOTTED})
+    for name in names:
+      pts = [(r["step"], r[name]) for r in rs if name in r]
+      ax_metric.plot(*zip(*pts), label=f"{name} ({split})", **style)
+  ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+  ax_metric.set(xlabel="step", title="metrics")
+  for ax in (ax_loss, ax_metric):
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  path = os.path.join(out_dir, PLOT_FILE)
+  fig.savefig(path, dpi=100)
+  return path
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def prepare_out_dir(out_dir: str) -> str:
+  """Creates out_dir if needed; InputError unless it is a writable directory. Returns its
+  absolute path."""
+  out_dir = os.path.abspath(os.fspath(out_dir))
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+    probe = os.path.join(out_dir, ".write_probe")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise InputError(f"out_dir={out_dir!r} is not a writable directory ({e.strerror or e})") from e
+  return out_dir
+
+
+def _mean_metrics(per_batch: list[tuple[float, dict]]) -> dict:
+  """Batch metrics averaged with weights metrics['count'] (default 1): a batch's metrics are
+  means over its `count` positions, so padding rows (count 0) weigh nothing."""
+  weights = [float(m.get("count", 1.0)) for _, m in per_batch]
+  total = sum(weights) or 1.0
+  out = {"loss": sum(w * l for w, (l, _) in zip(weights, per_batch)) / total}
+  for k in per_batch[0][1]:
+    if k != "count":
+      out[k] = sum(w * float(m[k]) for w, (_, m) in zip(weights, per_batch)) / total
+  out["count"] = sum(weights)
+  return out
+
+
+def train(params, loss_fn: Callable, batches: Callable[[int], object], config: TrainConfig, *,
+          held_out: Sequence = (), eval_fn: Callable | None = None, frozen=None,
+          callback: Callable | None = None, log: Callable = print,
+          title: str = "") -> TrainResult:
+  """Trains `params` to minimise loss_fn; resumable (call again with the same config.out_dir).
+
+  params: a pytree of float arrays (the trainable tensors only).
+  loss_fn(params, batch, rng) -> (loss, metrics): differentiated w.r.t. params; small frozen
+    tensors can be closed over (large ones: see `frozen`). metrics: a dict of scalars; an
+    optional "count" is the number of positions they average over (weights held-out batches).
+  batches(step) -> batch: the training batch of step `step` (0-based), a pure function of the
+    step (see `batch_rows`); every batch must have the same shapes (one compiled update).
+  held_out: fixed batches, evaluated at the start of a fresh run (logged as step 0), every
+    `eval_every` steps and at the end with eval_fn (default loss_fn; same signature, no
+    gradient), averaged by "count".
+  frozen: a pytree of tensors the losses read but do not train (e.g. the target's params); when
+    given, loss_fn and eval_fn are called as f(params, batch, rng, frozen). Large frozen tensors
+    belong here rather than in a closure: jit bakes closed-over arrays into the program as
+    constants (slow to compile, a second copy in memory).
+  callback(step, params, metrics): called after each step (and its checkpoint); raising from it
+    stops training, after saving a checkpoint at that step.
+  Returns TrainResult(params, step, held_out metrics at the end, resumed_from, out_dir).
+  """
+  import optax
+  import orbax.checkpoint as ocp
+  from tqdm.auto import tqdm
+
+  if not isinstance(config, TrainConfig):
+    raise InputError(f"config must be a TrainConfig, got {type(config).__name__}")
+  config.validate()
+  if not callable(loss_fn):
+    raise InputError(f"loss_fn={loss_fn!r} is not callable")
+  if not callable(batches):
+    raise InputError(f"batches={batches!r} must be a function step -> batch")
+  leaves = jax.tree_util.tree_leaves(params)
+  if not leaves or not all(jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
+    raise InputError("params must be a non-empty pytree of floating-point arrays")
+  held_out = list(held_out)
+  out_dir = prepare_out_dir(config.out_dir)
+
+  opt = optimizer(config)
+  lr_at = schedule(config)
+  params = jax.tree_util.tree_map(jnp.array, params)  # our own copy: the caller's stays intact
+  opt_state = opt.init(params)
+  key = jax.random.key(config.seed)
+
+  mgr = ocp.CheckpointManager(os.path.join(out_dir, CKPT_DIR),
+                              options=ocp.CheckpointManagerOptions(max_to_keep=config.keep,
+                                                                   enable_async_checkpointing=False))
+  step, resumed_from, seconds = 0, None, 0.0
+  if mgr.latest_step() is not None:
+    resumed_from = step = int(mgr.latest_step())
+    abstract = {"params": params, "opt": opt_state, "step": np.zeros((), np.int64),
+                "seed": np.zeros((), np.int64)}
+    try:
+      state = mgr.restore(step, args=ocp.args.StandardRestore(abstract))
+    except (ValueError, KeyError, TypeError) as e:
+      raise InputError(f"out_dir={out_dir!r} holds a checkpoint that does not fit these params "
+                       f"(another drafter or shape?): {e}") from e
+    if int(state["seed"]) != config.seed:
+      raise InputError(f"out_dir={out_dir!r} holds a run with seed={int(state['seed'])}, not "
+                       f"seed={config.seed}: resume with that seed or use another out_dir")
+    params, opt_state = state["params"], state["opt"]
+    rows = _truncate_log(out_dir, step)
+    seconds = max((r.get("seconds", 0.0) for r in rows), default=0.0)
+    log(f"train: resumed from checkpoint at step {step} in {out_dir}")
+  else:
+    _truncate_log(out_dir, 0)
+  with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
+    json.dump(dataclasses.asdict(config), f, indent=1, default=str)
+
+  extra = () if frozen is None else (frozen,)
+
+  def update(params, opt_state, frozen, batch, step):
+    rng = jax.random.fold_in(key, step)
+    args = () if frozen is None else (frozen,)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, *args)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+    return optax.apply_updates(params, updates), opt_state, loss, metrics
+
+  update = jax.jit(update)
+  evaluate = jax.jit(eval_fn or loss_fn)
+  eval_key = jax.random.fold_in(key, 2**32 - 1)  # never a training step
+
+  def held_out_metrics():
+    return _mean_metrics([(float(l), {k: float(v) for k, v in m.items()})
+                          for l, m in (evaluate(params, b, eval_key, *extra) for b in held_out)])
+
+  logf = open(os.path.join(out_dir, LOG_FILE), "a")
+
+  def write(row):
+    logf.write(json.dumps(row) + "\n")
+    logf.flush()
+
+  def save(s):
+    mgr.save(s, args=ocp.args.StandardSave({"params": params, "opt": opt_state,
+                                            "step": np.asarray(s, np.int64),
+                                            "seed": np.asarray(config.seed, np.int64)}), force=True)
+    mgr.wait_until_finished()
+    plot(out_dir, title)
+
+  last_saved, val, val_step, t0 = step, None, None, time.time()
+  bar = tqdm(total=config.steps, initial=step, disable=not config.progress, desc="train",
+             dynamic_ncols=True)
+  try:
+    if held_out and resumed_from is None:  # the starting point, for the plot and comparisons
+      val, val_step = held_out_metrics(), 0
+      write({"step": 0, "split": "heldout", "seconds": 0.0, **val})
+      log("train: step 0 held-out " + " ".join(f"{k} {v:.4f}" for k, v in val.items()))
+    while step < config.steps:
+      if config.max_minutes and time.time() - t0 > 60 * config.max_minutes:
+        log(f"train: time limit ({config.max_minutes} min) at step {step}")
+        break
+      batch = batches(step)
+      params, opt_state, loss, metrics = update(params, opt_state, frozen, batch,
+                                                jnp.asarray(step, jnp.int32))
+      step += 1
+      bar.update(1)
+      if step % config.log_every == 0 or step in (1, config.steps):
+        m = {k: float(v) for k, v in metrics.items()}
+        write({"step": step, "split": "train", "loss": float(loss), "lr": float(lr_at(step - 1)),
+               "seconds": round(seconds + time.time() - t0, 3), **m})
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+      if held_out and (step % config.eval_every == 0 or step == config.steps):
+        val, val_step = held_out_metrics(), step
+        write({"step": step, "split": "heldout", "seconds": round(seconds + time.time() - t0, 3), **val})
+        log(f"train: step {step} held-out " + " ".join(f"{k} {v:.4f}" for k, v in val.items()))
+      if step % config.ckpt_every == 0 or step == config.steps:
+        save(step)
+        last_saved = step
+      if callback is not None:
+        callback(step, params, metrics)
+  finally:
+    bar.close()
+    if step != last_saved:
+      save(step)  # on an exception or Ctrl-C too: rerunning resumes here
+    logf.close()
+  if held_out and val_step != step:  # resumed at the end, or stopped early
+    val = held_out_metrics()
+  if step == resumed_from:
+    log(f"train: nothing to do, the checkpoint is at step {step} of {config.steps}")
+  mgr.close()
+  plot(out_dir, title)
+  return TrainResult(params=params, step=step, held_out=val, resumed_from=resumed_from, out_dir=out_dir)
