@@ -175,7 +175,7 @@ def cmd_train_draft(args) -> None:
                     weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                     soft_top_k=args.soft_top_k, held_out=args.held_out,
                     ckpt_every=args.ckpt_every, eval_every=args.eval_every,
-                    max_minutes=args.max_minutes, seed=args.seed)
+                    max_minutes=args.max_minutes, seed=args.seed, init=args.init)
 
 
 def main(argv=None) -> None:
@@ -253,6 +253,8 @@ def main(argv=None) -> None:
                   help="train on the target's top-k distribution (one target forward per step; "
                   "0: the corpus tokens)")
   td.add_argument("--held-out", type=float, default=0.02, help="fraction of corpus sequences held out")
+  td.add_argument("--init", default=None, help="start from this draft asset (.npz or a registered "
+                  "name, e.g. smollm2-135m-draft) instead of the target's first layers")
   td.add_argument("--ckpt-every", type=int, default=100)
   td.add_argument("--eval-every", type=int, default=100)
   td.add_argument("--max-minutes", type=float, default=0.0, help="stop (with a checkpoint) after this "

@@ -133,6 +133,20 @@ def test_draft_distillation_improves_held_out_top1_and_exports(tmp_path, self_di
     assert np.array_equal(np.asarray(registry.own_params(d2)[k]), np.asarray(v)), k
 
 
+def test_train_draft_init_from_an_exported_draft(tmp_path, self_distillation):
+  """init= starts from a draft asset (its layers, its subset): held-out top-1 is already high at
+  step 0, where a draft from the target's first layer starts under 0.1."""
+  target, c = self_distillation
+  kw = dict(_DRAFT_KW, vocab_size=40)
+  first = train.train_draft(target, c, out_dir=str(tmp_path / "a"), steps=40,
+                            export=str(tmp_path / "a.npz"), log=lambda *_: None, **kw)
+  tuned = train.train_draft(target, c, out_dir=str(tmp_path / "b"), steps=5, init=str(tmp_path / "a.npz"),
+                            log=lambda *_: None, **dict(kw, vocab_size=2))  # vocab_size ignored with init
+  held = [r for r in trainer.read_log(str(tmp_path / "b")) if r["split"] == "heldout"]
+  assert held[0]["step"] == 0 and held[0]["top1"] == pytest.approx(first.held_out_top1, abs=0.02)
+  assert np.array_equal(tuned.vocab_subset, first.vocab_subset)
+
+
 def test_draft_distillation_with_soft_labels(tmp_path, self_distillation):
   """Soft labels (the target's top-k, one target forward per step) train as well."""
   target, c = self_distillation

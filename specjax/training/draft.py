@@ -191,7 +191,7 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
                 warmup: int = 100, weight_decay: float = 0.0, grad_clip: float = 1.0,
                 soft_top_k: int = 0, held_out: float = 0.02, max_held_out_windows: int = 64,
                 ckpt_every: int = 100, eval_every: int = 100, max_minutes: float = 0.0,
-                seed: int = 0, progress: bool = True, log=print) -> Model:
+                seed: int = 0, init: str | None = None, progress: bool = True, log=print) -> Model:
   """Distils a `num_layers`-layer draft from `target` on `corpus`; resumable (rerun the same call).
 
   target: a loaded Model or a name for load_model. corpus: a corpus directory or a loaded Corpus
@@ -199,7 +199,9 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
   (trainer.py). soft_top_k > 0: train against the target's top-k distribution, computed per batch
   (one target forward per step) instead of the corpus's next token. held_out: the fraction of
   corpus sequences held out; at most max_held_out_windows of their windows are evaluated.
-  export: the .npz asset to write at the end (registry format). Returns the draft Model, with
+  export: the .npz asset to write at the end (registry format). init: a draft asset (.npz path or
+  registered name) to start from instead of the target's first layers; its layer count and
+  vocabulary subset are kept (fine-tuning a shipped draft on a new corpus). Returns the draft Model, with
   `train_step` and `held_out_top1` (agreement with the target's greedy next token) set.
   """
   for arg, v, lo in (("num_layers", num_layers, 1), ("vocab_size", vocab_size, 2),
@@ -241,9 +243,19 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
   log(f"data: {len(tok)} training windows ({int(np.sum(labels >= 0))} labelled positions), "
       f"{len(vtok)} held-out windows")
 
-  vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=cfg.vocab_size), vocab_size)
   name = f"{target_name}-draft"
-  draft = draft_from_target(target, num_layers, vocab, name=name)
+  if init is not None:
+    from specjax import registry
+
+    path = registry.get(init).path if init in registry.DRAFTERS else init
+    base = registry.load_draft_asset(path, target)
+    num_layers, vocab = base.config.num_layers, np.asarray(base.vocab_subset)
+    draft = draft_from_target(target, num_layers, vocab, name=name,
+                              own={k: np.asarray(v, np.float32) for k, v in own_params(base).items()})
+    log(f"init: {path} ({num_layers} layers, Vs={len(vocab)})")
+  else:
+    vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=cfg.vocab_size), vocab_size)
+    draft = draft_from_target(target, num_layers, vocab, name=name)
   vocab_j = jnp.asarray(vocab)
   # Large frozen tensors go in as jit arguments, not closed-over constants.
   frozen = {"draft": draft.params, "target": target.params if soft_top_k else None}
@@ -292,6 +304,7 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
     export_draft(draft, export, target_name=target_name, meta={
         "steps": res.step, "vocab_size": int(len(vocab)), "lr": lr, "batch_size": batch_size,
         "seq_len": seq_len, "soft_top_k": soft_top_k, "labels": int(np.sum(labels >= 0)),
+        "init": init,
         "held_out_top1": val, "held_out": None if res.held_out is None else res.held_out,
         "corpus": {k: meta[k] for k in ("model", "vocab_size", "weights_sha256") if k in meta}})
     log(f"export: wrote {export} ({os.path.getsize(export) / 2**20:.1f} MiB)")
