@@ -122,7 +122,9 @@ def _load(cxx, cache_dir):
       raise RuntimeError("this CPU has neither AVX-512 nor AVX2+FMA: the portable kernel would "
                          "be slower than XLA")
     lib.specjax_kernel_set_isa(isa)
-  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxDenseF32), platform="cpu")
+  if not _state.get("registered"):  # once per process, even if a test makes us load again
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxDenseF32), platform="cpu")
+    _state["registered"] = True
   return lib
 
 

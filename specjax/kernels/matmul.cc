@@ -31,7 +31,18 @@
 static constexpr long kMaxRows = 32;
 // A K-chunk of a block (kc * bw floats) is kept near this size so that several row tiles can
 // re-read it from L1 (the first tile streams it from memory).
-static constexpr long kChunkBytes = 24 * 1024;
+#ifndef SJ_CHUNK_BYTES
+#define SJ_CHUNK_BYTES (16 * 1024)
+#endif
+static constexpr long kChunkBytes = SJ_CHUNK_BYTES;
+// How far ahead a single-tile pass prefetches its weight stream (0: no software prefetch).
+#ifndef SJ_PREFETCH_BYTES
+#define SJ_PREFETCH_BYTES 4096
+#endif
+static constexpr long kPrefetchBytes = SJ_PREFETCH_BYTES;
+#ifndef SJ_PREFETCH_NEXT
+#define SJ_PREFETCH_NEXT 1
+#endif
 
 // Computes buf[rows][bw] = x[rows][K] (row stride ldx) @ w[K][bw] for one packed block.
 typedef void BlockFn(const float* x, long ldx, const float* w, long k, long bw, long rows,
@@ -72,14 +83,20 @@ template <int SV> constexpr int max_rows() { return 6; }
 #endif
 
 // acc[MT][SV*W] (+)= x[MT][kc] @ w[kc][SV*W]; w has row stride ldw, acc row stride lda.
-template <int SV, int MT>
+// With PF, iteration e also prefetches pf_lines cache lines at pf + e * ldw: the weight stream a
+// little ahead, or the next K-chunk while this one is re-read from L1 by the other row tiles, so
+// memory traffic overlaps arithmetic instead of alternating with it.
+template <int SV, int MT, bool PF>
 void tile(const float* __restrict x, long ldx, const float* __restrict w, long ldw, long kc,
-          float* __restrict acc, long lda, bool accumulate) {
+          float* __restrict acc, long lda, bool accumulate, const float* pf, long pf_lines) {
   typename V::T c[MT][SV];
   for (int m = 0; m < MT; ++m)
     for (int v = 0; v < SV; ++v)
       c[m][v] = accumulate ? V::load(acc + m * lda + v * V::W) : V::zero();
   for (long e = 0; e < kc; ++e) {
+    if constexpr (PF)
+      for (long l = 0; l < pf_lines; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + e * ldw) + 64 * l, _MM_HINT_T0);
     typename V::T b[SV];
     for (int v = 0; v < SV; ++v) b[v] = V::load(w + e * ldw + v * V::W);
     for (int m = 0; m < MT; ++m) {
@@ -91,11 +108,12 @@ void tile(const float* __restrict x, long ldx, const float* __restrict w, long l
     for (int v = 0; v < SV; ++v) V::store(acc + m * lda + v * V::W, c[m][v]);
 }
 
-typedef void TileFn(const float*, long, const float*, long, long, float*, long, bool);
+typedef void TileFn(const float*, long, const float*, long, long, float*, long, bool, const float*,
+                    long);
 
-template <int SV, int... Ms>
+template <int SV, bool PF, int... Ms>
 constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms...>) {
-  return {&tile<SV, Ms + 1>...};
+  return {&tile<SV, Ms + 1, PF>...};
 }
 
 // Strip = SV vectors of columns, processed for all rows (tiles of up to MT rows) per K-chunk.
@@ -103,21 +121,29 @@ template <int SV>
 void block_strips(const float* x, long ldx, const float* w, long k, long bw, long rows,
                   float* buf) {
   constexpr int MT = max_rows<SV>();
-  static constexpr auto table = tiles<SV>(std::make_integer_sequence<int, MT>{});
+  static constexpr auto plain = tiles<SV, false>(std::make_integer_sequence<int, MT>{});
+  static constexpr auto fetch = tiles<SV, true>(std::make_integer_sequence<int, MT>{});
   constexpr long strip = SV * V::W;
   const long nstrips = bw / strip;
+  const long lines = bw * 4 / 64;  // cache lines per packed row
   if (rows <= MT && nstrips == 1) {  // one register tile: stream the whole block once
-    table[rows - 1](x, ldx, w, bw, k, buf, bw, false);
+    const long ahead = std::max<long>(1, kPrefetchBytes / (bw * 4));
+    (kPrefetchBytes > 0 ? fetch : plain)[rows - 1](x, ldx, w, bw, k, buf, bw, false,
+                                                   w + ahead * bw, lines);
     return;
   }
-  long kc = std::max<long>(16, kChunkBytes / (bw * 4));
+  const long kc = std::max<long>(8, kChunkBytes / (bw * 4));
   for (long e0 = 0; e0 < k; e0 += kc) {
     const long n = std::min(kc, k - e0);
+    // The chunk after this one (the next block's first rows after the last chunk: blocks are
+    // contiguous) is prefetched by the first tile; the others re-read this chunk from L1.
+    const float* next = w + (e0 + n) * bw;
     for (long s = 0; s < nstrips; ++s)
       for (long r = 0; r < rows; r += MT) {
         const long mt = std::min<long>(MT, rows - r);
-        table[mt - 1](x + r * ldx + e0, ldx, w + e0 * bw + s * strip, bw, n, buf + r * bw + s * strip,
-                      bw, e0 > 0);
+        const bool first = s == 0 && r == 0 && SJ_PREFETCH_NEXT;
+        (first ? fetch : plain)[mt - 1](x + r * ldx + e0, ldx, w + e0 * bw + s * strip, bw, n,
+                                        buf + r * bw + s * strip, bw, e0 > 0, next, lines);
       }
   }
 }
