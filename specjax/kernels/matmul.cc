@@ -137,7 +137,7 @@ void block_strips(const float* x, long ldx, const float* w, long k, long bw, lon
     const long n = std::min(kc, k - e0);
     // The chunk after this one (the next block's first rows after the last chunk: blocks are
     // contiguous) is prefetched by the first tile; the others re-read this chunk from L1.
-    const float* next = w + (e0 + n) * bw;
+    const float* next = w + (e0 + n + (SJ_PREFETCH_NEXT - 1) * kc) * bw;
     for (long s = 0; s < nstrips; ++s)
       for (long r = 0; r < rows; r += MT) {
         const long mt = std::min<long>(MT, rows - r);
