@@ -101,12 +101,14 @@ def check_outputs(models: dict, sizes) -> float:
   return worst
 
 
-def methods_bench(model, draft, n_prompts: int, max_new: int, repeat: int):
+def methods_bench(model, draft, n_prompts: int, max_new: int, repeat: int, categories=None):
   from experiments.training_free.run import bench, load_prompts
 
   methods = {"autoregressive": sj.Autoregressive(), "prompt_lookup": sj.PromptLookup(),
              "draft g=3": sj.DraftModel(draft, gamma=3), "lookahead": sj.Lookahead()}
   prompts = load_prompts(n_prompts)
+  if categories:
+    prompts = {c: prompts[c] for c in categories if c in prompts}
   rows, allres = [], {name: [] for name in methods}
   for cat, ps in prompts.items():
     res = bench(model, ps, methods, max_new, cat, repeat)
@@ -139,6 +141,8 @@ def main(argv=None):
   ap.add_argument("--prompts", type=int, default=3)
   ap.add_argument("--max-new", type=int, default=128)
   ap.add_argument("--repeat", type=int, default=1)
+  ap.add_argument("--skip-curve", action="store_true", help="only the methods (with --methods)")
+  ap.add_argument("--categories", default="", help="comma-separated subset (default: all)")
   args = ap.parse_args(argv)
   reps = 5 if args.quick else args.reps
   sizes = [1, 2, 4, 8, 16]
@@ -148,17 +152,28 @@ def main(argv=None):
   if not kernels.is_packed(ker):
     sys.exit("the kernel is unavailable here (see the warning above)")
   print(f"{time.strftime('%Y-%m-%d')}, jax {jax.__version__}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores; kernel path {kernels.isa()}, {kernels.threads()} threads")
+        f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}); kernel path {kernels.isa()}, "
+        f"{kernels.threads()} threads")
   bw = bandwidth_probe()
   print("memory bandwidth (numpy max over 1 GB, best of 5): "
         + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()))
 
   models = {"xla": xla, "kernel": ker}
+  if not args.skip_curve:
+    curve(models, sizes, reps, xla.num_param_bytes, bw)
+  if args.methods:
+    del xla, models
+    draft = sj.load_model("smollm2-135m-draft")
+    n, max_new = (1, 64) if args.quick else (args.prompts, args.max_new)
+    methods_bench(ker, draft, n, max_new, args.repeat,
+                  [c for c in args.categories.split(",") if c] or None)
+
+
+def curve(models, sizes, reps, weight_bytes, bw):
   print(f"max relative logit difference kernel vs XLA over T={sizes}: "
         f"{check_outputs(models, sizes):.2e}")
   times = cost_curves(models, sizes, reps)
   med = {name: {t: statistics.median(v) for t, v in d.items()} for name, d in times.items()}
-  weight_bytes = xla.num_param_bytes
   print(f"\nforward cost through model.apply (cache 512, 256 filled), median of {reps} interleaved "
         f"reps; c(T) = ms(T) / ms(1) of the same path:")
   print("| path | " + " | ".join(f"T={t}" for t in sizes) + " |")
@@ -172,12 +187,6 @@ def main(argv=None):
     print(f"{name}: {weight_bytes / 1e6:.0f} MB of weights per forward / {med[name][1]:.1f} ms = "
           f"{weight_bytes / med[name][1] / 1e6:.1f} GB/s at T=1 "
           f"({weight_bytes / med[name][1] / 1e6 / bw['2 threads']:.0%} of the 2-thread probe)")
-
-  if args.methods:
-    del xla
-    draft = sj.load_model("smollm2-135m-draft")
-    n, max_new = (1, 64) if args.quick else (args.prompts, args.max_new)
-    methods_bench(ker, draft, n, max_new, args.repeat)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ static constexpr long kChunkBytes = SJ_CHUNK_BYTES;
 #define SJ_PREFETCH_BYTES 4096
 #endif
 static constexpr long kPrefetchBytes = SJ_PREFETCH_BYTES;
+#ifndef SJ_PF_HINT
+#define SJ_PF_HINT _MM_HINT_T0
+#endif
 #ifndef SJ_PREFETCH_NEXT
 #define SJ_PREFETCH_NEXT 1
 #endif
@@ -96,7 +99,7 @@ void tile(const float* __restrict x, long ldx, const float* __restrict w, long l
   for (long e = 0; e < kc; ++e) {
     if constexpr (PF)
       for (long l = 0; l < pf_lines; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + e * ldw) + 64 * l, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + e * ldw) + 64 * l, SJ_PF_HINT);
     typename V::T b[SV];
     for (int v = 0; v < SV; ++v) b[v] = V::load(w + e * ldw + v * V::W);
     for (int m = 0; m < MT; ++m) {
@@ -293,7 +296,7 @@ struct Pool {
   std::atomic<int> sleepers{0};
   std::atomic<bool> busy{false};
   int threads = 1;                  // including the caller
-  long spin_us = 200;
+  std::atomic<long> spin_us{200};
   Job job;
 
   void claim_all(const Job& j) {
@@ -438,6 +441,9 @@ SJ_EXPORT int specjax_kernel_set_isa(int isa) {
 }
 
 SJ_EXPORT int specjax_kernel_threads() { return pool().threads; }
+
+// How long idle workers spin before sleeping (tuning; default 200 or $SPECJAX_KERNEL_SPIN_US).
+SJ_EXPORT void specjax_kernel_set_spin_us(long us) { pool().spin_us = us; }
 
 // y = x @ w on host pointers, outside XLA (the build's smoke test).
 SJ_EXPORT void specjax_dense_f32(const float* x, const float* w, float* y, long m, long k, long n, long bw) {
