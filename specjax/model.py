@@ -11,7 +11,9 @@ Layout choices (measured on a 2-core CPU, see README "Performance"): layers are 
 (unrolled under jit, one cache buffer per layer updated in place; a lax.scan over stacked layers
 copied the carried caches and ran ~2x slower), Q/K/V are one fused matmul with weight
 [E, K, G+2, D] grouped by kv head (so splitting axis K over a mesh keeps each query head with its
-kv head), and gate/up are one matmul [E, 2, F].
+kv head), and gate/up are one matmul [E, 2, F]. Every matmul goes through `kernels.dense`: XLA's
+dot, or, for a model packed at load (`load_model(kernels=...)`), a weight-streaming CPU kernel over
+packed copies carried in params as `packed_*` variables (see specjax/kernels/__init__.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ from flax import nnx
 
 from specjax import cache as kv
 from specjax.config import ModelConfig
+from specjax.kernels import dense
+
+
+def _packed(module, name):
+  """The load-time packed copy of a dense weight for specjax.kernels, or None (unpacked model)."""
+  v = getattr(module, "packed_" + name, None)
+  return None if v is None else v[...]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -100,7 +109,7 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     g = cfg.group_size
-    qkv = jnp.einsum("bte,ekgd->btkgd", x, self.wqkv[...])  # [B,T,K,G+2,D]
+    qkv = dense(x, self.wqkv[...], _packed(self, "wqkv"))  # [B,T,K,G+2,D]
     if cfg.qkv_bias:
       qkv = qkv + self.bqkv[...]
     q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [B,T,K,G,D] [B,T,K,D] x2
@@ -115,7 +124,7 @@ class Attention(nnx.Module):
     # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
     # as an einsum made XLA transpose the weight on every step.
     o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
-    y = o @ self.wo[...].reshape(cfg.num_heads * cfg.head_dim, -1)
+    y = dense(o, self.wo[...].reshape(cfg.num_heads * cfg.head_dim, -1), _packed(self, "wo"))
     if cfg.out_bias:
       y = y + self.bo[...]
     return y, layer_cache
@@ -133,14 +142,14 @@ class MLP(nnx.Module):
       self.b_out = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
 
   def __call__(self, x):  # [B,T,E]
-    h = jnp.einsum("bte,emf->btmf", x, self.w_in[...])  # [B,T,M,F]
+    h = dense(x, self.w_in[...], _packed(self, "w_in"))  # [B,T,M,F]
     if self.cfg.out_bias:
       h = h + self.b_in[...]
     if self.cfg.gated_mlp:
       h = jax.nn.silu(h[:, :, 0]) * h[:, :, 1]
     else:
       h = jax.nn.gelu(h[:, :, 0], approximate=True)
-    y = h @ self.w_out[...]
+    y = dense(h, self.w_out[...], _packed(self, "w_out"))
     if self.cfg.out_bias:
       y = y + self.b_out[...]
     return y
@@ -179,8 +188,8 @@ class Decoder(nnx.Module):
   def head(self, h: jax.Array) -> jax.Array:
     """Final-normed hidden [..., E] -> logits [..., V] (float32)."""
     if self.cfg.tie_word_embeddings:
-      return jnp.einsum("...e,ve->...v", h, self.embed[...]).astype(jnp.float32)
-    return (h @ self.lm_head[...]).astype(jnp.float32)
+      return dense(h, self.embed[...], _packed(self, "head"), transposed=True).astype(jnp.float32)
+    return dense(h, self.lm_head[...], _packed(self, "head")).astype(jnp.float32)
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
                logits_at: jax.Array | None = None):
@@ -235,7 +244,8 @@ class Model:
 
   @property
   def num_param_bytes(self) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self.params))
+    return sum(x.size * x.dtype.itemsize for p, x in jax.tree_util.tree_leaves_with_path(self.params)
+               if "packed_" not in jax.tree_util.keystr(p))  # kernels' packed copies excluded
 
   def __repr__(self):
     c = self.config

@@ -338,11 +338,14 @@ def default_dtype():
 
 
 def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
-               rules=None):
+               rules=None, kernels: bool | None = None):
   """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
 
   mesh ("data=2,model=4" or a jax Mesh): each tensor is sharded by `rules` (default
   sj.sharding.DEFAULT_RULES) as it is converted, never materialised whole on one device.
+  kernels: the CPU matmul kernel (specjax.kernels) for the dense layers. None (default): on when
+  the model runs float32 on a single CPU device and $SPECJAX_KERNELS is not "0"; True: on, or a
+  warning and XLA where it cannot be; False: XLA's dot everywhere. Never with mesh or place.
   """
   import jax.numpy as jnp
 
@@ -353,7 +356,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   name_or_path = os.fspath(name_or_path)
   if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
     return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
-                            rules=rules)
+                            rules=rules, kernels=kernels)
   if mesh is not None:
     from specjax import sharding
 
@@ -370,7 +373,12 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if mesh is not None:
     place.done()
   tok = load_tokenizer(path) if tokenizer else None
-  return Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
+  model = Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
+  if mesh is None and place is None:
+    from specjax import kernels as kernels_lib
+
+    model = kernels_lib.maybe_pack(model, kernels)
+  return model
 
 
 # ----------------------------------------------------------------------------- shipped drafters
@@ -378,5 +386,8 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
 
 def load_named_draft(name: str, **kw):
   """Builds a shipped drafter (specjax.registry.DRAFTERS) around its target's shared tensors,
-  loading the target by name (kw as for load_model)."""
+  loading the target by name (kw as for load_model). The draft borrows only the target's
+  embeddings, and a draft built from a target's tensors has no packed copies (see
+  specjax/kernels): packing this private target copy would be wasted work."""
+  kw = dict(kw, kernels=False)
   return registry.build(name, load_model(registry.get(name).target, **kw))

@@ -1,0 +1,102 @@
+"""Builds specjax's C++ kernels with the system C++ compiler into a per-user cache, once.
+
+The shared library lands in `$SPECJAX_CACHE/kernels/<key>/` (default `~/.cache/specjax`), where
+<key> hashes the source, the build flags, the machine architecture and the installed jaxlib
+version (the XLA FFI headers come from that jaxlib), so a new jaxlib or an edited kernel builds a
+new library and an old one is never loaded against the wrong headers. A build writes to a
+temporary name and renames it into place, so two processes building at once are harmless.
+
+The compiler is `$SPECJAX_CXX`, else `$CXX`, else `c++`/`g++` on PATH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+SOURCE = os.path.join(os.path.dirname(__file__), "matmul.cc")
+LIB_NAME = "libspecjax_kernels.so"
+BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-Wall")
+# (part, extra flags); the ISA-specific parts only on x86-64.
+PARTS_X86 = (("SJ_MAIN", ()), ("SJ_AVX512", ("-mavx512f", "-mavx512vl", "-mavx2", "-mfma")),
+             ("SJ_AVX2", ("-mavx2", "-mfma")), ("SJ_SCALAR", ()))
+PARTS_OTHER = (("SJ_MAIN", ()), ("SJ_SCALAR", ()))
+
+
+class BuildError(RuntimeError):
+  """The kernels could not be built (no compiler, a compile error, ...); the message says why."""
+
+
+def cache_root() -> str:
+  return os.path.join(
+      os.environ.get("SPECJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "specjax")),
+      "kernels")
+
+
+def find_compiler(cxx: str | None = None) -> str:
+  """The C++ compiler to use: the argument, $SPECJAX_CXX, $CXX, or c++ / g++ on PATH."""
+  for cand in (cxx, os.environ.get("SPECJAX_CXX"), os.environ.get("CXX")):
+    if cand:
+      path = shutil.which(cand)
+      if path is None:
+        raise BuildError(f"C++ compiler {cand!r} not found")
+      return path
+  for cand in ("c++", "g++", "clang++"):
+    path = shutil.which(cand)
+    if path:
+      return path
+  raise BuildError("no C++ compiler found (tried c++, g++, clang++; set SPECJAX_CXX)")
+
+
+def _parts():
+  return PARTS_X86 if platform.machine() in ("x86_64", "AMD64") else PARTS_OTHER
+
+
+def build_key() -> str:
+  import jaxlib
+
+  h = hashlib.sha256()
+  with open(SOURCE, "rb") as f:
+    h.update(f.read())
+  h.update(repr((BASE_FLAGS, _parts(), platform.machine(), jaxlib.__version__)).encode())
+  return h.hexdigest()[:16]
+
+
+def library_path(cache_dir: str | None = None) -> str:
+  return os.path.join(cache_dir or cache_root(), build_key(), LIB_NAME)
+
+
+def build(cxx: str | None = None, cache_dir: str | None = None, *, force: bool = False) -> str:
+  """Returns the path of the built library, compiling it first if the cache lacks it."""
+  import jax
+
+  out = library_path(cache_dir)
+  if os.path.isfile(out) and not force:
+    return out
+  compiler = find_compiler(cxx)
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  include = jax.ffi.include_dir()
+  with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as tmp:
+    procs, objs = [], []
+    for part, flags in _parts():  # compiled in parallel; `main` (the FFI headers) is the slowest
+      obj = os.path.join(tmp, part + ".o")
+      cmd = [compiler, *BASE_FLAGS, *flags, f"-DSJ_PART={part}", "-I", include, "-c", SOURCE,
+             "-o", obj]
+      procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+      objs.append(obj)
+    for cmd, p in procs:
+      log = p.communicate()[0].decode(errors="replace")
+      if p.returncode != 0:
+        raise BuildError(f"compiling the kernels failed: {' '.join(cmd)}\n{log[-3000:]}")
+    tmp_lib = os.path.join(tmp, LIB_NAME)
+    cmd = [compiler, "-shared", "-pthread", *objs, "-o", tmp_lib]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+      raise BuildError(f"linking the kernels failed: {' '.join(cmd)}\n"
+                       f"{p.stdout.decode(errors='replace')[-3000:]}")
+    os.replace(tmp_lib, out)
+  return out
