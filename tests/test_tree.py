@@ -278,3 +278,22 @@ def test_typical_equals_greedy_at_temperature_0():
                                SMALL.depth, logits, sp, 0.09, 0.3)
   for x, y in zip(g, ty):
     np.testing.assert_array_equal(x, y)
+
+
+def test_rules_take_per_row_trees():
+  """Dynamic trees (EAGLE-2) pass parents / ancestors / depths per row: same results as static."""
+  b = 3
+  tokens, logits = _setup(b)
+  top = np.asarray(jnp.argmax(logits[0], -1))
+  tokens = tokens.at[0, 1].set(int(top[0])).at[1, 2].set(int(top[0]))
+  par = jnp.broadcast_to(jnp.asarray(SMALL.parent), (b, 6))
+  anc = T.ancestors_from_parents(par, SMALL.max_depth)  # [B,6,6] built on device
+  dep = jnp.broadcast_to(jnp.asarray(SMALL.depth), (b, 6))
+  sp = sampling.SamplingParams.make(b, 0.8)
+  key = jax.random.PRNGKey(3)
+  for rule in ("greedy", "exact", "typical"):
+    static = acceptance.verify_tree(key, tokens, SMALL.parent, SMALL.ancestor, SMALL.depth,
+                                    logits, sp, rule)
+    rows = acceptance.verify_tree(key, tokens, par, anc, dep, logits, sp, rule)
+    for x, y in zip(static, rows):
+      np.testing.assert_array_equal(x, y)
