@@ -10,6 +10,10 @@ Greedy (temperature 0) is the same rule with one-hot p: accept while x_i == argm
 the target's argmax. Deterministic drafters (prompt lookup, lookahead) pass q = one-hot(x).
 
 Batched: each row accepts its own number n[b] in [0, G]; every shape is static.
+
+Trees (Medusa, EAGLE; bottom of this file): the same rules over a candidate tree verified in one
+call: greedy / token matching, exact multi-draft verification of deterministic candidates
+(SpecInfer's rule), and Medusa-2's typical acceptance (lossy).
 """
 
 from __future__ import annotations
@@ -242,7 +246,12 @@ def verify_tree(key: jax.Array, tokens: jax.Array, parents, ancestor, depth,
   """rule "greedy" (token matching: exact at any temperature, see `greedy_tree`) | "exact"
   (`multi_draft_tree`) | "typical" (`typical_tree`, lossy). All-greedy batches take the argmax
   path whatever the rule (every rule reduces to it at temperature 0). Returns (best, n, next) [B].
+  "accept_all" is a deliberately wrong rule (every first child accepted) for the tests that must
+  catch it.
   """
+  if rule not in ("greedy", "exact", "typical", "accept_all"):
+    raise ValueError(f"unknown tree acceptance rule {rule!r}")
+
   def sampled():
     if rule == "greedy":
       choice = sampling.sample(key, target_logits, sp)  # [B,N+1] one draw per node
