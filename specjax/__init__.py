@@ -20,3 +20,8 @@ __all__ += ["Lookahead"]
 from specjax.methods.draft import DraftModel, SelfSpeculative  # noqa: E402
 
 __all__ += ["DraftModel", "SelfSpeculative"]
+
+from specjax.heads import init_heads, load_heads  # noqa: E402
+from specjax.methods.medusa import Medusa  # noqa: E402
+
+__all__ += ["Medusa", "init_heads", "load_heads"]

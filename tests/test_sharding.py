@@ -109,10 +109,17 @@ if CHILD:
       from specjax.methods.lookahead import Lookahead
       return Lookahead()
 
+    def medusa_factory(t):
+      from specjax.heads import init_heads
+      from specjax.methods.medusa import Medusa
+      heads = init_heads(t, "medusa", num_heads=3, seed=4, scale=3.0)
+      return Medusa(heads, tree=[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)])
+
     probe("DraftModel", "specjax.methods.draft", draft_factory)
     probe("SelfSpeculative", "specjax.methods.draft", self_spec_factory)
     probe("PromptLookup", "specjax.methods.prompt_lookup", lookup_factory)
     probe("Lookahead", "specjax.methods.lookahead", lookahead_factory)
+    probe("Medusa", "specjax.methods.medusa", medusa_factory)
     return sorted(out.items())
 
   METHODS = available_methods()

@@ -1,10 +1,11 @@
 """Training drafters on the target's own outputs.
 
-    corpus.py    the self-distillation corpus (the target's chat responses, in shards)
-    trainer.py   one optax / orbax training loop every drafter kind plugs a loss and params into
-    draft.py     distilling a small same-tokenizer draft model (hard labels from the corpus,
-                 optional soft labels from the target's top-k), and the teacher features that
-                 Medusa / EAGLE heads train on
+    corpus.py       the self-distillation corpus (the target's chat responses, in shards)
+    prompt_pool.py  the evaluation-free prompts the corpus is generated from
+    trainer.py      one optax / orbax training loop every drafter kind plugs a loss and params into
+    draft.py        distilling a small same-tokenizer draft model (hard labels from the corpus,
+                    optional soft labels from the target's top-k), and the teacher features
+    medusa.py       Medusa-1 heads: the loss on a frozen target, and `train_medusa`
 
 Nothing outside training imports it except the CLI; shipped drafters are loaded through
 specjax.registry, which needs no training code.
