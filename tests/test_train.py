@@ -11,6 +11,7 @@ import pytest
 
 import specjax as sj
 from specjax import registry
+from specjax.errors import InputError
 from specjax.training import draft as train
 from specjax.training import trainer
 
@@ -387,3 +388,26 @@ def test_registry_needs_no_training_code():
     registry.get("nope")
   header = registry.read_draft_header(registry.get("smollm2-135m-draft").path)
   assert header["target"] == "smollm2-135m" and header["format"] == 1
+
+
+def test_train_medusa_on_a_corpus_exports_heads_that_are_accepted(tmp_path, self_distillation):
+  from specjax.training import medusa as medusa_train
+
+  target, c = self_distillation
+  kw = dict(num_heads=2, vocab_size=0, steps=40, batch_size=8, seq_len=48, lr=1e-2, warmup=5,
+            held_out=0.2, ckpt_every=20, eval_every=20, progress=False, log=lambda *_: None)
+  heads = medusa_train.train_medusa(target, c, out_dir=str(tmp_path / "r"),
+                                    export=str(tmp_path / "h.npz"), **kw)
+  held = [r for r in trainer.read_log(str(tmp_path / "r")) if r["split"] == "heldout"]
+  assert held[-1]["loss"] < 0.5 * held[0]["loss"], held
+  assert heads.meta["steps"] == 40 and heads.meta["held_out"]["top1_0"] > 0.8
+  back = sj.load_heads(str(tmp_path / "h.npz"), target)
+  prompts = random_prompts(3, 61, seed=5)
+  ref = sj.generate(target, prompts, max_new_tokens=16).tokens
+  out = sj.generate(target, prompts, sj.Medusa(back, tree=[(0,), (1,), (0, 0)], acceptance="greedy"),
+                    max_new_tokens=16)
+  assert out.tokens == ref and out.stats["mean_accepted"] > 1.5
+  with pytest.raises(InputError, match="num_heads=0"):
+    medusa_train.train_medusa(target, c, out_dir=str(tmp_path / "bad"), **dict(kw, num_heads=0))
+  with pytest.raises(InputError, match="corpus=None"):
+    medusa_train.train_medusa(target, None, out_dir=str(tmp_path / "bad"), **kw)
