@@ -121,3 +121,136 @@ def verify_candidates(key: jax.Array, cands: jax.Array, target_logits: jax.Array
 
   return jax.lax.cond(jnp.all(sp.temperature == 0),
                       lambda: greedy_candidates(cands, target_logits), sampled)
+
+
+# ----------------------------------------------------------------------------- trees
+#
+# Tree verification (Medusa, SpecInfer, EAGLE). The target scored one block [root, node_1..node_N]
+# (root = the pending token) under a tree mask; tokens [B,N+1] holds the block, parents [N+1] or
+# [B,N+1] each node's parent (root: -1; a parent's index is below its children's, and siblings
+# are tried in index order), target_logits [B,N+1,V] the target at every node (its distribution
+# for the node's children). Every rule returns (best [B] the deepest accepted node, 0 = only the
+# root; n_accepted [B] its depth; next_token [B] the token emitted after it).
+
+
+def _per_row(table, b: int, ndim: int) -> jax.Array:
+  """table of `ndim` dims per tree, or with a leading [B]: -> [B, ...]."""
+  table = jnp.asarray(table)
+  return table if table.ndim == ndim + 1 else jnp.broadcast_to(table, (b,) + table.shape)
+
+
+def _deepest(ok: jax.Array, ancestor, depth) -> jax.Array:
+  """ok [B,N+1] (node's own test passed; root True) -> the deepest node whose whole path passed
+  (the first in index order on ties) [B]."""
+  b = ok.shape[0]
+  anc = _per_row(ancestor, b, 2)  # [B,N+1,N+1]
+  path_ok = jnp.all(jnp.where(anc, ok[:, None, :], True), axis=-1)  # [B,N+1]
+  return jnp.argmax(jnp.where(path_ok, _per_row(depth, b, 1), -1), axis=1).astype(jnp.int32)
+
+
+def _at_parent(x: jax.Array, parents) -> jax.Array:
+  """x [B,N+1,...] -> x at each node's parent [B,N+1,...] (the root reads itself)."""
+  b = x.shape[0]
+  par = jnp.maximum(_per_row(parents, b, 1), 0)
+  return jnp.take_along_axis(x, par.reshape(par.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _depth_of(best, depth, b):
+  return jnp.take_along_axis(_per_row(depth, b, 1), best[:, None], axis=1)[:, 0]
+
+
+def greedy_tree(tokens: jax.Array, parents, ancestor, depth, target_logits: jax.Array,
+                choice: jax.Array | None = None):
+  """Greedy: the longest root-to-node path whose every token is the target's argmax at its parent
+  (one path at most can match, since siblings differ), then the argmax after it.
+
+  choice [B,N+1]: the target's token at each node if not its argmax. With one independent sample
+  per node (`sampling.sample`), this is token matching under sampling: every emitted token is the
+  target's own draw at the node it follows, so it is exact, with less acceptance than
+  `multi_draft_tree` (a child is accepted only if the one draw equals it).
+  """
+  top = jnp.argmax(target_logits, axis=-1).astype(jnp.int32) if choice is None else choice
+  b = tokens.shape[0]
+  ok = (tokens == _at_parent(top, parents)).at[:, 0].set(True)
+  best = _deepest(ok, ancestor, depth)
+  return best, _depth_of(best, depth, b), jnp.take_along_axis(top, best[:, None], axis=1)[:, 0]
+
+
+def multi_draft_tree(key: jax.Array, tokens: jax.Array, parents, depth, target_logits: jax.Array,
+                     sp: SamplingParams, accept_all: bool = False):
+  """Exact verification of deterministic candidates (SpecInfer's multi-draft rule, as EAGLE).
+
+  From the root, the children of the current node are tried in index order: child x is accepted
+  with probability r(x) / sum(r), r = the target's p at the current node with the children
+  already rejected there zeroed; an accepted child becomes the current node (r = p at it),
+  a rejected one is zeroed out of r. When no child is left, the next token is sampled from r.
+  P(emit x) = p(x) for every x at every node, so the output is distributed as the target's.
+  Temperature-0 rows (one-hot p) accept exactly the argmax. accept_all=True breaks the rule on
+  purpose (every first child is accepted), for the test that must catch it.
+  """
+  b, n1 = tokens.shape
+  p = sampling.probs(target_logits, sp)  # [B,N+1,V]
+  par = _per_row(parents, b, 1)
+  k_acc, k_res = jax.random.split(key)
+  u = jax.random.uniform(k_acc, (b, n1))
+  rows = jnp.arange(b)
+
+  def body(i, carry):
+    cur, r, mass = carry  # [B], [B,V] residual (unnormalised), [B] its mass
+    x = tokens[:, i]
+    tried = par[:, i] == cur
+    rx = r[rows, x]
+    ok = tried & ((u[:, i] * mass < rx) | accept_all)
+    rejected = tried & ~ok
+    p_i = jax.lax.dynamic_index_in_dim(p, i, axis=1, keepdims=False)  # [B,V]
+    r = jnp.where(ok[:, None], p_i, r.at[rows, x].set(jnp.where(rejected, 0.0, rx)))
+    mass = jnp.where(ok, jnp.sum(p_i, axis=-1), jnp.where(rejected, jnp.maximum(mass - rx, 0.0),
+                                                            mass))
+    return jnp.where(ok, i, cur), r, mass
+
+  cur0 = jnp.zeros((b,), jnp.int32)
+  best, r, _ = jax.lax.fori_loop(1, n1, body, (cur0, p[:, 0], jnp.sum(p[:, 0], axis=-1)))
+  nxt = sampling.sample_probs(k_res, r)
+  return best, _depth_of(best, depth, b), nxt
+
+
+def typical_threshold(p: jax.Array, epsilon: float, delta: float) -> jax.Array:
+  """Medusa-2's typical acceptance threshold min(epsilon, delta * exp(-H(p))); p [...,V] -> [...]."""
+  ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+  return jnp.minimum(epsilon, delta * jnp.exp(-ent))
+
+
+def typical_tree(key: jax.Array, tokens: jax.Array, parents, ancestor, depth,
+                 target_logits: jax.Array, sp: SamplingParams, epsilon: float, delta: float):
+  """Typical acceptance (Medusa-2; lossy): node x passes when p(x) > min(epsilon, delta exp(-H(p)))
+  under the target's (temperature-scaled, filtered) p at its parent; the deepest node whose path
+  passes is accepted (first on ties), and the next token is sampled from p there. At temperature
+  0 p is one-hot, the threshold is min(epsilon, delta) < 1, and this is greedy verification."""
+  b = tokens.shape[0]
+  p = sampling.probs(target_logits, sp)  # [B,N+1,V]
+  thr = typical_threshold(p, epsilon, delta)  # [B,N+1]
+  px = jnp.take_along_axis(_at_parent(p, parents), tokens[:, :, None], axis=-1)[..., 0]
+  ok = (px > _at_parent(thr, parents)).at[:, 0].set(True)
+  best = _deepest(ok, ancestor, depth)
+  p_best = jnp.take_along_axis(p, best[:, None, None], axis=1)[:, 0]
+  return best, _depth_of(best, depth, b), sampling.sample_probs(key, p_best)
+
+
+def verify_tree(key: jax.Array, tokens: jax.Array, parents, ancestor, depth,
+                target_logits: jax.Array, sp: SamplingParams, rule: str = "exact",
+                epsilon: float = 0.09, delta: float = 0.3):
+  """rule "greedy" (token matching: exact at any temperature, see `greedy_tree`) | "exact"
+  (`multi_draft_tree`) | "typical" (`typical_tree`, lossy). All-greedy batches take the argmax
+  path whatever the rule (every rule reduces to it at temperature 0). Returns (best, n, next) [B].
+  """
+  def sampled():
+    if rule == "greedy":
+      choice = sampling.sample(key, target_logits, sp)  # [B,N+1] one draw per node
+      return greedy_tree(tokens, parents, ancestor, depth, target_logits, choice)
+    if rule == "typical":
+      return typical_tree(key, tokens, parents, ancestor, depth, target_logits, sp, epsilon, delta)
+    return multi_draft_tree(key, tokens, parents, depth, target_logits, sp,
+                            accept_all=(rule == "accept_all"))
+
+  return jax.lax.cond(jnp.all(sp.temperature == 0),
+                      lambda: greedy_tree(tokens, parents, ancestor, depth, target_logits), sampled)

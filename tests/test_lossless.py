@@ -68,6 +68,55 @@ SAMPLING_METHODS += [
 ]
 
 
+# ---- methods/medusa.py (issue 11): Medusa heads over a static tree. Random heads (scale large
+# enough that some candidates are accepted) and heads fitted to the target's own greedy text;
+# exact multi-draft verification, token matching ("greedy" rule) and typical acceptance (lossy:
+# greedy identity only, since at temperature 0 it is greedy verification).
+
+_MEDUSA_TREE = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)]
+
+
+def _medusa_random_heads(target):
+  from specjax.heads import init_heads
+  return init_heads(target, "medusa", num_heads=3, seed=4, scale=3.0)
+
+
+_FITTED: dict = {}
+
+
+def _medusa_fitted_heads(target):
+  """Heads fitted (plain Adam, ~2 s) to text the target generated itself."""
+  if id(target) not in _FITTED:
+    from specjax.heads import init_heads
+    from specjax.training.medusa import fit
+    v = target.config.vocab_size
+    ps = random_prompts(32, v, seed=11, lo=3, hi=8)
+    gen = sj.generate(target, ps, max_new_tokens=32, stop_at_eos=False).tokens
+    toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
+    heads, _ = fit(target, init_heads(target, "medusa", num_heads=3, seed=0), toks, steps=150,
+                   lr=3e-2)
+    _FITTED[id(target)] = (target, heads)  # keeps target alive so its id is not reused
+  return _FITTED[id(target)][1]
+
+
+def _medusa(heads_fn, **kw):
+  from specjax.methods.medusa import Medusa
+  return lambda target: Medusa(heads_fn(target), **kw)
+
+
+GREEDY_METHODS += [
+    ("medusa_random", _medusa(_medusa_random_heads)),
+    ("medusa_fitted_wide", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
+    ("medusa_typical", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE, acceptance="typical")),
+]
+SAMPLING_METHODS += [
+    ("medusa_exact_random", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE)),
+    ("medusa_exact_fitted", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
+    ("medusa_token_matching", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE,
+                                      acceptance="greedy")),
+]
+
+
 @pytest.fixture(scope="module")
 def target():
   return tiny_model(seed=0)
@@ -197,3 +246,17 @@ def test_sampling_check_detects_broken_acceptance():
   tv, expected = tv_check(model, AlwaysAccept(_random_draft(model), gamma=2),
                           dict(temperature=1.0, top_k=0, top_p=1.0))
   assert tv > 2 * expected, f"broken rule passed: TV {tv:.4f} vs {expected:.4f}"
+
+
+def test_sampling_check_detects_broken_tree_rule():
+  """Medusa with a tree rule that accepts every first child must fail the TV check."""
+  from specjax.methods.medusa import Medusa
+
+  class AcceptFirstChild(Medusa):
+    def _rule(self):
+      return "accept_all"
+
+  model = small_target()
+  method = AcceptFirstChild(_medusa_random_heads(model), tree=_MEDUSA_TREE)
+  tv, expected = tv_check(model, method, dict(temperature=1.0, top_k=0, top_p=1.0))
+  assert tv > 2 * expected, f"broken tree rule passed: TV {tv:.4f} vs {expected:.4f}"

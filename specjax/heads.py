@@ -1,0 +1,201 @@
+"""Drafting heads on a frozen target: a frozen config plus a params pytree, and their file format.
+
+    heads = sj.init_heads(target, "medusa", num_heads=4, seed=0)   # untrained
+    heads = sj.load_heads("smollm2-135m-medusa")                  # shipped (specjax/assets)
+    heads = sj.load_heads("my_heads.npz", target)                 # checked against the target
+    save_heads(heads, "my_heads.npz")
+
+Medusa-1 heads (Cai et al. 2024): head k (k = 0..K-1) reads the target's final-normed hidden state
+h_t (what the target's LM head reads; Medusa applies its heads to the same tensor, the base model's
+last hidden state after its final norm) and predicts token t + k + 2 (the target itself predicts
+t + 1, the pending token). Each head is `num_layers` residual blocks x <- x + SiLU(x W + b)
+followed by an LM head. W starts at zero (and b at zero here), so an untrained head is the target's
+LM head. The LM head is the target's own, frozen and shared (no copy of the [V,E] matrix), scored
+either over the whole vocabulary or over a subset `vocab` [Vs] of token ids (the matching rows of
+the target's head: on a CPU the 49152 x 576 head of SmolLM2 is a fifth of the model's bytes, and
+K heads read it once per step in one [B*K,E] x [E,V] matmul).
+
+File format (.npz): the params as float16 arrays "w" [K,L,E,E] and "b" [K,L,E], "__vocab__" [Vs]
+int32 (empty: the full vocabulary) and "__header__", a JSON header {format, kind, num_heads,
+num_layers, hidden_size, vocab_size, target, ...}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
+
+KINDS = ("medusa",)  # EAGLE and MTP heads join here (issue 12)
+
+# Shipped heads in specjax/assets: name -> (target name, asset file).
+NAMED_HEADS = {
+    "smollm2-135m-medusa": ("smollm2-135m", "smollm2-135m-medusa.npz"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadsConfig:
+  kind: str  # "medusa"
+  num_heads: int  # K
+  num_layers: int  # residual blocks per head
+  hidden_size: int  # E of the target
+  vocab_size: int  # V of the target
+  target: str = ""  # the target's name when known (informational)
+  vocab_subset: int = 0  # Vs, the size of the scored subset (0: the full vocabulary)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Heads:
+  """config: HeadsConfig; params: {"w": [K,L,E,E], "b": [K,L,E]}; vocab: [Vs] int32 or None."""
+  config: HeadsConfig
+  params: Any
+  vocab: Any = None
+  meta: dict = dataclasses.field(default_factory=dict)  # training notes from the file header
+
+  def __repr__(self):
+    c = self.config
+    sub = f", vocab subset {c.vocab_subset}" if c.vocab_subset else ""
+    return (f"Heads({c.kind}: K={c.num_heads} x {c.num_layers} block(s), E={c.hidden_size}, "
+            f"V={c.vocab_size}{sub}{', for ' + c.target if c.target else ''})")
+
+
+def _check_vocab_ids(vocab, vocab_size: int) -> np.ndarray | None:
+  if vocab is None:
+    return None
+  arr = np.asarray(vocab)
+  if not (arr.ndim == 1 and arr.size > 0 and np.issubdtype(arr.dtype, np.integer)
+          and arr.min() >= 0 and arr.max() < vocab_size and len(np.unique(arr)) == arr.size):
+    raise InputError(f"vocab must be distinct token ids in [0, {vocab_size}) as a non-empty 1-D "
+                     f"integer array, got shape {arr.shape} dtype {arr.dtype}")
+  return arr.astype(np.int32)
+
+
+def init_heads(target, kind: str = "medusa", *, num_heads: int = 4, num_layers: int = 1,
+               seed: int = 0, scale: float = 0.0, vocab=None) -> Heads:
+  """Fresh heads for `target` (a specjax Model). scale 0 (Medusa's init): every head starts as
+  the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and b ~ N(0, scale^2) (tests)."""
+  if kind not in KINDS:
+    raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
+  check_int("num_heads", num_heads, 1, 16)
+  check_int("num_layers", num_layers, 1, 8)
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
+    raise InputError(f"scale={scale!r} is invalid: must be a number >= 0")
+  c = target.config
+  e = c.hidden_size
+  ids = _check_vocab_ids(vocab, c.vocab_size)
+  kw, kb = jax.random.split(jax.random.PRNGKey(seed))
+  w = scale / np.sqrt(e) * jax.random.normal(kw, (num_heads, num_layers, e, e), jnp.float32)
+  b = scale * jax.random.normal(kb, (num_heads, num_layers, e), jnp.float32)
+  cfg = HeadsConfig(kind, num_heads, num_layers, e, c.vocab_size, getattr(target, "name", ""),
+                    0 if ids is None else int(ids.size))
+  dtype = getattr(target, "dtype", jnp.float32)
+  return Heads(cfg, {"w": w.astype(dtype), "b": b.astype(dtype)}, ids)
+
+
+def check_fits(heads: Heads, target) -> None:
+  """Raises InputError unless `heads` were made for a target of this width and vocabulary."""
+  c, t = heads.config, target.config
+  if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
+    raise InputError(
+        f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
+        f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
+        f"{t.vocab_size}: load or train heads for this model")
+
+
+def save_heads(heads: Heads, path: str, meta: dict | None = None) -> str:
+  """Writes heads to one .npz (float16 params + JSON header); returns the path."""
+  c = heads.config
+  header = {"format": 1, **dataclasses.asdict(c), **heads.meta, **(meta or {})}
+  os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+  vocab = np.zeros((0,), np.int32) if heads.vocab is None else np.asarray(heads.vocab, np.int32)
+  arrays = {k: np.asarray(v, np.float16) for k, v in heads.params.items()}
+  with open(path, "wb") as f:  # np.savez would append ".npz" to any other suffix
+    np.savez(f, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
+             __vocab__=vocab, **arrays)
+  return path
+
+
+def _read(path: str, dtype) -> Heads:
+  try:
+    with np.load(path) as z:
+      header = json.loads(bytes(z["__header__"]).decode())
+      vocab = z["__vocab__"]
+      params = {k: jnp.asarray(z[k].astype(np.float32), dtype) for k in z.files
+                if not k.startswith("__")}
+  except (OSError, ValueError, KeyError) as e:
+    raise WeightsError(f"{path}: not a heads file written by specjax save_heads ({e})") from e
+  fields = {f.name for f in dataclasses.fields(HeadsConfig)}
+  try:
+    cfg = HeadsConfig(**{k: header[k] for k in fields if k in header})
+  except TypeError as e:
+    raise WeightsError(f"{path}: heads header is missing fields ({e})") from e
+  k, l, e = cfg.num_heads, cfg.num_layers, cfg.hidden_size
+  want = {"w": (k, l, e, e), "b": (k, l, e)}
+  for name, shape in want.items():
+    if name not in params or tuple(params[name].shape) != shape:
+      got = None if name not in params else tuple(params[name].shape)
+      raise WeightsError(f"{path}: heads tensor {name!r} has shape {got}, expected {shape}")
+  meta = {k: v for k, v in header.items() if k not in fields and k != "format"}
+  return Heads(cfg, params, vocab.astype(np.int32) if vocab.size else None, meta)
+
+
+def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
+  """Shipped heads by name (see NAMED_HEADS) or a file written by `save_heads`. With `target`,
+  checks that they fit it (width and vocabulary) and uses its dtype."""
+  if not isinstance(path_or_name, (str, os.PathLike)):
+    raise InputError(f"load_heads: expected a heads name or path, got "
+                     f"{type(path_or_name).__name__}")
+  name = os.fspath(path_or_name)
+  if name in NAMED_HEADS:
+    target_name, file = NAMED_HEADS[name]
+    path = os.path.join(os.path.dirname(__file__), "assets", file)
+    if not os.path.isfile(path):
+      kind = name.rsplit("-", 1)[-1]
+      raise ModelNotFoundError(
+          f"heads {name!r}: the asset {path} is not there (not trained and shipped yet). Train "
+          f"heads for {target_name!r} with specjax.training.medusa (`specjax train {kind}` once "
+          f"the trainer lands), save them with specjax.heads.save_heads(heads, path) and load "
+          f"them with sj.load_heads(path, target)")
+  else:
+    path = name
+    if not os.path.isfile(path):
+      raise ModelNotFoundError(f"load_heads: {name!r} is neither a shipped heads name "
+                               f"({', '.join(NAMED_HEADS)}) nor a file")
+  dt = dtype or (getattr(target, "dtype", None) if target is not None else None) or jnp.float32
+  heads = _read(path, dt)
+  if target is not None:
+    check_fits(heads, target)
+  return heads
+
+
+# ----------------------------------------------------------------------------- the forward
+
+
+def medusa_hidden(params, hidden: jax.Array) -> jax.Array:
+  """The residual blocks of every head: hidden [...,E] -> [...,K,E]."""
+  w, b = params["w"], params["b"]  # [K,L,E,E], [K,L,E]
+  x = jnp.broadcast_to(hidden[..., None, :], hidden.shape[:-1] + (w.shape[0], w.shape[-1]))
+  for l in range(w.shape[1]):
+    y = jnp.einsum("...ke,kef->...kf", x, w[:, l]) + b[:, l]
+    x = x + jax.nn.silu(y)
+  return x
+
+
+def top_k_ids(logits: jax.Array, k: int) -> jax.Array:
+  """The k largest entries' indices [...,k] of logits [...,V], best first, by k argmax passes
+  (XLA's CPU top_k sorts each row on one thread: ~8x a SmolLM2 forward on 49k-wide rows)."""
+  out = []
+  x = logits
+  for _ in range(k):
+    i = jnp.argmax(x, axis=-1)
+    out.append(i)
+    x = jnp.where(jnp.arange(x.shape[-1]) == i[..., None], -jnp.inf, x)
+  return jnp.stack(out, axis=-1).astype(jnp.int32)

@@ -1,0 +1,199 @@
+"""Medusa: extra decoding heads on the target's hidden state, verified as a tree in one call.
+
+Cai et al. 2024 (Medusa-1 heads; Medusa-2's typical acceptance). One step, all rows at once,
+all shapes static:
+
+  propose   the heads read h, the target's final-normed hidden state at the last accepted token,
+            and each head k gives its top-R tokens for position +k+2 (the pending token x0 is
+            +1). The static candidate tree (specjax/tree.py) picks, for each of its N nodes,
+            rank r of head depth-1: tokens [B,N+1] = [x0, node_1 .. node_N];
+  verify    the target scores the whole block in one forward: positions length + depth, mask
+            `cache.tree_mask` (each node sees the committed cache, its ancestors and itself);
+  accept    acceptance.verify_tree: "greedy" (token matching; at temperature 0 the longest
+            root-to-node path matching the target's argmax), "exact" (SpecInfer / EAGLE's
+            multi-draft rule: lossless at any temperature) or "typical" (Medusa-2, lossy);
+  update    `cache.commit` keeps x0 and the accepted path's K/V (scattered through the block)
+            compacted in order, the path and the target's next token are emitted, and h becomes
+            the hidden state at the accepted node (the target already computed it).
+
+Rows accept different depths; nothing but the cache lengths and the emitted counts differ.
+
+Statistics: accepted tokens per step (tau - 1), the accepted-depth histogram, and per head the
+acceptance rate given its parent was accepted (Medusa's per-head accuracy, as measured here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax import acceptance
+from specjax import cache as kv
+from specjax.decode import DecodeState, Program, emit
+from specjax.errors import InputError, check_int
+from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
+from specjax.model import head_rows
+from specjax.tree import Tree, default_tree
+
+RULES = ("exact", "greedy", "typical")
+
+__all__ = ["Medusa", "init_heads", "load_heads"]
+
+
+def _positive(name, value):
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+      not (np.isfinite(value) and value > 0):
+    raise InputError(f"{name}={value!r} is invalid: typical acceptance needs a number > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Medusa:
+  """Medusa decoding with `heads` (sj.init_heads / sj.load_heads) over a static candidate tree.
+
+  tree: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...] (default:
+  `default_tree(num_heads)`, 15 nodes); acceptance: "exact" | "greedy" | "typical";
+  epsilon, delta: typical acceptance's hard and entropy-scaled thresholds; top_k: the most
+  candidates per head a tree may read (ranks must be below it).
+  """
+  heads: Any = dataclasses.field(default=None, compare=False, repr=False)
+  tree: Any = None
+  acceptance: str = "exact"
+  epsilon: float = 0.09
+  delta: float = 0.3
+  top_k: int = 10
+  key: tuple = dataclasses.field(default=(), init=False, repr=False)
+
+  name = "medusa"
+
+  def __post_init__(self):
+    if not isinstance(self.heads, Heads):
+      raise InputError(f"heads={self.heads!r} is invalid: must be specjax Heads (sj.init_heads("
+                       f"target, 'medusa') or sj.load_heads(...))")
+    c = self.heads.config
+    if c.kind != "medusa":
+      raise InputError(f"heads of kind {c.kind!r} cannot run Medusa: need kind 'medusa'")
+    if self.acceptance not in RULES:
+      raise InputError(f"acceptance={self.acceptance!r} is invalid: must be one of "
+                       f"{', '.join(RULES)}")
+    if self.acceptance == "typical":
+      _positive("epsilon", self.epsilon)
+      _positive("delta", self.delta)
+    check_int("top_k", self.top_k, 1, c.vocab_subset or c.vocab_size)
+    tree = self.tree
+    if tree is None:
+      tree = default_tree(c.num_heads)
+    elif not isinstance(tree, Tree):
+      tree = Tree(tree)
+    if tree.max_depth > c.num_heads:
+      deep = next(p for p in tree.paths if len(p) > c.num_heads)
+      raise InputError(f"tree path {deep} has depth {len(deep)}, but the heads have only "
+                       f"{c.num_heads}: each depth reads one head")
+    if tree.max_rank >= self.top_k:
+      bad = next(p for p in tree.paths if max(p) >= self.top_k)
+      raise InputError(f"tree path {bad} reads rank {max(bad)}, but top_k={self.top_k}: ranks "
+                       f"must be below it (raise top_k or prune the tree)")
+    object.__setattr__(self, "tree", tree)
+    object.__setattr__(self, "key", (c, None if self.heads.vocab is None
+                                     else self.heads.vocab.tobytes()))
+
+  @property
+  def lossless(self) -> bool:
+    return self.acceptance != "typical"
+
+  @property
+  def extra_slots(self) -> int:
+    return self.tree.num_nodes + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.tree.max_depth + 1
+
+  def validate(self, model) -> None:
+    check_fits(self.heads, model)
+
+  def arrays(self, model):
+    out = {"w": self.heads.params["w"], "b": self.heads.params["b"]}
+    if self.heads.vocab is not None:
+      ids = jnp.asarray(self.heads.vocab)
+      out.update(vocab=ids, head=head_rows(model.config, model.params, ids))  # [Vs], [Vs,E]
+    return out
+
+  def init(self, prog, arrays, state, hidden):
+    """Keeps the hidden state at each prompt's last token: the heads' input for the first step."""
+    b = state.seq.shape[0]
+    h = jnp.take_along_axis(hidden, (state.prompt_len - 1)[:, None, None], axis=1)[:, 0]  # [B,E]
+    z = jnp.zeros((b,), jnp.int32)
+    return {"hidden": h, "rounds": z, "accepted": z,
+            "depth_hist": jnp.zeros((b, self.tree.max_depth + 1), jnp.int32)}
+
+  def propose(self, prog: Program, params, arrays, hidden: jax.Array) -> jax.Array:
+    """hidden [B,E] -> the heads' top-R candidates [B,K,R] (R = the ranks the tree reads)."""
+    z = medusa_hidden(arrays, hidden)  # [B,K,E]
+    r = self.tree.ranks_needed()
+    if "head" in arrays:  # score only the subset's rows of the target's LM head
+      logits = jnp.einsum("bke,ve->bkv", z, arrays["head"]).astype(jnp.float32)
+      return arrays["vocab"][top_k_ids(logits, r)]
+    return top_k_ids(nnx.merge(prog.graphdef, params).head(z), r)  # one [B*K,E] x [E,V] matmul
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    t = self.tree
+    b = state.seq.shape[0]
+    m = state.method
+    active = ~state.done
+    key, k_acc = jax.random.split(state.key)
+    depth = jnp.asarray(t.depth)  # [N+1]
+    anc = jnp.asarray(t.ancestor)  # [N+1,N+1]
+
+    cands = self.propose(prog, params, arrays, m["hidden"])  # [B,K,R]
+    draft = cands[:, t.head[1:], t.rank[1:]]  # [B,N]
+    tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,N+1]
+
+    cache = state.cache
+    pos = cache.lengths[:, None] + depth[None, :]
+    mask = kv.tree_mask(cache.lengths, anc, cache.max_len, prog.config.sliding_window)
+    logits, hidden, cache = prog.forward(params, tokens, pos, cache, mask)  # [B,N+1,V], [B,N+1,E]
+    best, n, nxt = acceptance.verify_tree(k_acc, tokens, jnp.asarray(t.parent), anc, depth, logits,
+                                          state.sp, self._rule(), self.epsilon, self.delta)
+
+    path = jnp.asarray(t.path)[best]  # [B,Dmax] accepted nodes, depth 1 .. n (then padding)
+    d = t.max_depth
+    out = jnp.concatenate([jnp.take_along_axis(tokens, path, axis=1),
+                           jnp.zeros((b, 1), jnp.int32)], axis=1)  # [B,Dmax+1]
+    out = jnp.where(jnp.arange(d + 1)[None, :] == n[:, None], nxt[:, None], out)
+    keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)  # x0, then the path
+    cache = kv.commit(cache, keep, jnp.where(active, n + 1, 0))
+    state = emit(state.replace(cache=cache, key=key), out, n + 1)
+
+    a = active.astype(jnp.int32)
+    h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]
+    upd = dict(hidden=jnp.where(active[:, None], h, m["hidden"]), rounds=m["rounds"] + a,
+               accepted=m["accepted"] + a * n,
+               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
+    return state.replace(method=upd)
+
+  def _rule(self) -> str:
+    """The acceptance rule's name for acceptance.verify_tree (a test subclass breaks it)."""
+    return self.acceptance
+
+  def stats(self, state) -> dict:
+    m = state.method
+    hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
+    rounds = int(np.asarray(m["rounds"]).sum())
+    reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
+    per_head = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
+                for d in range(len(hist) - 1)]
+    return {
+        "tree_nodes": self.tree.num_nodes,
+        "tree_depth": self.tree.max_depth,
+        "acceptance": self.acceptance,
+        "draft_rounds": rounds,
+        "accepted_tokens": int(np.asarray(m["accepted"]).sum()),
+        "accepted_per_step": int(np.asarray(m["accepted"]).sum()) / max(1, rounds),
+        "accepted_depth_hist": hist.tolist(),
+        "head_acceptance": per_head,  # P(head k's node accepted | its parent accepted)
+    }

@@ -1,0 +1,138 @@
+"""Medusa-1 heads: the training loss on a frozen target, and the teacher hidden states it reads.
+
+Head k (k = 0..K-1) reads the target's final-normed hidden state h_t (the tensor the target's LM
+head reads; Medusa's heads read the same one, HF's `outputs[0]` after the model's final norm)
+and predicts token t + k + 2: the target's own head predicts t + 1, so head 0 is the first
+token past it. The loss is cross-entropy per head, weighted 0.8^k (Medusa's decay), averaged
+over the positions that have a label; the target stays frozen (only the heads' params get
+gradients). Train on text the target wrote itself (self-distillation, Medusa-2's recipe) so the
+heads learn the target's continuations rather than the corpus's.
+
+    hidden = teacher_hidden(target, tokens)                    # [B,T,E], no gradients
+    loss, metrics = medusa_loss(heads.params, heads.config, hidden, tokens, lm_head_matrix(target))
+
+`metrics` has the loss per head and top-1 / top-5 accuracy per head (the held-out table's
+columns). The shared optax/orbax loop lives in specjax/training/trainer.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+from specjax.heads import HeadsConfig, medusa_hidden, top_k_ids
+from specjax.model import head_rows
+
+DECAY = 0.8
+
+
+def lm_head_matrix(target, vocab=None) -> jax.Array:
+  """The target's LM head as [V,E] rows (or the rows [Vs,E] of token ids `vocab`), frozen."""
+  ids = jnp.arange(target.config.vocab_size) if vocab is None else jnp.asarray(vocab)
+  return head_rows(target.config, target.params, ids)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _hidden(graphdef, params, tokens):
+  from flax import nnx
+
+  b, t = tokens.shape
+  model = nnx.merge(graphdef, params)
+  c = model.cfg
+  cache = kv.init(c.num_layers, b, t, c.num_kv_heads, c.head_dim,
+                  jax.tree_util.tree_leaves(params)[0].dtype)
+  mask = kv.causal_mask(cache.lengths, t, t, c.sliding_window)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  _, hidden, _ = model(tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
+  return jax.lax.stop_gradient(hidden)
+
+
+def teacher_hidden(target, tokens) -> jax.Array:
+  """tokens [B,T] int32 (whole windows from position 0) -> the target's final-normed hidden
+  states [B,T,E] (one causal forward; the full-vocabulary logits are not computed)."""
+  return _hidden(target.graphdef, target.params, jnp.asarray(tokens, jnp.int32))
+
+
+def medusa_loss(params, cfg: HeadsConfig, hidden: jax.Array, tokens: jax.Array, head: jax.Array,
+                vocab: jax.Array | None = None, valid: jax.Array | None = None,
+                decay: float = DECAY):
+  """params {"w", "b"}; hidden [B,T,E] (teacher_hidden); tokens [B,T]; head [V,E] or [Vs,E]
+  (lm_head_matrix; with `vocab` [Vs] the ids of its rows: labels outside it are skipped);
+  valid [B,T] bool (False = padding). Returns (loss, metrics): per head k, cross-entropy of
+  predicting tokens[:, t + k + 2] from hidden[:, t], weighted decay^k and summed over heads."""
+  b, t, _ = hidden.shape
+  k = cfg.num_heads
+  valid = jnp.ones((b, t), bool) if valid is None else valid
+  if vocab is None:
+    labels, in_vocab = tokens, jnp.ones_like(tokens, bool)
+  else:  # the position of each token in the (any order) subset, and whether it is there
+    match = tokens[..., None] == vocab  # [B,T,Vs]
+    labels, in_vocab = jnp.argmax(match, axis=-1), jnp.any(match, axis=-1)
+  z = medusa_hidden(params, hidden)  # [B,T,K,E]
+  logits = jnp.einsum("btke,ve->btkv", z, head).astype(jnp.float32)  # [B,T,K,V]
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  top5 = top_k_ids(jax.lax.stop_gradient(logits), min(5, head.shape[0]))  # [B,T,K,5]
+  total = 0.0
+  metrics = {}
+  for i in range(k):
+    s = i + 2  # head i at t predicts t + i + 2
+    if s >= t:
+      break
+    lab = labels[:, s:]  # [B,T-s]
+    ok = valid[:, :t - s] & valid[:, s:] & in_vocab[:, s:]
+    lp = jnp.take_along_axis(logp[:, :t - s, i], lab[..., None], axis=-1)[..., 0]
+    n = jnp.maximum(jnp.sum(ok), 1)
+    ce = -jnp.sum(jnp.where(ok, lp, 0.0)) / n
+    hits = top5[:, :t - s, i] == lab[..., None]
+    total = total + decay ** i * ce
+    metrics[f"loss_{i}"] = ce
+    metrics[f"top1_{i}"] = jnp.sum(ok & hits[..., 0]) / n
+    metrics[f"top5_{i}"] = jnp.sum(ok & jnp.any(hits, axis=-1)) / n
+  metrics["loss"] = total
+  return total, metrics
+
+
+def accuracy_table(metrics: dict, num_heads: int) -> np.ndarray:
+  """[K,2] top-1 / top-5 accuracy per head from `medusa_loss` metrics (for tables and trees)."""
+  return np.array([[float(metrics.get(f"top1_{i}", 0.0)), float(metrics.get(f"top5_{i}", 0.0))]
+                   for i in range(num_heads)])
+
+
+def fit(target, heads, tokens, *, steps: int = 200, lr: float = 1e-2, batch_size: int = 0,
+        seed: int = 0):
+  """A plain Adam loop on fixed token windows [N,T] (tests and quick experiments; real runs use
+  the shared trainer). Returns (heads with trained params, losses per step)."""
+  import dataclasses
+
+  import optax
+
+  tokens = jnp.asarray(tokens, jnp.int32)
+  hidden = teacher_hidden(target, tokens)
+  vocab = None if heads.vocab is None else jnp.asarray(heads.vocab)
+  head = lm_head_matrix(target, vocab)
+  opt = optax.adam(lr)
+  params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), heads.params)
+  state = opt.init(params)
+
+  @jax.jit
+  def update(params, state, idx):
+    def loss_fn(p):
+      return medusa_loss(p, heads.config, hidden[idx], tokens[idx], head, vocab)[0]
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    upd, state = opt.update(g, state, params)
+    return optax.apply_updates(params, upd), state, loss
+
+  n = tokens.shape[0]
+  bs = batch_size or n
+  rng = np.random.default_rng(seed)
+  losses = []
+  for _ in range(steps):
+    idx = jnp.asarray(rng.choice(n, bs, replace=False) if bs < n else np.arange(n))
+    params, state, loss = update(params, state, idx)
+    losses.append(float(loss))
+  params = jax.tree_util.tree_map(lambda x, y: x.astype(y.dtype), params, heads.params)
+  return dataclasses.replace(heads, params=params), losses
