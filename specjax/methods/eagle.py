@@ -339,73 +339,34 @@ class Eagle:
                               pos, cache.layers[0], start, mask)
     return h, cache.replace(layers=(layer,))
 
-  def draft_dynamic(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array,
-                    expand=None):
-    """EAGLE-2's expansion. root [B,E]: the head's predicted feature at the pending token.
+  def draft_dynamic(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array):
+    """EAGLE-2's expansion with the head (see `expand_tree`). root [B,E]: the head's predicted
+    feature at the pending token. Returns (tokens [B,N] head-vocabulary indices, parents [B,N+1],
+    depth [B,N+1], scores [B,N], the head cache)."""
+    k = self.top_k
+    b, e = root.shape
+    f = max((self.depth - 1) * k, 1)
 
-    Returns (tokens [B,N] drafted node tokens (head-vocabulary indices), parents [B,N+1],
-    depth [B,N+1], scores [B,N], the head cache (or expand's carry)): node i (1-based) has parent
-    parents[:, i] (0 = the root) and depth depth[:, i].
-    `expand(carry, tok, parent, d) -> (carry, logp [B,k,Vh])` replaces the head (tests); it
-    receives the new frontier's tokens [B,k] (head vocabulary indices) and their parents'
-    frontier slots [B,k] (-1 = root).
-    """
-    k, depth, n = self.top_k, self.depth, self.num_nodes
-    b = root.shape[0]
-    logp0 = jax.nn.log_softmax(lm_logits(prog, params, arrays, root), axis=-1)  # [B,Vh]
-    ids = top_k_ids(logp0, k)  # [B,k] head-vocabulary indices, best first
-    score = jnp.minimum(jnp.take_along_axis(logp0, ids, axis=1), 0.0)
-    all_tok, all_score, all_parent = [ids], [score], [jnp.full((b, k), -1, jnp.int32)]
-    cidx = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # frontier's candidate ids
-    parent_slot = jnp.full((b, k), -1, jnp.int32)  # parents' frontier slots (-1: the root)
-    feat = jnp.broadcast_to(root[:, None, :], (b, k, root.shape[-1]))
-    f = (depth - 1) * k
-    anc = jnp.zeros((b, k, max(f, 1)), bool)  # frontier rows of the ancestor mask over the slots
-    carry = cache
-    for d in range(1, depth):
-      slots = (d - 1) * k + jnp.arange(k)
-      anc = anc | (jnp.arange(max(f, 1))[None, None, :] == slots[None, :, None])
-      if expand is None:
-        h, carry = self._node_forward(prog, arrays, carry, to_tokens(arrays, ids), feat,
-                                      jnp.broadcast_to(lengths[:, None] + d - 1, (b, k)),
-                                      lengths + (d - 1) * k, anc, lengths)
-        logp = jax.nn.log_softmax(lm_logits(prog, params, arrays, h), axis=-1)  # [B,k,Vh]
+    def expand(carry, ids, parent_slot, d):
+      cache, anc, h_prev = carry
+      if d == 1:  # the depth-1 nodes' parent is the root
+        feat = jnp.broadcast_to(root[:, None, :], (b, k, e))
       else:
-        carry, logp = expand(carry, ids, parent_slot, d)
-      child = top_k_ids(logp, k)  # [B,k,k]
-      cs = score[:, :, None] + jnp.minimum(jnp.take_along_axis(logp, child, axis=2), 0.0)
-      cs, child = cs.reshape(b, k * k), child.reshape(b, k * k)
-      par = jnp.repeat(cidx, k, axis=1)  # [B,k*k] the candidate id of each child's parent
-      all_tok.append(child)
-      all_score.append(cs)
-      all_parent.append(par)
-      if d + 1 < depth:  # the next frontier: the best k children
-        pick = top_k_ids(cs, k)  # [B,k] indices into the k*k children
-        local = pick // k  # which frontier node is the parent
-        ids = jnp.take_along_axis(child, pick, axis=1)
-        score = jnp.take_along_axis(cs, pick, axis=1)
-        cidx = capacity(d, k) + pick
-        parent_slot = (d - 1) * k + local
-        if expand is None:
-          feat = jnp.take_along_axis(h, local[..., None], axis=1)
+        local = parent_slot - (d - 2) * k
+        feat = jnp.take_along_axis(h_prev, local[..., None], axis=1)
         anc = jnp.take_along_axis(anc, local[..., None], axis=1)
-    tok = jnp.concatenate(all_tok, axis=1)  # [B,M], M = capacity(depth, k)
-    sc = jnp.concatenate(all_score, axis=1)
-    par = jnp.concatenate(all_parent, axis=1)
-    dep = jnp.concatenate([jnp.full((b, x.shape[1]), i + 1, jnp.int32)
-                           for i, x in enumerate(all_tok)], axis=1)
-    # Rerank: the best n by score (stable: on ties the earlier-drafted node, so a parent first),
-    # then depth by depth (stable: siblings keep their score order).
-    best = jnp.argsort(-sc, axis=1, stable=True)[:, :n]
-    best = jnp.take_along_axis(best, jnp.argsort(jnp.take_along_axis(dep, best, axis=1), axis=1,
-                                                 stable=True), axis=1)  # [B,N]
-    pc = jnp.take_along_axis(par, best, axis=1)  # parents' candidate ids
-    newpar = jnp.where(pc < 0, 0, 1 + jnp.argmax(best[:, None, :] == pc[:, :, None], axis=-1))
-    parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), newpar.astype(jnp.int32)], axis=1)
-    dnode = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.take_along_axis(dep, best, axis=1)],
-                            axis=1)
-    return (jnp.take_along_axis(tok, best, axis=1), parents, dnode,
-            jnp.take_along_axis(sc, best, axis=1), carry)
+      slots = (d - 1) * k + jnp.arange(k)
+      anc = anc | (jnp.arange(f)[None, None, :] == slots[None, :, None])
+      h, cache = self._node_forward(prog, arrays, cache, to_tokens(arrays, ids), feat,
+                                    jnp.broadcast_to(lengths[:, None] + d - 1, (b, k)),
+                                    lengths + (d - 1) * k, anc, lengths)
+      logp = jax.nn.log_softmax(lm_logits(prog, params, arrays, h), axis=-1)  # [B,k,Vh]
+      return (cache, anc, h), logp
+
+    logp0 = jax.nn.log_softmax(lm_logits(prog, params, arrays, root), axis=-1)  # [B,Vh]
+    carry = (cache, jnp.zeros((b, k, f), bool), jnp.zeros((b, k, e), root.dtype))
+    *out, carry = expand_tree(logp0, expand, carry, self.depth, k, self.num_nodes)
+    return (*out, carry[0])
 
   def draft_static(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array):
     """EAGLE-1: the static tree's nodes. root [B,E] -> (node tokens [B,N] (head-vocabulary
@@ -492,6 +453,58 @@ class Eagle:
   def stats(self, state) -> dict:
     return dict(depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
                 tree_nodes=self.num_nodes, tree_depth=self.depth, acceptance=self.acceptance)
+
+
+def expand_tree(logp0: jax.Array, expand, carry, depth: int, k: int, n: int):
+  """EAGLE-2's dynamic tree in fixed shapes (pure: the head enters through `expand`).
+
+  logp0 [B,V]: log-probabilities after the root. Depth 1 is its top k (best first). At each depth
+  d = 1 .. depth-1 the k frontier nodes are expanded: `expand(carry, tok [B,k], parent_slot [B,k],
+  d) -> (carry, logp [B,k,V])` scores their children (tok: the frontier's tokens; parent_slot:
+  the frontier slot, (d - 2) * k + j, of each one's parent in the previous frontier, -1 for the
+  root); each proposes its top k children, scored parent score + log p, and the best k of the k^2
+  (first drafted on ties) are the next frontier. All M = k + (depth - 1) k^2 drafted nodes are
+  then reranked: the best n by score (stable), reordered by depth (stable: siblings by score).
+  Returns (tokens [B,n] (indices into V), parents [B,n+1] (root -1, else the parent's 1-based
+  node index, 0 = the root), depth [B,n+1], scores [B,n], carry).
+  """
+  b = logp0.shape[0]
+  ids = top_k_ids(logp0, k)  # [B,k]
+  score = jnp.minimum(jnp.take_along_axis(logp0, ids, axis=1), 0.0)
+  all_tok, all_score, all_parent = [ids], [score], [jnp.full((b, k), -1, jnp.int32)]
+  cidx = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # frontier's candidate ids
+  parent_slot = jnp.full((b, k), -1, jnp.int32)
+  for d in range(1, depth):
+    carry, logp = expand(carry, ids, parent_slot, d)
+    child = top_k_ids(logp, k)  # [B,k,k]
+    # log p <= 0 (clamped against rounding), so a child never outscores its parent.
+    cs = score[:, :, None] + jnp.minimum(jnp.take_along_axis(logp, child, axis=2), 0.0)
+    cs, child = cs.reshape(b, k * k), child.reshape(b, k * k)
+    all_tok.append(child)
+    all_score.append(cs)
+    all_parent.append(jnp.repeat(cidx, k, axis=1))  # each child's parent's candidate id
+    if d + 1 < depth:
+      pick = top_k_ids(cs, k)  # [B,k] the best k children: the next frontier
+      ids = jnp.take_along_axis(child, pick, axis=1)
+      score = jnp.take_along_axis(cs, pick, axis=1)
+      cidx = capacity(d, k) + pick
+      parent_slot = (d - 1) * k + pick // k
+  tok = jnp.concatenate(all_tok, axis=1)  # [B,M]
+  sc = jnp.concatenate(all_score, axis=1)
+  par = jnp.concatenate(all_parent, axis=1)
+  dep = jnp.concatenate([jnp.full((b, x.shape[1]), i + 1, jnp.int32)
+                         for i, x in enumerate(all_tok)], axis=1)
+  # Stable sorts: on equal scores the earlier-drafted node (a parent before its children) first.
+  best = jnp.argsort(-sc, axis=1, stable=True)[:, :n]
+  best = jnp.take_along_axis(best, jnp.argsort(jnp.take_along_axis(dep, best, axis=1), axis=1,
+                                               stable=True), axis=1)  # [B,N]
+  pc = jnp.take_along_axis(par, best, axis=1)  # parents' candidate ids
+  newpar = jnp.where(pc < 0, 0, 1 + jnp.argmax(best[:, None, :] == pc[:, :, None], axis=-1))
+  parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), newpar.astype(jnp.int32)], axis=1)
+  dnode = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.take_along_axis(dep, best, axis=1)],
+                          axis=1)
+  return (jnp.take_along_axis(tok, best, axis=1), parents, dnode,
+          jnp.take_along_axis(sc, best, axis=1), carry)
 
 
 def depth_stats(m) -> dict:
