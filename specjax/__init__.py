@@ -20,3 +20,9 @@ __all__ += ["Lookahead"]
 from specjax.methods.draft import DraftModel, SelfSpeculative  # noqa: E402
 
 __all__ += ["DraftModel", "SelfSpeculative"]
+
+from specjax.heads import init_heads, load_heads  # noqa: E402
+from specjax.methods.eagle import Eagle  # noqa: E402
+from specjax.methods.mtp import MTP  # noqa: E402
+
+__all__ += ["Eagle", "MTP", "init_heads", "load_heads"]
