@@ -11,6 +11,7 @@ claims exact sampling); factory(target) -> method.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -130,7 +131,10 @@ def _feature_heads(kind, fitted, **kw):
     from specjax.heads import init_heads
     if not fitted:
       return init_heads(target, kind, seed=4, scale=0.3, **kw)
-    key = (id(target), kind)
+    # Keyed by the weights, not id(target): test_sharding builds equal targets afresh per call.
+    import hashlib
+    leaf = np.asarray(jax.tree_util.tree_leaves(target.params)[0])
+    key = (target.config, kind, hashlib.sha1(leaf.tobytes()).hexdigest())
     if key not in _FEATURE_FITTED:
       from specjax.training import eagle as te, mtp as tm
       v = target.config.vocab_size
@@ -139,7 +143,7 @@ def _feature_heads(kind, fitted, **kw):
       toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
       fit = te.fit if kind == "eagle" else tm.fit
       heads, _ = fit(target, init_heads(target, kind, seed=0, **kw), toks, steps=150, lr=3e-3)
-      _FEATURE_FITTED[key] = (target, heads)  # keeps target alive so its id is not reused
+      _FEATURE_FITTED[key] = (target, heads)
     return _FEATURE_FITTED[key][1]
   return make
 
