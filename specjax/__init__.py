@@ -22,6 +22,8 @@ from specjax.methods.draft import DraftModel, SelfSpeculative  # noqa: E402
 __all__ += ["DraftModel", "SelfSpeculative"]
 
 from specjax.heads import init_heads, load_heads  # noqa: E402
+from specjax.methods.eagle import Eagle  # noqa: E402
 from specjax.methods.medusa import Medusa  # noqa: E402
+from specjax.methods.mtp import MTP  # noqa: E402
 
-__all__ += ["Medusa", "init_heads", "load_heads"]
+__all__ += ["Eagle", "MTP", "Medusa", "init_heads", "load_heads"]

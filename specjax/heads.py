@@ -18,11 +18,18 @@ K heads read it once per step in one [B*K,E] x [E,V] matmul).
 File format (.npz): the params as float16 arrays "w" [K,L,E,E] and "b" [K,L,E], "__vocab__" [Vs]
 int32 (empty: the full vocabulary) and "__header__", a JSON header {format, kind, num_heads,
 num_layers, hidden_size, vocab_size, target, ...}.
+
+EAGLE and MTP heads (issue 12; same file format and I/O, other tensors) are K sequential modules
+of one decoder layer each (EAGLE: K = 1), see `feature_module`. Their params are flat, every
+tensor with a leading [K]: "fc_w" [K,2E,E], "fc_b" [K,E], for MTP also "norm_e" and "norm_h"
+[K,E], and the layer's tensors under "layer." + the target Block's own path, e.g.
+"layer.attn.wqkv" [K,E,Kv,G+2,D], so a head's layer has exactly the target's layer type.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -33,18 +40,21 @@ import numpy as np
 
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 
-KINDS = ("medusa",)  # EAGLE and MTP heads join here (issue 12)
+KINDS = ("medusa", "eagle", "mtp")
+FEATURE_KINDS = ("eagle", "mtp")  # one-decoder-layer modules on the target's features
 
 # Shipped heads in specjax/assets: name -> (target name, asset file).
 NAMED_HEADS = {
     "smollm2-135m-medusa": ("smollm2-135m", "smollm2-135m-medusa.npz"),
+    "smollm2-135m-eagle": ("smollm2-135m", "smollm2-135m-eagle.npz"),
+    "smollm2-135m-mtp": ("smollm2-135m", "smollm2-135m-mtp.npz"),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadsConfig:
-  kind: str  # "medusa"
-  num_heads: int  # K
+  kind: str  # "medusa" | "eagle" | "mtp"
+  num_heads: int  # K (EAGLE: 1; MTP: modules)
   num_layers: int  # residual blocks per head
   hidden_size: int  # E of the target
   vocab_size: int  # V of the target
@@ -54,7 +64,8 @@ class HeadsConfig:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Heads:
-  """config: HeadsConfig; params: {"w": [K,L,E,E], "b": [K,L,E]}; vocab: [Vs] int32 or None."""
+  """config: HeadsConfig; params: {"w": [K,L,E,E], "b": [K,L,E]} (Medusa) or the flat feature-module
+  tensors (EAGLE / MTP, see the module docstring); vocab: [Vs] int32 or None."""
   config: HeadsConfig
   params: Any
   vocab: Any = None
@@ -78,12 +89,18 @@ def _check_vocab_ids(vocab, vocab_size: int) -> np.ndarray | None:
   return arr.astype(np.int32)
 
 
-def init_heads(target, kind: str = "medusa", *, num_heads: int = 4, num_layers: int = 1,
+def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, num_layers: int = 1,
                seed: int = 0, scale: float = 0.0, vocab=None) -> Heads:
-  """Fresh heads for `target` (a specjax Model). scale 0 (Medusa's init): every head starts as
-  the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and b ~ N(0, scale^2) (tests)."""
+  """Fresh heads for `target` (a specjax Model). Medusa (num_heads default 4): scale 0 (Medusa's
+  init) makes every head the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and
+  b ~ N(0, scale^2) (tests). EAGLE (one module) and MTP (num_heads modules, default 2): see
+  `init_feature_heads`."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
+  if kind in FEATURE_KINDS:
+    return init_feature_heads(target, kind, num_heads=num_heads, num_layers=num_layers, seed=seed,
+                              scale=scale, vocab=vocab)
+  num_heads = 4 if num_heads is None else num_heads
   check_int("num_heads", num_heads, 1, 16)
   check_int("num_layers", num_layers, 1, 8)
   if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
@@ -108,6 +125,15 @@ def check_fits(heads: Heads, target) -> None:
         f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
         f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
         f"{t.vocab_size}: load or train heads for this model")
+  if c.kind in FEATURE_KINDS:
+    want = feature_shapes(c.kind, c.num_heads, target)
+    got = {k: tuple(np.shape(v)) for k, v in heads.params.items()}
+    if got != want:
+      bad = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
+      raise InputError(
+          f"heads {heads!r} have layer tensors that do not fit this target's layer type "
+          f"(first mismatch: {bad[0]!r}: {got.get(bad[0])} vs {want.get(bad[0])}): load or "
+          f"train heads for this model")
 
 
 def save_heads(heads: Heads, path: str, meta: dict | None = None) -> str:
@@ -139,6 +165,10 @@ def _read(path: str, dtype) -> Heads:
     raise WeightsError(f"{path}: heads header is missing fields ({e})") from e
   k, l, e = cfg.num_heads, cfg.num_layers, cfg.hidden_size
   want = {"w": (k, l, e, e), "b": (k, l, e)}
+  if cfg.kind in FEATURE_KINDS:  # the layer's shapes are checked against a target (check_fits)
+    want = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
+    if not any(n.startswith("layer.") for n in params):
+      raise WeightsError(f"{path}: {cfg.kind} heads file has no layer tensors")
   for name, shape in want.items():
     if name not in params or tuple(params[name].shape) != shape:
       got = None if name not in params else tuple(params[name].shape)
@@ -161,7 +191,7 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
       kind = name.rsplit("-", 1)[-1]
       raise ModelNotFoundError(
           f"heads {name!r}: the asset {path} is not there (not trained and shipped yet). Train "
-          f"heads for {target_name!r} with specjax.training.medusa (`specjax train {kind}` once "
+          f"heads for {target_name!r} with specjax.training.{kind} (`specjax train {kind}` once "
           f"the trainer lands), save them with specjax.heads.save_heads(heads, path) and load "
           f"them with sj.load_heads(path, target)")
   else:
@@ -199,3 +229,147 @@ def top_k_ids(logits: jax.Array, k: int) -> jax.Array:
     out.append(i)
     x = jnp.where(jnp.arange(x.shape[-1]) == i[..., None], -jnp.inf, x)
   return jnp.stack(out, axis=-1).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- EAGLE / MTP modules
+#
+# Module k reads (the embedding of a token, a feature) at one position i and writes a feature:
+#
+#   EAGLE (Li et al. 2024):   x = [emb(x_{i+1}), f_i] W_fc + b_fc  -> one decoder layer -> f^_{i+1}
+#   MTP (DeepSeek-V3):        x = [RMSNorm_e(emb(x_{i+k+1})), RMSNorm_h(h^k_i)] W_fc + b_fc
+#                             -> one decoder layer -> h^{k+1}_i
+#
+# f_i is the target's feature at position i: its last hidden state after the final norm (what
+# its LM head reads, HF's `last_hidden_state`: the tensor EAGLE-1's released code regresses and
+# feeds its heads). EAGLE's output is a predicted feature, read by the target's LM head as it is;
+# an MTP module's output is a residual stream, read through the target's final norm and LM head.
+# The layer is the target's own `Block` type (same shapes, its own static KV cache). Embedding,
+# final norm and LM head are the target's, frozen and shared: heads hold none of them.
+
+
+@functools.lru_cache(maxsize=32)
+def layer_template(config, dtype_name: str = "float32"):
+  """(graphdef, abstract state) of one target `Block` for a ModelConfig (cached: hashable)."""
+  from flax import nnx
+
+  from specjax.model import Block
+
+  abstract = nnx.eval_shape(lambda: Block(config, jnp.dtype(dtype_name), nnx.Rngs(0)))
+  return nnx.split(abstract)
+
+
+def _layer_keys(config) -> dict:
+  """{"layer.attn.wqkv": shape, ...} for one target Block."""
+  from specjax.model import path_key
+
+  _, abstract = layer_template(config)
+  return {"layer." + ".".join(map(str, path_key(p))): tuple(x.shape)
+          for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+
+
+def feature_shapes(kind: str, num_heads: int, target) -> dict:
+  """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`."""
+  c = target.config
+  e, k = c.hidden_size, num_heads
+  out = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
+  if kind == "mtp":
+    out.update(norm_e=(k, e), norm_h=(k, e))
+  out.update({name: (k,) + shape for name, shape in _layer_keys(c).items()})
+  return out
+
+
+def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_layers: int = 1,
+                       seed: int = 0, scale: float = 0.0, vocab=None) -> Heads:
+  """EAGLE (num_heads 1) or MTP (num_heads modules, default 2) heads for `target`: fc ~
+  N(0, 1 / 2E), the layer as a fresh target Block (N(0, 0.02^2) weights, unit norms), MTP norms at
+  one. scale > 0 multiplies every random weight by scale / 0.02 (tests)."""
+  from flax import nnx
+
+  from specjax.model import Block, path_key
+
+  if kind == "eagle":
+    num_heads = 1 if num_heads is None else num_heads
+    check_int("num_heads", num_heads, 1, 1, " (an EAGLE head is one module)")
+  else:
+    num_heads = 2 if num_heads is None else num_heads
+    check_int("num_heads", num_heads, 1, 16)
+  check_int("num_layers", num_layers, 1, 1, f" ({kind} modules have one decoder layer)")
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
+    raise InputError(f"scale={scale!r} is invalid: must be a number >= 0")
+  c = target.config
+  e = c.hidden_size
+  ids = _check_vocab_ids(vocab, c.vocab_size)
+  mult = scale / 0.02 if scale > 0 else 1.0
+  dtype = getattr(target, "dtype", jnp.float32)
+  mods = []
+  for k in range(num_heads):
+    block = Block(c, jnp.float32, nnx.Rngs(seed * 1000 + k))
+    _, st = nnx.split(block)
+    layer = {"layer." + ".".join(map(str, path_key(p))): x
+             for p, x in jax.tree_util.tree_flatten_with_path(st)[0]}
+    layer = {n: (x if n.endswith("scale") or n.endswith("bias") or ".b" in n else x * mult)
+             for n, x in layer.items()}
+    kf = jax.random.fold_in(jax.random.PRNGKey(seed), k)
+    mod = {"fc_w": mult * jax.random.normal(kf, (2 * e, e), jnp.float32) / np.sqrt(2 * e),
+           "fc_b": jnp.zeros((e,), jnp.float32)}
+    if kind == "mtp":
+      mod.update(norm_e=jnp.ones((e,), jnp.float32), norm_h=jnp.ones((e,), jnp.float32))
+    mod.update(layer)
+    mods.append(mod)
+  params = {n: jnp.stack([m[n] for m in mods]).astype(dtype) for n in mods[0]}
+  cfg = HeadsConfig(kind, num_heads, 1, e, c.vocab_size, getattr(target, "name", ""),
+                    0 if ids is None else int(ids.size))
+  return Heads(cfg, params, ids)
+
+
+def module_arrays(params: dict, k: int) -> dict:
+  """Module k of flat feature-head params -> a nested dict {"fc_w", "fc_b", ("norm_e",
+  "norm_h"), "layer": {"attn": {"wqkv": ...}, ...}} (nested so sharding rules see
+  ".../layer/attn/wqkv" and split the layer as they split the target's)."""
+  out: dict = {}
+  for name, x in params.items():
+    parts = name.split(".")
+    d = out
+    for p in parts[:-1]:
+      d = d.setdefault(p, {})
+    d[parts[-1]] = x[k]
+  return out
+
+
+def _rms(x, scale, eps):
+  h = x.astype(jnp.float32)
+  h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+  return (scale * h).astype(x.dtype)
+
+
+def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions: jax.Array,
+                   layer_cache: dict, start: jax.Array, mask: jax.Array):
+  """One EAGLE / MTP module (kind read from `mod`: MTP modules have norms).
+
+  config: the target's ModelConfig; mod: `module_arrays(...)`; emb [B,T,E] token embeddings;
+  feat [B,T,E] features (EAGLE) or the previous module's outputs (MTP); positions [B,T];
+  layer_cache {k,v: [B,S,Kv,D]}; start [B]: the slot of the first new entry; mask [B,T,S].
+  Returns (out [B,T,E], layer_cache).
+  """
+  from flax import nnx
+
+  from specjax.model import path_key, rope_inv_freq
+
+  if "norm_e" in mod:
+    emb = _rms(emb, mod["norm_e"], config.norm_eps)
+    feat = _rms(feat, mod["norm_h"], config.norm_eps)
+  x = jnp.concatenate([emb, feat.astype(emb.dtype)], axis=-1) @ mod["fc_w"] + mod["fc_b"]
+  graphdef, abstract = layer_template(config, jnp.dtype(mod["fc_w"].dtype).name)
+
+  def leaf(path, _):
+    d = mod["layer"]
+    for p in path_key(path):
+      d = d[p]
+    return d
+
+  block = nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
+  rope = None
+  if config.position == "rope":
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(config))
+    rope = (jnp.cos(angles), jnp.sin(angles))
+  return block(x, rope, layer_cache, start, mask)

@@ -11,6 +11,7 @@ claims exact sampling); factory(target) -> method.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -114,6 +115,56 @@ SAMPLING_METHODS += [
     ("medusa_exact_fitted", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
     ("medusa_token_matching", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE,
                                       acceptance="greedy")),
+]
+
+
+# ---- methods/eagle.py, methods/mtp.py (issue 12): EAGLE heads over a static tree (EAGLE-1) and
+# a dynamic tree (EAGLE-2), MTP modules drafting a chain. Random heads (scaled so some drafts are
+# accepted) and heads fitted to the target's own greedy text.
+
+_EAGLE_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+_FEATURE_FITTED: dict = {}
+
+
+def _feature_heads(kind, fitted, **kw):
+  def make(target):
+    from specjax.heads import init_heads
+    if not fitted:
+      return init_heads(target, kind, seed=4, scale=0.3, **kw)
+    # Keyed by the weights, not id(target): test_sharding builds equal targets afresh per call.
+    import hashlib
+    leaf = np.asarray(jax.tree_util.tree_leaves(target.params)[0])
+    key = (target.config, kind, hashlib.sha1(leaf.tobytes()).hexdigest())
+    if key not in _FEATURE_FITTED:
+      from specjax.training import eagle as te, mtp as tm
+      v = target.config.vocab_size
+      ps = random_prompts(32, v, seed=11, lo=3, hi=8)
+      gen = sj.generate(target, ps, max_new_tokens=32, stop_at_eos=False).tokens
+      toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
+      fit = te.fit if kind == "eagle" else tm.fit
+      heads, _ = fit(target, init_heads(target, kind, seed=0, **kw), toks, steps=150, lr=3e-3)
+      _FEATURE_FITTED[key] = (target, heads)
+    return _FEATURE_FITTED[key][1]
+  return make
+
+
+def _eagle(fitted, **kw):
+  return lambda target: sj.Eagle(_feature_heads("eagle", fitted)(target), **kw)
+
+
+def _mtp(fitted, num_heads=2, **kw):
+  return lambda target: sj.MTP(_feature_heads("mtp", fitted, num_heads=num_heads)(target), **kw)
+
+
+GREEDY_METHODS += [
+    ("eagle_static_random", _eagle(False, tree=_EAGLE_TREE)),
+    ("eagle_dynamic_fitted", _eagle(True, depth=4, top_k=3, num_nodes=12)),
+    ("mtp_fitted", _mtp(True, num_heads=3)),
+]
+SAMPLING_METHODS += [
+    ("eagle_static_exact", _eagle(False, tree=_EAGLE_TREE)),
+    ("eagle_dynamic_exact", _eagle(False, depth=3, top_k=3, num_nodes=8)),
+    ("mtp_exact", _mtp(False)),
 ]
 
 
@@ -260,3 +311,17 @@ def test_sampling_check_detects_broken_tree_rule():
   method = AcceptFirstChild(_medusa_random_heads(model), tree=_MEDUSA_TREE)
   tv, expected = tv_check(model, method, dict(temperature=1.0, top_k=0, top_p=1.0))
   assert tv > 2 * expected, f"broken tree rule passed: TV {tv:.4f} vs {expected:.4f}"
+
+
+def test_sampling_check_detects_broken_dynamic_tree_rule():
+  """EAGLE-2 (per-row dynamic trees) with a rule that accepts every first child must fail."""
+  from specjax.methods.eagle import Eagle
+
+  class AcceptFirstChild(Eagle):
+    def _rule(self):
+      return "accept_all"
+
+  model = small_target()
+  method = AcceptFirstChild(_feature_heads("eagle", False)(model), depth=3, top_k=3, num_nodes=8)
+  tv, expected = tv_check(model, method, dict(temperature=1.0, top_k=0, top_p=1.0))
+  assert tv > 2 * expected, f"broken dynamic tree rule passed: TV {tv:.4f} vs {expected:.4f}"

@@ -115,7 +115,19 @@ if CHILD:
       heads = init_heads(t, "medusa", num_heads=3, seed=4, scale=3.0)
       return Medusa(heads, tree=[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)])
 
+    def eagle_factory(t):
+      from specjax.heads import init_heads
+      from specjax.methods.eagle import Eagle
+      return Eagle(init_heads(t, "eagle", seed=4, scale=0.3), depth=3, top_k=2, num_nodes=6)
+
+    def mtp_factory(t):
+      from specjax.heads import init_heads
+      from specjax.methods.mtp import MTP
+      return MTP(init_heads(t, "mtp", num_heads=2, seed=4, scale=0.3))
+
     probe("DraftModel", "specjax.methods.draft", draft_factory)
+    probe("Eagle", "specjax.methods.eagle", eagle_factory)
+    probe("MTP", "specjax.methods.mtp", mtp_factory)
     probe("SelfSpeculative", "specjax.methods.draft", self_spec_factory)
     probe("PromptLookup", "specjax.methods.prompt_lookup", lookup_factory)
     probe("Lookahead", "specjax.methods.lookahead", lookahead_factory)

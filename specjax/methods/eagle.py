@@ -1,0 +1,519 @@
+"""EAGLE-1 / EAGLE-2: a one-layer head drafts on the target's features; a tree is verified at once.
+
+Li et al. 2024 (EAGLE: feature-level drafting; EAGLE-2: dynamic draft trees). The head
+(specjax/heads.py, kind "eagle") reads, at position i, the embedding of token x_{i+1} and the
+target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}; the target's own
+LM head turns a feature into logits. Drafting feeds the head its own predicted features. One step,
+all rows at once, all shapes static:
+
+  catch up  the head re-reads the last W = depth + 1 positions [L - W, L) with the true tokens and
+            the target's true features (kept in a rolling buffer): this rewrites whatever the
+            previous round drafted there, so the head cache holds exactly what teacher forcing
+            gives for every committed position. Its output at L - 1 predicts f_L (the pending
+            token x_L's feature), and the LM head on it scores the first draft depth.
+  draft     EAGLE-1 (`tree=` a static tree, specjax/tree.py): every tree node with children runs
+            the head once (one batched forward per depth); its children are its head's top ranks.
+            EAGLE-2 (`tree="dynamic"`): depth 1 is the top_k tokens after the root; then at each
+            depth the top_k frontier nodes run the head (one forward of top_k tokens, a tree mask
+            over the head's cache: each sees the committed cache, its ancestors and itself), each
+            proposes its top_k children scored by cumulative log-probability, and the best top_k
+            of those top_k^2 children form the next frontier. Finally every drafted node (top_k +
+            (depth - 1) * top_k^2 of them) is reranked by score and the best num_nodes kept, and
+            renumbered depth by depth (siblings by score: the order verification tries them).
+  verify    the target scores [x_L, nodes] under `cache.tree_mask` with the tree's per-row parents,
+            and acceptance.verify_tree applies the shared rule ("exact" multi-draft, "greedy"
+            token matching, or lossy "typical").
+  update    `cache.commit` keeps x_L and the accepted path's K/V; the target's hidden states at x_L
+            and the accepted nodes are the true features f_L .. f_{L+n}: they enter the buffer,
+            and the next round's catch-up re-runs the head over them.
+
+Why the dynamic tree keeps sampling exact: the tree is a function of the head's logits only (its
+top-k and cumulative log-probabilities, no random draws), i.e. of the context; the multi-draft rule
+is exact for any set of candidates fixed before its coins are drawn (it emits x with probability
+p(x) at every node whatever the candidates are), so the output is distributed as the target's.
+
+Parents always survive the rerank: a child's score is its parent's plus a log-probability <= 0, so
+it never beats its parent, and ties are broken by drafting order, where a parent always precedes
+its children (stable sort). The candidate bound: num_nodes <= top_k + (depth - 1) * top_k^2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax import acceptance
+from specjax import cache as kv
+from specjax import tree as trees
+from specjax.decode import DecodeState, Program, emit
+from specjax.errors import InputError, check_int
+from specjax.heads import Heads, check_fits, feature_module, module_arrays, top_k_ids
+from specjax.model import head_rows
+
+RULES = ("exact", "greedy", "typical")
+TREE_NAMES = ("dynamic",)
+
+
+def capacity(depth: int, top_k: int) -> int:
+  """How many nodes EAGLE-2's expansion drafts (and the most num_nodes can keep)."""
+  return top_k + (depth - 1) * top_k * top_k
+
+
+def check_heads(heads, kind: str, method: str) -> None:
+  if not isinstance(heads, Heads):
+    raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.init_heads(target, "
+                     f"{kind!r}) or sj.load_heads(...))")
+  if heads.config.kind != kind:
+    raise InputError(f"heads of kind {heads.config.kind!r} cannot run {method}: need kind "
+                     f"{kind!r}")
+
+
+def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = False):
+  """Draft logits over the head's vocabulary: h [...,E] -> [...,V or Vs] float32, through the
+  target's (frozen) LM head, or its rows for the subset arrays["vocab"]."""
+  target = nnx.merge(prog.graphdef, params)
+  if final_norm:
+    h = target.final_norm(h)
+  if "head" in arrays:
+    return jnp.einsum("...e,ve->...v", h, arrays["head"]).astype(jnp.float32)
+  return target.head(h)
+
+
+def to_tokens(arrays, ids: jax.Array) -> jax.Array:
+  """Indices into the head's vocabulary -> token ids."""
+  return arrays["vocab"][ids] if "vocab" in arrays else ids
+
+
+def embed(table, tokens: jax.Array) -> jax.Array:
+  """The target's (frozen, shared) token embedding [V,E]: tokens [...] -> [...,E]."""
+  return table[tokens]
+
+
+def feature_buffer(hidden: jax.Array, lengths: jax.Array, width: int) -> jax.Array:
+  """The features at positions [lengths - width, lengths) of hidden [B,P,E] -> [B,width,E]
+  (right-aligned; positions below 0 read position 0, never used)."""
+  idx = jnp.maximum(lengths[:, None] - width + jnp.arange(width)[None, :], 0)
+  return jnp.take_along_axis(hidden, idx[..., None], axis=1)
+
+
+def shift_in(buf: jax.Array, new: jax.Array, c: jax.Array) -> jax.Array:
+  """Appends the first c[b] rows of new [B,M,E] to the rolling buffer buf [B,W,E] (oldest out)."""
+  w = buf.shape[1]
+  both = jnp.concatenate([buf, new.astype(buf.dtype)], axis=1)  # [B,W+M,E]
+  idx = c[:, None] + jnp.arange(w)[None, :]
+  return jnp.take_along_axis(both, idx[..., None], axis=1)
+
+
+def prompt_pass(prog: Program, arrays, seq, hidden, head_cache):
+  """Runs every module over the prompt bucket after prefill (positions 0..P-1, module k reading
+  token x_{i+k+1}); fills the head cache's layers. hidden [B,P,E]; seq [B,S]. Entries whose
+  tokens are not known yet hold garbage that the first catch-up rewrites."""
+  b, p, _ = hidden.shape
+  s = seq.shape[1]
+  pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  start = jnp.zeros((b,), jnp.int32)
+  mask = kv.causal_mask(start, p, head_cache.max_len, prog.config.sliding_window)
+  h = hidden
+  layers = list(head_cache.layers)
+  for k, mod in enumerate(arrays["mods"]):
+    tok = jnp.take_along_axis(seq, jnp.minimum(pos + k + 1, s - 1), axis=1)
+    h, layers[k] = feature_module(prog.config, mod, embed(arrays["embed"], tok), h, pos, layers[k],
+                                  start, mask)
+  return head_cache.replace(layers=tuple(layers))
+
+
+def head_arrays(heads, model) -> dict:
+  """The device arrays EAGLE / MTP read: the modules, the target's embedding (shared, not a copy)
+  and, for a vocabulary subset, its ids and LM-head rows."""
+  out = {"mods": [module_arrays(heads.params, k) for k in range(heads.config.num_heads)],
+         "embed": model.params["embed"][...]}
+  if heads.vocab is not None:
+    ids = jnp.asarray(heads.vocab)
+    out.update(vocab=ids, head=head_rows(model.config, model.params, ids))  # [Vs], [Vs,E]
+  return out
+
+
+def catch_up(prog: Program, arrays, seq, feats, lengths, head_cache, num_modules: int = 1,
+             draft_fn=None):
+  """Re-runs the modules over the last W = feats.shape[1] committed positions.
+
+  seq [B,S]; feats [B,W,E] the target's features at positions [L - W, L) (L = lengths [B], the
+  committed target length; x_L is pending); head_cache: one layer per module. Module k at
+  position i reads token x_{i+k+1}: seq for i + k + 1 <= L, else drafts[:, i + k - L] (MTP's
+  chain, [B,K]; filled as modules run). Returns (head_cache with lengths = L, outputs at position
+  L - 1 per module [B,K,E], drafts [B,K] or None). draft_fn(out [B,E], k) -> tokens [B] (MTP):
+  module k's draft x_{L+k+1} from its output at L - 1, which module k + 1 then reads.
+  """
+  b, w, _ = feats.shape
+  s = seq.shape[1]
+  start = jnp.maximum(lengths - w, 0)
+  pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]  # [B,W]
+  # Position i's feature sits at buffer index i - L + W (rows with L < W: clipped, garbage).
+  h = jnp.take_along_axis(feats, jnp.clip(pos - lengths[:, None] + w, 0, w - 1)[..., None], axis=1)
+  mask = kv.causal_mask(start, w, head_cache.max_len, prog.config.sliding_window)
+  last = (lengths - 1 - start)[:, None, None]  # [B,1,1] index of position L - 1
+  layers = list(head_cache.layers)
+  outs = []
+  drafts = None if draft_fn is None else jnp.zeros((b, num_modules), jnp.int32)
+  for k in range(num_modules):
+    j = pos + k + 1  # token index read at each position
+    tok = jnp.take_along_axis(seq, jnp.minimum(j, s - 1), axis=1)
+    if drafts is not None:
+      d = jnp.take_along_axis(drafts, jnp.clip(j - lengths[:, None] - 1, 0, drafts.shape[1] - 1),
+                              axis=1)
+      tok = jnp.where(j <= lengths[:, None], tok, d)
+    h, layers[k] = feature_module(prog.config, arrays["mods"][k], embed(arrays["embed"], tok), h,
+                                  pos, layers[k], start, mask)
+    outs.append(jnp.take_along_axis(h, last, axis=1)[:, 0])
+    if draft_fn is not None:
+      drafts = drafts.at[:, k].set(draft_fn(outs[-1], k).astype(jnp.int32))
+  cache = head_cache.replace(layers=tuple(layers), lengths=lengths)
+  return cache, jnp.stack(outs, axis=1), drafts
+
+
+def check_common(method, rules=RULES) -> None:
+  if method.acceptance not in rules:
+    raise InputError(f"acceptance={method.acceptance!r} is invalid: must be one of "
+                     f"{', '.join(rules)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle:
+  """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)).
+
+  tree: "dynamic" (EAGLE-2: depth, top_k, num_nodes as in the module docstring) or a static tree
+  (EAGLE-1: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...]; depth, top_k and
+  num_nodes then come from the tree). acceptance: "exact" | "greedy" | "typical".
+  """
+  heads: Any = dataclasses.field(default=None, compare=False, repr=False)
+  tree: Any = "dynamic"
+  depth: int = 5
+  top_k: int = 8
+  num_nodes: int = 32
+  acceptance: str = "exact"
+  epsilon: float = 0.09
+  delta: float = 0.3
+  key: tuple = dataclasses.field(default=(), init=False, repr=False)
+
+  name = "eagle"
+
+  def __post_init__(self):
+    check_heads(self.heads, "eagle", "EAGLE")
+    c = self.heads.config
+    check_common(self)
+    vocab = c.vocab_subset or c.vocab_size
+    tree = self.tree
+    if isinstance(tree, str):
+      if tree not in TREE_NAMES:
+        raise InputError(f"tree={tree!r} is invalid: give 'dynamic' (EAGLE-2) or a static tree "
+                         f"(a list of paths such as [(0,), (1,), (0, 0)])")
+      check_int("depth", self.depth, 1, 64)
+      check_int("top_k", self.top_k, 1, vocab, " (the head's vocabulary size)")
+      cap = capacity(self.depth, self.top_k)
+      check_int("num_nodes", self.num_nodes, self.top_k, cap,
+                f" (top_k={self.top_k} <= num_nodes <= top_k + (depth - 1) * top_k^2 = {cap}, "
+                f"the nodes a depth-{self.depth} expansion drafts)")
+    else:
+      if not isinstance(tree, trees.Tree):
+        tree = trees.Tree(tree)
+      check_int("tree ranks (max rank + 1)", tree.ranks_needed(), 1, vocab,
+                " (the head's vocabulary size)")
+      object.__setattr__(self, "tree", tree)
+      object.__setattr__(self, "depth", tree.max_depth)
+      object.__setattr__(self, "top_k", tree.ranks_needed())
+      object.__setattr__(self, "num_nodes", tree.num_nodes)
+    object.__setattr__(self, "key", (c, None if self.heads.vocab is None
+                                     else self.heads.vocab.tobytes()))
+
+  # ------------------------------------------------------------------ protocol
+
+  @property
+  def dynamic(self) -> bool:
+    return isinstance(self.tree, str)
+
+  @property
+  def lossless(self) -> bool:
+    return self.acceptance != "typical"
+
+  @property
+  def extra_slots(self) -> int:
+    return self.num_nodes + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.depth + 1
+
+  @property
+  def window(self) -> int:
+    """W: the catch-up window (one round commits at most depth + 1 tokens)."""
+    return self.depth + 1
+
+  def _frontier_slots(self) -> int:
+    """Head-cache slots the drafted nodes use past the committed length."""
+    if self.dynamic:
+      return (self.depth - 1) * self.top_k
+    return len(self._internal())
+
+  def validate(self, model) -> None:
+    check_fits(self.heads, model)
+
+  def arrays(self, model):
+    out = {"mods": [module_arrays(self.heads.params, 0)]}
+    if self.heads.vocab is not None:
+      ids = jnp.asarray(self.heads.vocab)
+      out.update(vocab=ids, head=head_rows(model.config, model.params, ids))  # [Vs], [Vs,E]
+    return out
+
+
+  # ------------------------------------------------------------------ protocol
+
+  @property
+  def dynamic(self) -> bool:
+    return isinstance(self.tree, str)
+
+  @property
+  def lossless(self) -> bool:
+    return self.acceptance != "typical"
+
+  @property
+  def extra_slots(self) -> int:
+    return self.num_nodes + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.depth + 1
+
+  @property
+  def window(self) -> int:
+    """W: the catch-up window (one round commits at most depth + 1 tokens)."""
+    return self.depth + 1
+
+  def _internal(self) -> np.ndarray:
+    """Static tree: the nodes with children (they run the head), in index order."""
+    t = self.tree
+    has_child = np.zeros(t.num_nodes + 1, bool)
+    has_child[t.parent[1:]] = True
+    return np.flatnonzero(has_child[1:]) + 1
+
+  def _frontier_slots(self) -> int:
+    """Head-cache slots the drafted nodes use past the committed length."""
+    return (self.depth - 1) * self.top_k if self.dynamic else len(self._internal())
+
+  def validate(self, model) -> None:
+    check_fits(self.heads, model)
+
+  def arrays(self, model):
+    return head_arrays(self.heads, model)
+
+  def init(self, prog, arrays, state, hidden):
+    """Fills the head cache over the prompt and keeps the last W prompt features."""
+    b = state.seq.shape[0]
+    c = prog.config
+    s_h = prog.max_len + self.window + self._frontier_slots()
+    cache = kv.init(1, b, s_h, c.num_kv_heads, c.head_dim, hidden.dtype)
+    cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
+    z = jnp.zeros((b,), jnp.int32)
+    return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, self.window),
+            "rounds": z, "accepted": z,
+            "depth_hist": jnp.zeros((b, self.depth + 1), jnp.int32)}
+
+  # ------------------------------------------------------------------ drafting
+
+  def _node_forward(self, prog, arrays, cache, tok, feat, pos, start, rows_anc, lengths):
+    """The head over new nodes: tok [B,T]; feat [B,T,E] (each node's parent's predicted feature);
+    pos [B,T]; start [B] their first slot; rows_anc [B or 1,T,F] each node's ancestors (itself
+    included) among the F drafted slots that begin at `lengths`. Returns (out [B,T,E], cache)."""
+    s = jnp.arange(cache.max_len)[None, None, :]
+    off = s - lengths[:, None, None]
+    f = rows_anc.shape[-1]
+    rows_anc = jnp.broadcast_to(rows_anc, (tok.shape[0],) + rows_anc.shape[1:])
+    from_tree = jnp.take_along_axis(
+        rows_anc, jnp.broadcast_to(jnp.clip(off, 0, f - 1), tok.shape + (cache.max_len,)), axis=2)
+    mask = (off < 0) | ((off < f) & from_tree)  # committed cache, then ancestors and self
+    h, layer = feature_module(prog.config, arrays["mods"][0], embed(arrays["embed"], tok), feat,
+                              pos, cache.layers[0], start, mask)
+    return h, cache.replace(layers=(layer,))
+
+  def draft_dynamic(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array):
+    """EAGLE-2's expansion with the head (see `expand_tree`). root [B,E]: the head's predicted
+    feature at the pending token. Returns (tokens [B,N] head-vocabulary indices, parents [B,N+1],
+    depth [B,N+1], scores [B,N], the head cache)."""
+    k = self.top_k
+    b, e = root.shape
+    f = max((self.depth - 1) * k, 1)
+
+    def expand(carry, ids, parent_slot, d):
+      cache, anc, h_prev = carry
+      if d == 1:  # the depth-1 nodes' parent is the root
+        feat = jnp.broadcast_to(root[:, None, :], (b, k, e))
+      else:
+        local = parent_slot - (d - 2) * k
+        feat = jnp.take_along_axis(h_prev, local[..., None], axis=1)
+        anc = jnp.take_along_axis(anc, local[..., None], axis=1)
+      slots = (d - 1) * k + jnp.arange(k)
+      anc = anc | (jnp.arange(f)[None, None, :] == slots[None, :, None])
+      h, cache = self._node_forward(prog, arrays, cache, to_tokens(arrays, ids), feat,
+                                    jnp.broadcast_to(lengths[:, None] + d - 1, (b, k)),
+                                    lengths + (d - 1) * k, anc, lengths)
+      logp = jax.nn.log_softmax(lm_logits(prog, params, arrays, h), axis=-1)  # [B,k,Vh]
+      return (cache, anc, h), logp
+
+    logp0 = jax.nn.log_softmax(lm_logits(prog, params, arrays, root), axis=-1)  # [B,Vh]
+    carry = (cache, jnp.zeros((b, k, f), bool), jnp.zeros((b, k, e), root.dtype))
+    *out, carry = expand_tree(logp0, expand, carry, self.depth, k, self.num_nodes)
+    return (*out, carry[0])
+
+  def draft_static(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array):
+    """EAGLE-1: the static tree's nodes. root [B,E] -> (node tokens [B,N] (head-vocabulary
+    indices), the head cache)."""
+    t = self.tree
+    r = t.ranks_needed()
+    internal = self._internal()
+    slot = {int(nd): i for i, nd in enumerate(internal)}
+    anc_s = t.ancestor[np.ix_(internal, internal)] if len(internal) else np.zeros((0, 0), bool)
+    b = root.shape[0]
+    cands = {0: top_k_ids(lm_logits(prog, params, arrays, root), r)}  # node -> its children [B,R]
+    feat = {0: root}
+    tok = {}
+    for d in range(1, t.max_depth + 1):
+      level = [i for i in range(1, t.num_nodes + 1) if t.depth[i] == d]
+      for i in level:
+        tok[i] = cands[int(t.parent[i])][:, t.rank[i]]
+      run = [i for i in level if i in slot]
+      if not run:
+        continue
+      x = jnp.stack([tok[i] for i in run], axis=1)  # [B,T]
+      fp = jnp.stack([feat[int(t.parent[i])] for i in run], axis=1)  # [B,T,E]
+      rows = jnp.asarray(anc_s[[slot[i] for i in run]])[None]  # [1,T,F]
+      h, cache = self._node_forward(prog, arrays, cache, to_tokens(arrays, x), fp,
+                                    jnp.broadcast_to(lengths[:, None] + d - 1, x.shape),
+                                    lengths + slot[run[0]], rows, lengths)
+      top = top_k_ids(lm_logits(prog, params, arrays, h), r)  # [B,T,R]
+      for j, i in enumerate(run):
+        cands[i] = top[:, j]
+        feat[i] = h[:, j]
+    return jnp.stack([tok[i] for i in range(1, t.num_nodes + 1)], axis=1), cache
+
+  # ------------------------------------------------------------------ one step
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    m = state.method
+    b = state.seq.shape[0]
+    active = ~state.done
+    key, k_acc = jax.random.split(state.key)
+    cache = state.cache
+    lengths = cache.lengths
+
+    hcache, root, _ = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"])
+    root = root[:, 0]  # [B,E] predicted feature of the pending token
+    if self.dynamic:
+      draft, parents, depth, _, hcache = self.draft_dynamic(prog, params, arrays, hcache, root,
+                                                            lengths)
+      anc = trees.ancestors_from_parents(parents, self.depth)  # [B,N+1,N+1]
+    else:
+      draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
+      parents, depth, anc = (jnp.asarray(x) for x in (self.tree.parent, self.tree.depth,
+                                                      self.tree.ancestor))
+    tokens = jnp.concatenate([state.last_token[:, None], to_tokens(arrays, draft)], axis=1)
+
+    pos = lengths[:, None] + depth
+    mask = kv.tree_mask(lengths, anc, cache.max_len, prog.config.sliding_window)
+    logits, hidden, cache = prog.forward(params, tokens, pos, cache, mask)  # [B,N+1,V], [B,N+1,E]
+    best, n, nxt = acceptance.verify_tree(k_acc, tokens, parents, anc, depth, logits, state.sp,
+                                          self._rule(), self.epsilon, self.delta)
+
+    anc_b = jnp.broadcast_to(anc, (b,) + anc.shape[-2:])
+    row = jnp.take_along_axis(anc_b, best[:, None, None], axis=1)[:, 0]  # [B,N+1]
+    path = trees.path_nodes(row, depth, self.depth)  # [B,D] accepted nodes, depth 1 .. n
+    dd = self.depth
+    out = jnp.concatenate([jnp.take_along_axis(tokens, path, axis=1),
+                           jnp.zeros((b, 1), jnp.int32)], axis=1)  # [B,D+1]
+    out = jnp.where(jnp.arange(dd + 1)[None, :] == n[:, None], nxt[:, None], out)
+    keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)  # x_L, then the path
+    c = jnp.where(active, n + 1, 0)
+    cache = kv.commit(cache, keep, c)
+    state = emit(state.replace(cache=cache, key=key), out, n + 1)
+
+    new = jnp.take_along_axis(hidden, keep[..., None], axis=1)  # [B,D+1,E] f_L .. f_{L+n}
+    a = active.astype(jnp.int32)
+    upd = dict(hcache=hcache, feats=shift_in(m["feats"], new, c), rounds=m["rounds"] + a,
+               accepted=m["accepted"] + a * n,
+               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
+    return state.replace(method=upd)
+
+  def _rule(self) -> str:
+    """The acceptance rule's name for acceptance.verify_tree (a test subclass breaks it)."""
+    return self.acceptance
+
+  def stats(self, state) -> dict:
+    return dict(depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
+                tree_nodes=self.num_nodes, tree_depth=self.depth, acceptance=self.acceptance)
+
+
+def expand_tree(logp0: jax.Array, expand, carry, depth: int, k: int, n: int):
+  """EAGLE-2's dynamic tree in fixed shapes (pure: the head enters through `expand`).
+
+  logp0 [B,V]: log-probabilities after the root. Depth 1 is its top k (best first). At each depth
+  d = 1 .. depth-1 the k frontier nodes are expanded: `expand(carry, tok [B,k], parent_slot [B,k],
+  d) -> (carry, logp [B,k,V])` scores their children (tok: the frontier's tokens; parent_slot:
+  the frontier slot, (d - 2) * k + j, of each one's parent in the previous frontier, -1 for the
+  root); each proposes its top k children, scored parent score + log p, and the best k of the k^2
+  (first drafted on ties) are the next frontier. All M = k + (depth - 1) k^2 drafted nodes are
+  then reranked: the best n by score (stable), reordered by depth (stable: siblings by score).
+  Returns (tokens [B,n] (indices into V), parents [B,n+1] (root -1, else the parent's 1-based
+  node index, 0 = the root), depth [B,n+1], scores [B,n], carry).
+  """
+  b = logp0.shape[0]
+  ids = top_k_ids(logp0, k)  # [B,k]
+  score = jnp.minimum(jnp.take_along_axis(logp0, ids, axis=1), 0.0)
+  all_tok, all_score, all_parent = [ids], [score], [jnp.full((b, k), -1, jnp.int32)]
+  cidx = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # frontier's candidate ids
+  parent_slot = jnp.full((b, k), -1, jnp.int32)
+  for d in range(1, depth):
+    carry, logp = expand(carry, ids, parent_slot, d)
+    child = top_k_ids(logp, k)  # [B,k,k]
+    # log p <= 0 (clamped against rounding), so a child never outscores its parent.
+    cs = score[:, :, None] + jnp.minimum(jnp.take_along_axis(logp, child, axis=2), 0.0)
+    cs, child = cs.reshape(b, k * k), child.reshape(b, k * k)
+    all_tok.append(child)
+    all_score.append(cs)
+    all_parent.append(jnp.repeat(cidx, k, axis=1))  # each child's parent's candidate id
+    if d + 1 < depth:
+      pick = top_k_ids(cs, k)  # [B,k] the best k children: the next frontier
+      ids = jnp.take_along_axis(child, pick, axis=1)
+      score = jnp.take_along_axis(cs, pick, axis=1)
+      cidx = capacity(d, k) + pick
+      parent_slot = (d - 1) * k + pick // k
+  tok = jnp.concatenate(all_tok, axis=1)  # [B,M]
+  sc = jnp.concatenate(all_score, axis=1)
+  par = jnp.concatenate(all_parent, axis=1)
+  dep = jnp.concatenate([jnp.full((b, x.shape[1]), i + 1, jnp.int32)
+                         for i, x in enumerate(all_tok)], axis=1)
+  # Stable sorts: on equal scores the earlier-drafted node (a parent before its children) first.
+  best = jnp.argsort(-sc, axis=1, stable=True)[:, :n]
+  best = jnp.take_along_axis(best, jnp.argsort(jnp.take_along_axis(dep, best, axis=1), axis=1,
+                                               stable=True), axis=1)  # [B,N]
+  pc = jnp.take_along_axis(par, best, axis=1)  # parents' candidate ids
+  newpar = jnp.where(pc < 0, 0, 1 + jnp.argmax(best[:, None, :] == pc[:, :, None], axis=-1))
+  parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), newpar.astype(jnp.int32)], axis=1)
+  dnode = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.take_along_axis(dep, best, axis=1)],
+                          axis=1)
+  return (jnp.take_along_axis(tok, best, axis=1), parents, dnode,
+          jnp.take_along_axis(sc, best, axis=1), carry)
+
+
+def depth_stats(m) -> dict:
+  """Accepted tokens per step and, per depth d, P(depth d accepted | depth d - 1 accepted)."""
+  hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
+  rounds = int(np.asarray(m["rounds"]).sum())
+  reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
+  per_depth = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
+               for d in range(len(hist) - 1)]
+  acc = int(np.asarray(m["accepted"]).sum())
+  return {"draft_rounds": rounds, "accepted_tokens": acc, "accepted_per_step": acc / max(1, rounds),
+          "accepted_depth_hist": hist.tolist(), "depth_acceptance": per_depth}

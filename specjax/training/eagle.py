@@ -1,0 +1,171 @@
+"""EAGLE head training: the loss on a frozen target, and the teacher features it reads.
+
+The head (specjax/heads.py, kind "eagle") reads, at position i, the embedding of token x_{i+1}
+and the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}. EAGLE's
+recipe (Li et al. 2024; its released trainer): regression of the next feature with smooth-L1,
+plus 0.1 x the cross-entropy of the head's next-token distribution (the target's LM head on the
+predicted feature) against the target's own (the LM head on the true feature), with uniform noise
+on the input features (their trainer: U(-0.1, 0.1) at its reference length) so the head learns to
+draft from its own slightly wrong features. The target, its embedding and LM head stay frozen.
+
+    loss_fn = make_loss(target, heads)                   # loss_fn(params, batch, rng, frozen)
+    frozen = frozen_arrays(target, heads)                # the target's params (+ LM-head rows)
+    loss, metrics = loss_fn(heads.params, {"tokens": tok, "mask": mask}, rng, frozen)
+
+`batch["tokens"]` [B,T] are whole windows from position 0 (corpus.load(dir).windows(T) gives
+them with `mask` [B,T]: True where the next token is a response token); the target's features
+are computed on the fly inside the loss (or passed as batch["feats"] [B,T,E], see
+`teacher_features`). The signature is the shared trainer's (specjax/training/trainer.py):
+loss_fn(params, batch, rng, frozen) -> (loss, metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+from specjax.heads import Heads, feature_module, module_arrays
+from specjax.model import head_rows
+
+CE_WEIGHT = 0.1
+NOISE = 0.1
+
+
+def target_features(graphdef, params, tokens: jax.Array) -> jax.Array:
+  """tokens [B,T] (from position 0) -> the target's features [B,T,E] (final-normed hidden states),
+  one causal forward with no LM head; no gradients flow into the target."""
+  from flax import nnx
+
+  b, t = tokens.shape
+  model = nnx.merge(graphdef, params)
+  c = model.cfg
+  cache = kv.init(c.num_layers, b, t, c.num_kv_heads, c.head_dim,
+                  jax.tree_util.tree_leaves(params)[0].dtype)
+  mask = kv.causal_mask(cache.lengths, t, t, c.sliding_window)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  _, hidden, _ = model(tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
+  return jax.lax.stop_gradient(hidden)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _features_jit(graphdef, params, tokens):
+  return target_features(graphdef, params, tokens)
+
+
+def teacher_features(target, tokens, batch_size: int = 8) -> np.ndarray:
+  """tokens [N,T] -> features [N,T,E] (numpy, float32), computed `batch_size` windows at a time
+  (the last batch padded, so one compiled forward serves every batch)."""
+  tokens = np.asarray(tokens, np.int32)
+  n, t = tokens.shape
+  out = []
+  for i in range(0, n, batch_size):
+    x = tokens[i:i + batch_size]
+    pad = batch_size - len(x)
+    if pad:
+      x = np.concatenate([x, np.zeros((pad, t), np.int32)])
+    f = np.asarray(_features_jit(target.graphdef, target.params, jnp.asarray(x)), np.float32)
+    out.append(f[:batch_size - pad])
+  return np.concatenate(out) if out else np.zeros((0, t, target.config.hidden_size), np.float32)
+
+
+def frozen_arrays(target, heads: Heads) -> dict:
+  """What the loss reads but does not train: the target's params (embedding, layers, final norm)
+  and the LM-head rows the head scores ([V,E], or [Vs,E] for a vocabulary subset)."""
+  ids = (jnp.arange(target.config.vocab_size) if heads.vocab is None
+         else jnp.asarray(heads.vocab))
+  out = {"target": target.params, "head": head_rows(target.config, target.params, ids)}
+  if heads.vocab is not None:
+    out["vocab"] = ids
+  return out
+
+
+def _smooth_l1(d: jax.Array) -> jax.Array:
+  a = jnp.abs(d)
+  return jnp.where(a < 1.0, 0.5 * d * d, a - 0.5)
+
+
+def run_head(config, mod: dict, emb: jax.Array, feat: jax.Array) -> jax.Array:
+  """A module over whole windows: emb, feat [B,T,E] at positions 0..T-1, causal -> [B,T,E]."""
+  b, t, _ = emb.shape
+  cache = kv.init(1, b, t, config.num_kv_heads, config.head_dim, emb.dtype)
+  start = jnp.zeros((b,), jnp.int32)
+  mask = kv.causal_mask(start, t, t, config.sliding_window)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  out, _ = feature_module(config, mod, emb, feat, pos, cache.layers[0], start, mask)
+  return out
+
+
+def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = CE_WEIGHT):
+  """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for EAGLE heads on `target`.
+
+  batch: {"tokens" [B,T] int32, optional "mask" [B,T] bool (True: position t's next token counts),
+  optional "feats" [B,T,E]}. Entry i (i = 0..T-2) reads (emb(x_{i+1}), f_i + U(-noise, noise))
+  and predicts f_{i+1}; it counts where mask[:, i + 1] (the token it scores, x_{i+2}, is one to
+  learn). loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
+  metrics: vloss, ploss, top1 (the head's argmax is the target's), count.
+  """
+  cfg, graphdef = target.config, target.graphdef
+
+  def loss_fn(params, batch, rng, frozen):
+    tokens = batch["tokens"]
+    b, t = tokens.shape
+    feats = batch.get("feats")
+    if feats is None:
+      feats = target_features(graphdef, frozen["target"], tokens)
+    feats = jax.lax.stop_gradient(feats)
+    valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
+    valid = valid[:, 1:]  # [B,T-1]
+    emb = frozen["target"]["embed"][...][tokens[:, 1:]]  # [B,T-1,E]
+    inp = feats[:, :-1]
+    if noise:
+      inp = inp + jax.random.uniform(rng, inp.shape, inp.dtype, -noise, noise)
+    pred = run_head(cfg, module_arrays(params, 0), emb, inp)  # [B,T-1,E] f^_{i+1}
+    tgt = feats[:, 1:]
+    n = jnp.maximum(jnp.sum(valid), 1)
+    vloss = jnp.sum(jnp.where(valid, jnp.mean(_smooth_l1(pred - tgt), axis=-1), 0.0)) / n
+    head = frozen["head"]
+    q_logits = jnp.einsum("bte,ve->btv", pred, head).astype(jnp.float32)
+    p_logits = jnp.einsum("bte,ve->btv", tgt, head).astype(jnp.float32)
+    p = jax.nn.softmax(p_logits, axis=-1)
+    ce = -jnp.sum(p * jax.nn.log_softmax(q_logits, axis=-1), axis=-1)
+    ploss = jnp.sum(jnp.where(valid, ce, 0.0)) / n
+    top1 = jnp.sum(valid & (jnp.argmax(q_logits, -1) == jnp.argmax(p_logits, -1))) / n
+    loss = vloss + ce_weight * ploss
+    return loss, {"loss": loss, "vloss": vloss, "ploss": ploss, "top1": top1,
+                  "count": jnp.sum(valid)}
+
+  return loss_fn
+
+
+def fit(target, heads: Heads, tokens, *, steps: int = 200, lr: float = 3e-3, seed: int = 0,
+        make=make_loss, **loss_kw):
+  """A plain Adam loop on fixed windows [N,T] with precomputed features (tests, quick runs; real
+  runs use the shared trainer). Returns (heads with trained params, losses per step)."""
+  import optax
+
+  tokens = jnp.asarray(tokens, jnp.int32)
+  batch = {"tokens": tokens, "feats": jnp.asarray(teacher_features(target, tokens))}
+  loss_fn = make(target, heads, **loss_kw)
+  frozen = frozen_arrays(target, heads)
+  opt = optax.adam(lr)
+  params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), heads.params)
+  state = opt.init(params)
+
+  @jax.jit
+  def update(params, state, frozen, rng):
+    (loss, _), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, frozen)
+    upd, state = opt.update(g, state, params)
+    return optax.apply_updates(params, upd), state, loss
+
+  losses = []
+  key = jax.random.PRNGKey(seed)
+  for s in range(steps):
+    params, state, loss = update(params, state, frozen, jax.random.fold_in(key, s))
+    losses.append(float(loss))
+  params = jax.tree_util.tree_map(lambda x, y: x.astype(y.dtype), params, heads.params)
+  return dataclasses.replace(heads, params=params), losses

@@ -1,0 +1,285 @@
+"""EAGLE (specjax/methods/eagle.py), its heads (specjax/heads.py kind "eagle") and its loss
+(specjax/training/eagle.py). Greedy identity and the TV check are in test_lossless.py."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import decode
+from specjax.errors import InputError, WeightsError
+from specjax.heads import init_heads, load_heads, save_heads
+from specjax.methods.eagle import Eagle, capacity, expand_tree
+from specjax.training import eagle as te
+
+from conftest import memoryless_model, random_prompts, tiny_config
+
+
+def stand_in(**kw):
+  """A target as heads see it (config only): building a random Model costs seconds."""
+  import types
+  return types.SimpleNamespace(config=tiny_config(**kw), name="", dtype=jnp.float32)
+
+STATIC = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
+
+
+def own_text(target, n=32, length=32, seed=11):
+  v = target.config.vocab_size
+  ps = random_prompts(n, v, seed=seed, lo=3, hi=8)
+  gen = sj.generate(target, ps, max_new_tokens=length, stop_at_eos=False).tokens
+  return np.array([(p + g)[:length] for p, g in zip(ps, gen)])
+
+
+# ----------------------------------------------------------------------------- EAGLE-2's tree
+
+M_ROWS, MULT = 97, 7
+
+
+def _table(v, seed, ties):
+  """[M,V] float32 log-probabilities per path hash. ties=True: coarse values and near one-hot
+  rows (log p = 0 exactly), so siblings, cousins and parent/child pairs tie in score."""
+  rng = np.random.default_rng(seed)
+  if not ties:
+    x = rng.normal(size=(M_ROWS, v)) * 2
+  else:
+    x = rng.integers(0, 3, size=(M_ROWS, v)).astype(float)
+    x[::3] = -200.0
+    x[::3, 0] = 0.0  # log-softmax exactly 0 at token 0: a child scores its parent's score
+  x = x - x.max(1, keepdims=True)
+  return (x - np.log(np.exp(x).sum(1, keepdims=True))).astype(np.float32)
+
+
+def _reference(table, b, depth, k, n):
+  """Plain-Python EAGLE-2 expansion for batch row b (the spec the fixed-shape version follows)."""
+  def row(h):
+    return table[(h + 13 * b) % M_ROWS]
+
+  def top(lp):
+    return sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:k]
+
+  cands = []  # dicts: tok, score, parent (candidate index, -1 root), depth, hash
+  lp = row(0)
+  for v in top(lp):
+    cands.append(dict(tok=v, score=np.float32(min(lp[v], 0)), parent=-1, depth=1,
+                      hash=(v + 1) % M_ROWS))
+  frontier = list(range(k))
+  for d in range(1, depth):
+    new = []
+    for fi in frontier:
+      c = cands[fi]
+      lp = row(c["hash"])
+      for v in top(lp):
+        new.append(dict(tok=v, score=np.float32(c["score"] + np.float32(min(lp[v], 0))),
+                        parent=fi, depth=d + 1, hash=(c["hash"] * MULT + v + 1) % M_ROWS))
+    base = len(cands)
+    cands += new
+    frontier = [base + j for j in sorted(range(len(new)), key=lambda j: (-new[j]["score"], j))[:k]]
+  sel = sorted(range(len(cands)), key=lambda i: (-cands[i]["score"], i))[:n]
+  sel = sorted(sel, key=lambda i: cands[i]["depth"])  # stable: score order within a depth
+  parents = [-1] + [0 if cands[i]["parent"] < 0 else 1 + sel.index(cands[i]["parent"])
+                    for i in sel]
+  return ([cands[i]["tok"] for i in sel], parents, [0] + [cands[i]["depth"] for i in sel],
+          [cands[i]["score"] for i in sel])
+
+
+def _fixed_shape(table, batch, depth, k, n):
+  tab = jnp.asarray(table)
+  rows = jnp.arange(batch)[:, None]
+
+  def expand(carry, tok, parent_slot, d):
+    parent_hash = carry if d == 1 else jnp.take_along_axis(carry, parent_slot - (d - 2) * k, axis=1)
+    h = (parent_hash * MULT + tok + 1) % M_ROWS
+    return h, tab[(h + 13 * rows) % M_ROWS]  # [B,k,V]
+
+  logp0 = tab[(13 * jnp.arange(batch)) % M_ROWS]
+  run = jax.jit(lambda: expand_tree(logp0, expand, jnp.zeros((batch, k), jnp.int32), depth, k, n))
+  return [np.asarray(x) for x in run()[:4]]
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("depth,k,n", [(1, 3, 3), (2, 2, 6), (3, 3, 12), (4, 2, 9), (5, 3, 30)])
+def test_dynamic_tree_matches_python_reference(depth, k, n, ties):
+  v, batch = 9, 3
+  table = _table(v, seed=depth * 10 + k, ties=ties)
+  tok, parents, dep, score = _fixed_shape(table, batch, depth, k, n)
+  assert tok.shape == (batch, n) and parents.shape == (batch, n + 1)
+  for b in range(batch):
+    rt, rp, rd, rs = _reference(table, b, depth, k, n)
+    assert tok[b].tolist() == rt
+    assert parents[b].tolist() == rp
+    assert dep[b].tolist() == rd
+    np.testing.assert_array_equal(score[b], np.array(rs, np.float32))
+    # Parents come first, depth by depth; siblings are distinct; depth = parent's depth + 1.
+    assert all(0 <= parents[b, i] < i for i in range(1, n + 1))
+    assert all(dep[b, i] == dep[b, parents[b, i]] + 1 for i in range(1, n + 1))
+    sib = {(parents[b, i], tok[b, i - 1]) for i in range(1, n + 1)}
+    assert len(sib) == n
+
+
+def test_capacity_bound():
+  assert capacity(1, 8) == 8 and capacity(5, 8) == 8 + 4 * 64 and capacity(3, 2) == 10
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@pytest.fixture(scope="module")
+def memoryless():
+  return memoryless_model()
+
+
+@pytest.fixture(scope="module")
+def fitted(memoryless):
+  """EAGLE heads fitted to the memoryless model's own text."""
+  return te.fit(memoryless, init_heads(memoryless, "eagle", seed=0), own_text(memoryless),
+                steps=250, lr=3e-3)
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_fitted_heads_are_accepted_and_identical(memoryless, fitted, tree):
+  heads, _ = fitted
+  method = (Eagle(heads, depth=4, top_k=3, num_nodes=10) if tree == "dynamic"
+            else Eagle(heads, tree=STATIC))
+  prompts = random_prompts(4, 61, seed=9)
+  ref = sj.generate(memoryless, prompts, max_new_tokens=24)
+  out = sj.generate(memoryless, prompts, method, max_new_tokens=24)
+  assert out.tokens == ref.tokens
+  st = out.stats
+  assert st["mean_accepted"] > 1.5, st  # tau: acceptance is real, not vacuous
+  assert len(st["accepted_depth_hist"]) == 5 and sum(st["accepted_depth_hist"]) == st["draft_rounds"]
+  assert st["accepted_depth_hist"][4] > 0 and st["depth_acceptance"][0] > 0.5
+  assert st["tree"] == tree and st["tree_nodes"] == method.num_nodes
+  # Sampling with the same program (temperature is an array): still accepted.
+  hot = sj.generate(memoryless, prompts, method, max_new_tokens=24, temperature=0.7, seed=1)
+  assert hot.stats["mean_accepted"] > 1.5
+
+
+def test_vocab_subset_heads(memoryless):
+  ids = np.arange(0, 61, 2)
+  heads = init_heads(memoryless, "eagle", vocab=ids, seed=1, scale=0.3)
+  prompts = random_prompts(4, 61, seed=2)
+  ref = sj.generate(memoryless, prompts, max_new_tokens=24).tokens
+  out = sj.generate(memoryless, prompts, Eagle(heads, depth=2, top_k=2, num_nodes=4),
+                    max_new_tokens=24)
+  assert out.tokens == ref
+  assert "vocab" in Eagle(heads).arrays(memoryless)
+
+
+def test_default_and_hash(tiny):
+  heads = init_heads(tiny, "eagle")
+  m = Eagle(heads)
+  assert (m.depth, m.top_k, m.num_nodes, m.acceptance) == (5, 8, 32, "exact")
+  assert m.extra_slots == 33 and m.max_emit == 6 and m.lossless
+  s = Eagle(heads, tree=[(1,), (0,), (0, 0)])
+  assert (s.depth, s.top_k, s.num_nodes) == (2, 2, 3)
+  assert s == Eagle(heads, tree=[(0,), (1,), (0, 0)]) and hash(s) == hash(
+      Eagle(heads, tree=[(0,), (1,), (0, 0)]))
+  assert not Eagle(heads, acceptance="typical").lossless
+
+
+# ----------------------------------------------------------------------------- heads I/O
+
+
+@pytest.mark.parametrize("kind,k", [("eagle", 1), ("mtp", 3)])
+def test_save_load_roundtrip(tmp_path, tiny, kind, k):
+  heads = init_heads(tiny, kind, num_heads=k, seed=2, vocab=[5, 1, 9])
+  path = save_heads(heads, str(tmp_path / "h.npz"), meta={"steps": 3})
+  back = load_heads(path, tiny)
+  assert back.config == heads.config and back.meta["steps"] == 3
+  assert set(back.params) == set(heads.params)
+  assert "layer.attn.wqkv" in back.params and back.params["fc_w"].shape == (k, 64, 32)
+  for name in heads.params:
+    np.testing.assert_allclose(back.params[name], heads.params[name], rtol=2e-3, atol=2e-3)
+  with pytest.raises(InputError, match="width 32 and vocabulary 61"):
+    load_heads(path, stand_in(vocab_size=71))
+  # Same width and vocabulary, another layer type (kv heads): the layer tensors do not fit.
+  with pytest.raises(InputError, match="layer"):
+    load_heads(path, stand_in(num_kv_heads=4))
+
+
+def test_heads_file_without_layer(tmp_path, tiny):
+  heads = init_heads(tiny, "eagle")
+  import dataclasses
+  bad = dataclasses.replace(heads, params={k: v for k, v in heads.params.items()
+                                           if not k.startswith("layer.")})
+  path = save_heads(bad, str(tmp_path / "bad.npz"))
+  with pytest.raises(WeightsError, match="no layer"):
+    load_heads(path)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(depth=0), "depth=0"),
+    (dict(top_k=0), "top_k=0"),
+    (dict(top_k=62), "top_k=62"),
+    (dict(num_nodes=7), "num_nodes=7"),  # < top_k = 8
+    (dict(depth=2, top_k=3, num_nodes=13), "num_nodes=13"),  # > 3 + 9
+    (dict(tree="eagle3"), "tree='eagle3'"),
+    (dict(tree=[]), "empty"),
+    (dict(tree=[(0,), (61,)]), "ranks"),
+    (dict(acceptance="sampling"), "acceptance='sampling'"),
+])
+def test_bad_arguments(tiny, kw, match):
+  heads = init_heads(tiny, "eagle")
+  with pytest.raises(InputError, match=match):
+    Eagle(heads, **kw)
+
+
+def test_bad_heads_raise_before_compiling(tiny):
+  n = decode.compile_cache.count
+  with pytest.raises(InputError, match="Heads"):
+    Eagle(object())
+  with pytest.raises(InputError, match="kind 'medusa'"):
+    Eagle(init_heads(tiny, "medusa", num_heads=2))
+  with pytest.raises(InputError, match="one module"):
+    init_heads(tiny, "eagle", num_heads=2)
+  other = init_heads(stand_in(hidden_size=16, num_heads=2, num_kv_heads=1), "eagle")
+  with pytest.raises(InputError, match="width 16"):
+    sj.generate(tiny, [[1, 2, 3]], Eagle(other, depth=2, top_k=2, num_nodes=4), max_new_tokens=4)
+  wrong_vocab = init_heads(stand_in(vocab_size=64), "eagle")
+  with pytest.raises(InputError, match="vocabulary 64"):
+    sj.generate(tiny, [[1, 2, 3]], Eagle(wrong_vocab, tree=[(0,)]), max_new_tokens=4)
+  assert decode.compile_cache.count == n
+
+
+# ----------------------------------------------------------------------------- training loss
+
+
+def test_loss_decreases(fitted):
+  _, losses = fitted
+  assert losses[-1] < 0.3 * losses[0]
+
+
+def test_loss_features_on_the_fly_and_batched(tiny):
+  heads = init_heads(tiny, "eagle", seed=3)
+  toks = np.asarray(random_prompts(5, 61, seed=4, lo=12, hi=13))
+  feats = te.teacher_features(tiny, toks, batch_size=2)  # 3 batches, the last padded
+  assert feats.shape == (5, 12, 32)
+  one = te.teacher_features(tiny, toks[:1], batch_size=2)  # padded: the same program
+  np.testing.assert_allclose(feats[:1], one, rtol=1e-5, atol=1e-5)
+  loss_fn = jax.jit(te.make_loss(tiny, heads, noise=0.0))
+  frozen = te.frozen_arrays(tiny, heads)
+  rng = jax.random.PRNGKey(0)
+  a, ma = loss_fn(heads.params, {"tokens": jnp.asarray(toks)}, rng, frozen)
+  b, mb = loss_fn(heads.params, {"tokens": jnp.asarray(toks), "feats": jnp.asarray(feats)}, rng,
+                  frozen)
+  np.testing.assert_allclose(a, b, rtol=1e-4)
+  np.testing.assert_allclose(a, ma["vloss"] + 0.1 * ma["ploss"], rtol=1e-5)
+  assert int(ma["count"]) == 5 * 11
+  # A mask drops positions; noise changes the loss; gradients reach the layer, not the target.
+  mask = np.ones((5, 12), bool)
+  mask[:, :6] = False
+  _, mm = loss_fn(heads.params, {"tokens": jnp.asarray(toks), "mask": jnp.asarray(mask)}, rng,
+                  frozen)
+  assert int(mm["count"]) == 5 * 6
+  noisy = jax.jit(te.make_loss(tiny, heads, noise=0.1))(heads.params,
+                                                        {"tokens": jnp.asarray(toks)}, rng, frozen)[0]
+  assert float(noisy) != float(a)
+  g = jax.jit(jax.grad(lambda p: loss_fn(p, {"tokens": jnp.asarray(toks)}, rng, frozen)[0]))(
+      heads.params)
+  assert float(jnp.abs(g["layer.mlp.w_out"]).sum()) > 0 and float(jnp.abs(g["fc_w"]).sum()) > 0
