@@ -113,6 +113,12 @@ def test_model_without_tokenizer(tmp_path):
 def test_corpus_from_another_vocabulary(tmp_path):
   c = make(text_model(), tmp_path, tokens=20)
   c.check_compatible(text_model())
+  import warnings
+
+  from specjax import kernels
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # the kernel's packed copies are not other weights
+    c.check_compatible(kernels.pack(text_model(), warn=False))
   with pytest.raises(InputError, match="vocab_size=300.*vocab_size=61"):
     c.check_compatible(tiny_model())
   with pytest.warns(UserWarning, match="other weights"):

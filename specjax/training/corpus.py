@@ -40,11 +40,14 @@ DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0, 0.8)  # one greedy shard in four
 
 
 def weights_sha256(model) -> str:
-  """sha256 over the model's parameter bytes (tree order): which weights produced a corpus."""
+  """sha256 over the model's parameter bytes (tree order): which weights produced a corpus.
+  Load-time copies (the CPU kernel's packed weights) are derived data and not hashed."""
   import jax
 
+  from specjax.kernels import unpack
+
   h = hashlib.sha256()
-  for x in jax.tree_util.tree_leaves(model.params):
+  for x in jax.tree_util.tree_leaves(unpack(model).params):
     h.update(np.ascontiguousarray(np.asarray(x)).tobytes())
   return h.hexdigest()
 
