@@ -178,10 +178,10 @@ def cmd_train_draft(args) -> None:
                     max_minutes=args.max_minutes, seed=args.seed, init=args.init)
 
 
-def cmd_train_medusa(args) -> None:
-  from specjax.training import medusa
+def cmd_train_heads(args) -> None:
+  from specjax.training import heads
 
-  medusa.train_medusa(args.model, args.corpus, out_dir=args.out_dir, export=args.export,
+  heads.train_heads(args.what, args.model, args.corpus, out_dir=args.out_dir, export=args.export,
                       num_heads=args.num_heads, num_layers=args.num_layers,
                       vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,
                       seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
@@ -274,29 +274,32 @@ def main(argv=None) -> None:
   td.add_argument("--seed", type=int, default=0)
   td.set_defaults(fn=cmd_train_draft)
 
-  tm = tsub.add_parser("medusa", help="train Medusa-1 heads on a frozen target over a corpus "
-                       "(orbax checkpoints in --out-dir; rerun to resume)")
-  tm.add_argument("--model", default=DEFAULT_MODEL)
-  tm.add_argument("--corpus", required=True, help="a corpus directory (`specjax data generate`)")
-  tm.add_argument("--out-dir", default="runs/medusa")
-  tm.add_argument("--export", default=None, help="write the heads (.npz) here when done")
-  tm.add_argument("--num-heads", type=int, default=4)
-  tm.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
-  tm.add_argument("--vocab-size", type=int, default=8192,
-                  help="heads score the corpus's most frequent next tokens (0: the full vocabulary)")
-  tm.add_argument("--steps", type=int, default=400)
-  tm.add_argument("--batch-size", type=int, default=4)
-  tm.add_argument("--seq-len", type=int, default=256)
-  tm.add_argument("--lr", type=float, default=1e-3)
-  tm.add_argument("--warmup", type=int, default=40)
-  tm.add_argument("--weight-decay", type=float, default=0.0)
-  tm.add_argument("--grad-clip", type=float, default=1.0)
-  tm.add_argument("--held-out", type=float, default=0.02)
-  tm.add_argument("--ckpt-every", type=int, default=50)
-  tm.add_argument("--eval-every", type=int, default=50)
-  tm.add_argument("--max-minutes", type=float, default=0.0)
-  tm.add_argument("--seed", type=int, default=0)
-  tm.set_defaults(fn=cmd_train_medusa)
+  helps = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE feature head",
+           "mtp": "multi-token-prediction modules (2 by default)"}
+  for kind, what in helps.items():
+    tm = tsub.add_parser(kind, help=f"train {what} on a frozen target over a corpus (orbax "
+                         f"checkpoints in --out-dir; rerun to resume)")
+    tm.add_argument("--model", default=DEFAULT_MODEL)
+    tm.add_argument("--corpus", required=True, help="a corpus directory (`specjax data generate`)")
+    tm.add_argument("--out-dir", default=f"runs/{kind}")
+    tm.add_argument("--export", default=None, help="write the heads (.npz) here when done")
+    tm.add_argument("--num-heads", type=int, default=None, help="default: 4 medusa, 1 eagle, 2 mtp")
+    tm.add_argument("--num-layers", type=int, default=1, help="Medusa: residual blocks per head")
+    tm.add_argument("--vocab-size", type=int, default=8192,
+                    help="heads score the corpus's most frequent next tokens (0: the full vocabulary)")
+    tm.add_argument("--steps", type=int, default=400)
+    tm.add_argument("--batch-size", type=int, default=4)
+    tm.add_argument("--seq-len", type=int, default=256)
+    tm.add_argument("--lr", type=float, default=1e-3)
+    tm.add_argument("--warmup", type=int, default=40)
+    tm.add_argument("--weight-decay", type=float, default=0.0)
+    tm.add_argument("--grad-clip", type=float, default=1.0)
+    tm.add_argument("--held-out", type=float, default=0.02)
+    tm.add_argument("--ckpt-every", type=int, default=50)
+    tm.add_argument("--eval-every", type=int, default=50)
+    tm.add_argument("--max-minutes", type=float, default=0.0)
+    tm.add_argument("--seed", type=int, default=0)
+    tm.set_defaults(fn=cmd_train_heads)
 
   args = ap.parse_args(argv)
   from specjax.errors import SpecJaxError

@@ -38,17 +38,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import registry
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 
 KINDS = ("medusa", "eagle", "mtp")
 FEATURE_KINDS = ("eagle", "mtp")  # one-decoder-layer modules on the target's features
 
-# Shipped heads in specjax/assets: name -> (target name, asset file).
-NAMED_HEADS = {
-    "smollm2-135m-medusa": ("smollm2-135m", "smollm2-135m-medusa.npz"),
-    "smollm2-135m-eagle": ("smollm2-135m", "smollm2-135m-eagle.npz"),
-    "smollm2-135m-mtp": ("smollm2-135m", "smollm2-135m-mtp.npz"),
-}
+# Shipped heads in specjax/assets, from the one registry of shipped drafters:
+# name -> (target name, asset file).
+NAMED_HEADS = {d.name: (d.target, d.asset) for d in registry.DRAFTERS.values() if d.kind in KINDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,9 +189,8 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
       kind = name.rsplit("-", 1)[-1]
       raise ModelNotFoundError(
           f"heads {name!r}: the asset {path} is not there (not trained and shipped yet). Train "
-          f"heads for {target_name!r} with specjax.training.{kind} (`specjax train {kind}` once "
-          f"the trainer lands), save them with specjax.heads.save_heads(heads, path) and load "
-          f"them with sj.load_heads(path, target)")
+          f"heads for {target_name!r} with `specjax train {kind} --model {target_name} --corpus "
+          f"DIR --export heads.npz` and load them with sj.load_heads('heads.npz', target)")
   else:
     path = name
     if not os.path.isfile(path):

@@ -49,7 +49,17 @@ class Drafter:
 
 DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
     Drafter("smollm2-135m-draft", "draft", "smollm2-135m", "smollm2-135m-draft.npz"),
+    # Heads (Medusa / EAGLE / MTP) are loaded by specjax.heads.load_heads; a missing asset says
+    # how to train it.
+    Drafter("smollm2-135m-medusa", "medusa", "smollm2-135m", "smollm2-135m-medusa.npz"),
+    Drafter("smollm2-135m-eagle", "eagle", "smollm2-135m", "smollm2-135m-eagle.npz"),
+    Drafter("smollm2-135m-mtp", "mtp", "smollm2-135m", "smollm2-135m-mtp.npz"),
 )}
+
+
+def names(kind: str) -> list[str]:
+  """Registered drafter names of one kind."""
+  return sorted(n for n, d in DRAFTERS.items() if d.kind == kind)
 
 
 def get(name: str) -> Drafter:

@@ -354,6 +354,9 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if not isinstance(name_or_path, (str, os.PathLike)):
     raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
   name_or_path = os.fspath(name_or_path)
+  if name_or_path in registry.DRAFTERS and registry.DRAFTERS[name_or_path].kind != "draft":
+    raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
+                             f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
   if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
     return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
                             rules=rules, kernels=kernels)

@@ -394,6 +394,17 @@ def test_train_medusa_on_a_corpus_exports_heads_that_are_accepted(tmp_path, self
   from specjax.training import medusa as medusa_train
 
   target, c = self_distillation
+  # The CLI reaches the same trainer for every kind.
+  from specjax import cli
+  from specjax.training import heads as heads_train
+  seen = {}
+  orig = heads_train.train_heads
+  heads_train.train_heads = lambda kind, model, corpus, **kw: seen.update(kind=kind, corpus=corpus, **kw)
+  try:
+    cli.main(["train", "mtp", "--corpus", "/c", "--steps", "3"])
+  finally:
+    heads_train.train_heads = orig
+  assert seen["kind"] == "mtp" and seen["corpus"] == "/c" and seen["steps"] == 3
   kw = dict(num_heads=2, vocab_size=0, steps=40, batch_size=8, seq_len=48, lr=1e-2, warmup=5,
             held_out=0.2, ckpt_every=20, eval_every=20, progress=False, log=lambda *_: None)
   heads = medusa_train.train_medusa(target, c, out_dir=str(tmp_path / "r"),
@@ -411,3 +422,22 @@ def test_train_medusa_on_a_corpus_exports_heads_that_are_accepted(tmp_path, self
     medusa_train.train_medusa(target, c, out_dir=str(tmp_path / "bad"), **dict(kw, num_heads=0))
   with pytest.raises(InputError, match="corpus=None"):
     medusa_train.train_medusa(target, None, out_dir=str(tmp_path / "bad"), **kw)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_train_feature_heads_on_a_corpus(tmp_path, self_distillation, kind):
+  from specjax.training import heads as heads_train
+
+  target, c = self_distillation
+  kw = dict(vocab_size=0, steps=30, batch_size=8, seq_len=48, lr=3e-3, warmup=3, held_out=0.2,
+            ckpt_every=15, eval_every=15, progress=False, log=lambda *_: None)
+  heads = heads_train.train_heads(kind, target, c, out_dir=str(tmp_path / "r"),
+                                  export=str(tmp_path / "h.npz"), **kw)
+  held = [r for r in trainer.read_log(str(tmp_path / "r")) if r["split"] == "heldout"]
+  assert held[-1]["loss"] < held[0]["loss"], held
+  back = sj.load_heads(str(tmp_path / "h.npz"), target)
+  assert back.config.kind == kind and back.config.num_heads == heads.config.num_heads
+  prompts = random_prompts(2, 61, seed=5)
+  ref = sj.generate(target, prompts, max_new_tokens=12).tokens
+  method = (sj.Eagle(back, depth=2, top_k=2, num_nodes=4) if kind == "eagle" else sj.MTP(back))
+  assert sj.generate(target, prompts, method, max_new_tokens=12).tokens == ref
