@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -23,6 +24,14 @@ def _method_factories() -> dict:
     out["prompt-lookup"] = lambda model, a: sj.PromptLookup()
   if hasattr(sj, "Lookahead"):
     out["lookahead"] = lambda model, a: sj.Lookahead()
+  # Heads-based methods run with the shipped heads for the model (SmolLM2's), when trained.
+  from specjax import registry
+  if os.path.isfile(registry.DRAFTERS["smollm2-135m-medusa"].path):
+    out["medusa"] = lambda model, a: sj.Medusa(sj.load_heads(a.heads or "smollm2-135m-medusa", model))
+  if os.path.isfile(registry.DRAFTERS["smollm2-135m-eagle"].path):
+    out["eagle"] = lambda model, a: sj.Eagle(sj.load_heads(a.heads or "smollm2-135m-eagle", model))
+  if os.path.isfile(registry.DRAFTERS["smollm2-135m-mtp"].path):
+    out["mtp"] = lambda model, a: sj.MTP(sj.load_heads(a.heads or "smollm2-135m-mtp", model))
   return out
 
 
@@ -37,10 +46,12 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 def _add_method(p: argparse.ArgumentParser) -> None:
   p.add_argument("--method", default="autoregressive",
-                 help="autoregressive | draft | self-spec | prompt-lookup | lookahead")
+                 help="autoregressive | draft | self-spec | prompt-lookup | lookahead | medusa | eagle | mtp "
+                 "(the last three with shipped or --heads heads)")
   p.add_argument("--draft", default="smollm2-135m-draft", help="draft model for --method draft")
   p.add_argument("--gamma", type=int, default=5)
   p.add_argument("--exit-layer", type=int, default=0)
+  p.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
 
 
 def _make_method(name: str, model, args):
