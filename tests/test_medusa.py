@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,8 +110,14 @@ def test_save_load_roundtrip(tmp_path, tiny):
     load_heads(path, tiny_model(vocab_size=71))
 
 
-def test_missing_heads():
-  with pytest.raises(ModelNotFoundError, match="train"):
+def test_missing_heads(monkeypatch, tmp_path):
+  from specjax import registry
+
+  entry = registry.DRAFTERS["smollm2-135m-medusa"]
+  import specjax.heads as heads_mod  # as if the asset were not shipped:
+  monkeypatch.setattr(heads_mod.os.path, "isfile", lambda p: False if p.endswith(entry.asset) else
+                      os.path.exists(p))
+  with pytest.raises(ModelNotFoundError, match="specjax train medusa"):
     load_heads("smollm2-135m-medusa")
   with pytest.raises(ModelNotFoundError, match="neither"):
     load_heads("/nonexistent/heads.npz")
@@ -194,3 +202,17 @@ def test_loss_decreases_and_heads_learn(memoryless, fitted):
                           jnp.asarray(toks), tm.lm_head_matrix(memoryless))
   acc = tm.accuracy_table(met, 3)
   assert np.all(acc[:, 0] > 0.6) and np.all(acc[:, 1] >= acc[:, 0])  # held-out text
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_heads(smollm2):
+  """The shipped heads fit SmolLM2, carry their training record, and decode losslessly."""
+  heads = load_heads("smollm2-135m-medusa", smollm2)
+  assert heads.config.num_heads == 4 and heads.config.vocab_subset == 8192
+  held = heads.meta["held_out"]
+  assert held["top1_0"] > held["top1_1"] > 0.05  # head 0 (t+2) is the most accurate
+  prompt = ["Write a haiku about the sea."]
+  ref = sj.generate(smollm2, prompt, max_new_tokens=24, chat=True).tokens
+  out = sj.generate(smollm2, prompt, sj.Medusa(heads, tree=[(0,), (1,), (0, 0)]), max_new_tokens=24,
+                    chat=True)
+  assert out.tokens == ref

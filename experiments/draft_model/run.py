@@ -38,22 +38,37 @@ def main(argv=None):
   ap.add_argument("--temps", default="0,0.7")
   ap.add_argument("--sets", default="mt_bench,humaneval")
   ap.add_argument("--hf", action="store_true")
+  ap.add_argument("--drafts", default="",
+                  help="comma-separated drafts (names or .npz) to compare side by side with plain "
+                  "draft-model rows at --gammas (replaces the default method set)")
+  ap.add_argument("--gammas", default="3,5")
   args = ap.parse_args(argv)
 
   target = sj.load_model("smollm2-135m")
-  if args.draft.endswith(".npz"):  # an exported draft asset (train_draft(export=...))
-    from specjax.registry import load_draft_asset
-    draft = load_draft_asset(args.draft, target)
-  else:
-    draft = sj.load_model(args.draft)
+
+  def load_draft(name):
+    if name.endswith(".npz"):  # an exported draft asset (train_draft(export=...))
+      from specjax.registry import load_draft_asset
+      return load_draft_asset(name, target)
+    return sj.load_model(name)
+
+  draft = load_draft(args.draft)
   g = args.gamma
-  methods = {
-      f"draft g={g}": sj.DraftModel(draft, gamma=g),
-      f"draft adaptive<={g + 2} thr={args.threshold}": sj.DraftModel(
-          draft, gamma=g + 2, adaptive=True, threshold=args.threshold),
-      f"layer-skip k={args.exit_layer} g={g}": sj.SelfSpeculative(
-          exit_layer=args.exit_layer, gamma=g, vocab=draft.vocab_subset),
-  }
+  if args.drafts:
+    methods = {}
+    for name in args.drafts.split(","):
+      d = load_draft(name)
+      label = os.path.basename(name)
+      for gg in (int(x) for x in args.gammas.split(",")):
+        methods[f"draft {label} g={gg}"] = sj.DraftModel(d, gamma=gg)
+  else:
+    methods = {
+        f"draft g={g}": sj.DraftModel(draft, gamma=g),
+        f"draft adaptive<={g + 2} thr={args.threshold}": sj.DraftModel(
+            draft, gamma=g + 2, adaptive=True, threshold=args.threshold),
+        f"layer-skip k={args.exit_layer} g={g}": sj.SelfSpeculative(
+            exit_layer=args.exit_layer, gamma=g, vocab=draft.vocab_subset),
+    }
   costs = {name: measure_cost_ratio(target, m, cache_len=512) for name, m in methods.items()}
   for name, c in costs.items():
     print(f"# {name}: c = {c['c']:.3f} (draft {c['draft_step_ms']:.1f} ms / target step "
