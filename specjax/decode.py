@@ -209,11 +209,25 @@ def _encode(model, prompts, chat: bool) -> list[list[int]]:
 
 
 class _CompileCache:
-  """Compiled programs by (Program, argument shapes). `count` tells tests when we compiled."""
+  """Compiled programs by (Program, argument shapes). `count` tells tests when we compiled.
 
-  def __init__(self):
+  Bounded: every compiled XLA CPU program keeps its JIT code in a few hundred memory mappings
+  (measured ~270 for a tiny model's program), and Linux refuses new mappings past
+  vm.max_map_count (65530 by default), which crashes the next compile. A process that compiles
+  many programs (a long notebook, a test suite, a sweep over methods and shapes) would get
+  there, so once `max_programs` are held, this cache and jax's own caches are cleared (the next
+  call of each program recompiles).
+  """
+
+  def __init__(self, max_programs: int = 96):
     self.programs: dict = {}
     self.count = 0
+    self.max_programs = max_programs
+
+  def clear(self) -> None:
+    """Drops every compiled program (ours and jax's caches), freeing their code."""
+    self.programs.clear()
+    jax.clear_caches()
 
   def get(self, prog: Program, args) -> tuple[Any, float]:
     shapes = tuple((x.shape, x.dtype, getattr(x, "sharding", None))
@@ -222,6 +236,8 @@ class _CompileCache:
     key = (prog, shapes, treedef)
     if key in self.programs:
       return self.programs[key], 0.0
+    if len(self.programs) >= self.max_programs:
+      self.clear()
     t0 = time.perf_counter()
     compiled = _run_jit.lower(prog, *args).compile()
     self.count += 1

@@ -26,6 +26,31 @@ def pytest_collection_modifyitems(config, items):
     items[:] = keep
 
 
+def _num_mappings() -> int:
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
+@pytest.fixture(autouse=True)
+def _bound_compiled_code():
+  """Compiled XLA programs hold JIT code in memory mappings; the whole suite compiles far more
+  than Linux's default vm.max_map_count (65530) allows at once, and a compile past it crashes.
+  decode's compile cache bounds itself; this also catches other jitted code (training steps,
+  model.apply in tests) by clearing every cache once the process nears the limit. Clearing
+  happens between tests, never inside one, so tests that count compiles stay exact."""
+  from specjax import decode
+
+  cache = decode.compile_cache
+  if _num_mappings() > 30000 or len(cache.programs) > cache.max_programs - 24:
+    import gc
+    cache.clear()
+    gc.collect()
+  yield
+
+
 def tiny_config(**kw) -> sj.ModelConfig:
   base = dict(arch="llama", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
               num_kv_heads=2, head_dim=8, intermediate_size=48, max_position_embeddings=512,

@@ -73,3 +73,22 @@ def test_smollm2_batch_rows_equal_alone(smollm2):
 def test_smollm2_text_and_chat(smollm2):
   out = sj.generate(smollm2, ["What is the capital of France?"], max_new_tokens=16, chat=True)
   assert "Paris" in out.texts[0]
+
+
+def test_compile_cache_is_bounded(tiny):
+  """Past max_programs the cache (and jax's) is cleared, so compiled code cannot pile up until
+  the OS refuses new memory mappings; the next call recompiles and gives the same tokens."""
+  cache = decode.compile_cache
+  old = cache.max_programs
+  cache.clear()
+  try:
+    cache.max_programs = 2
+    outs = [sj.generate(tiny, [[1, 2, 3]], max_new_tokens=n).tokens for n in (16, 32)]
+    assert len(cache.programs) == 2
+    sj.generate(tiny, [[1, 2, 3]], max_new_tokens=64)
+    assert len(cache.programs) == 1  # cleared, then the new program added
+    before = cache.count
+    assert sj.generate(tiny, [[1, 2, 3]], max_new_tokens=16).tokens == outs[0]
+    assert cache.count == before + 1  # recompiled after the clear
+  finally:
+    cache.max_programs = old
