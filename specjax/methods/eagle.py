@@ -270,29 +270,6 @@ class Eagle:
     return out
 
 
-  # ------------------------------------------------------------------ protocol
-
-  @property
-  def dynamic(self) -> bool:
-    return isinstance(self.tree, str)
-
-  @property
-  def lossless(self) -> bool:
-    return self.acceptance != "typical"
-
-  @property
-  def extra_slots(self) -> int:
-    return self.num_nodes + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.depth + 1
-
-  @property
-  def window(self) -> int:
-    """W: the catch-up window (one round commits at most depth + 1 tokens)."""
-    return self.depth + 1
-
   def _internal(self) -> np.ndarray:
     """Static tree: the nodes with children (they run the head), in index order."""
     t = self.tree
