@@ -71,6 +71,46 @@ def measure_cost_curve(model, sizes=(1, 2, 4, 8, 16, 32, 64), *, cache_len: int 
   return {t: median(v) / base for t, v in times.items()}
 
 
+def save_report(out_dir: str, stem: str, data: dict, markdown: str,
+                plot: Callable | None = None) -> dict[str, str]:
+  """Writes an experiment's raw results `stem.json`, its table `stem.md` and, when `plot` is
+  given, `stem.png` (plot(fig) draws on a fresh matplotlib figure; the Agg backend, no display).
+  Every file is written under a temporary name and renamed, so a killed run leaves the previous
+  report whole. Returns {"json": path, "md": path[, "png": path]}."""
+  import json
+
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"json": os.path.join(out_dir, f"{stem}.json"), "md": os.path.join(out_dir, f"{stem}.md")}
+
+  def put(path, write):
+    tmp = path + ".tmp"
+    write(tmp)
+    os.replace(tmp, path)
+
+  put(paths["json"], lambda p: open(p, "w").write(json.dumps(data, indent=1, default=_jsonable)))
+  put(paths["md"], lambda p: open(p, "w").write(markdown.rstrip() + "\n"))
+  if plot is not None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(7, 4.5))
+    plot(fig)
+    fig.tight_layout()
+    paths["png"] = os.path.join(out_dir, f"{stem}.png")
+    put(paths["png"], lambda p: fig.savefig(p, dpi=110, format="png"))
+    plt.close(fig)
+  return paths
+
+
+def _jsonable(x):
+  if isinstance(x, np.generic):
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  return str(x)
+
+
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
   """rows of dicts; columns (key, header, format) -> an aligned plain-text table."""
   cells = [[h for _, h, _ in columns]]

@@ -101,11 +101,39 @@ def check_outputs(models: dict, sizes) -> float:
   return worst
 
 
+def _shipped_head_methods(model) -> dict:
+  """Medusa / EAGLE / MTP with their shipped heads, where the package has them. Medusa gets the
+  tree `choose_budget` picks on this machine's cost curve (as experiments/medusa does)."""
+  from specjax import bench as B
+  from specjax import registry
+  from specjax import tree as T
+
+  out = {}
+  have = {n for n, d in registry.DRAFTERS.items() if os.path.exists(d.path)}
+  if "smollm2-135m-medusa" in have:
+    from experiments.medusa.run import per_rank_accuracy
+
+    heads = sj.load_heads("smollm2-135m-medusa", model)
+    acc = per_rank_accuracy(heads.meta, heads.config.num_heads)
+    pick = T.choose_budget(B.measure_cost_curve(model, (1, 2, 4, 8, 16, 32)), acc, max_nodes=32)
+    n = pick["num_nodes"]
+    out[f"medusa N={n}"] = sj.Medusa(heads, tree=T.build_tree(acc, n), top_k=5)
+  if "smollm2-135m-eagle" in have:
+    out["eagle-2 N=8"] = sj.Eagle(sj.load_heads("smollm2-135m-eagle", model), num_nodes=8,
+                                  depth=4, top_k=4)
+  if "smollm2-135m-mtp" in have:
+    out["mtp"] = sj.MTP(sj.load_heads("smollm2-135m-mtp", model))
+  return out
+
+
 def methods_bench(model, draft, n_prompts: int, max_new: int, repeat: int, categories=None):
   from experiments.training_free.run import bench, load_prompts
 
   methods = {"autoregressive": sj.Autoregressive(), "prompt_lookup": sj.PromptLookup(),
-             "draft g=3": sj.DraftModel(draft, gamma=3), "lookahead": sj.Lookahead()}
+             "draft g=3": sj.DraftModel(draft, gamma=3), "lookahead": sj.Lookahead(),
+             "layer-skip k=6 g=3": sj.SelfSpeculative(exit_layer=6, gamma=3,
+                                                      vocab=draft.vocab_subset)}
+  methods.update(_shipped_head_methods(model))
   prompts = load_prompts(n_prompts)
   if categories:
     prompts = {c: prompts[c] for c in categories if c in prompts}
