@@ -253,23 +253,6 @@ class Eagle:
     """W: the catch-up window (one round commits at most depth + 1 tokens)."""
     return self.depth + 1
 
-  def _frontier_slots(self) -> int:
-    """Head-cache slots the drafted nodes use past the committed length."""
-    if self.dynamic:
-      return (self.depth - 1) * self.top_k
-    return len(self._internal())
-
-  def validate(self, model) -> None:
-    check_fits(self.heads, model)
-
-  def arrays(self, model):
-    out = {"mods": [module_arrays(self.heads.params, 0)]}
-    if self.heads.vocab is not None:
-      ids = jnp.asarray(self.heads.vocab)
-      out.update(vocab=ids, head=head_rows(model.config, model.params, ids))  # [Vs], [Vs,E]
-    return out
-
-
   def _internal(self) -> np.ndarray:
     """Static tree: the nodes with children (they run the head), in index order."""
     t = self.tree
