@@ -1,0 +1,123 @@
+"""The paper-reproduction scripts (experiments/{leviathan,lookahead,medusa,eagle}/run.py) run end to
+end on a tiny random HF checkpoint: each writes its JSON / markdown / PNG report with the rows it
+promises, greedy runs are token-identical to autoregressive decoding, and Leviathan's target-as-
+its-own-draft cell is exact (alpha = 1, tau = gamma + 1).
+
+Every option is shrunk (one short prompt, 12 new tokens, one configuration per sweep), so the
+time is compiling: one program per method configuration. Timing numbers from these runs mean
+nothing (a 2-layer, 64-wide model) and are not checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from tinyhf import save_tiny_hf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def load_script(name: str):
+  """experiments/<name>/run.py as a module (experiments/ is not a package)."""
+  path = os.path.join(ROOT, "experiments", name, "run.py")
+  spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+  return save_tiny_hf(str(tmp_path_factory.mktemp("tinyhf")))
+
+
+@pytest.fixture(scope="session")
+def prompt_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("prompts") / "short.txt"
+  path.write_text("The quick brown fox\n")
+  return str(path)
+
+
+def common(tiny_dir, prompt_file, out) -> list[str]:
+  """The options every script shares: same prompt and length, so the autoregressive baseline's
+  program compiles once for the whole session."""
+  return ["--quick", "--model", tiny_dir, "--out", str(out), "--sets", prompt_file,
+          "--prompts", "1", "--new", "12", "--cost-reps", "1"]
+
+
+def report(out, stem="results_quick") -> tuple[dict, str]:
+  """Checks the three files exist; returns (the JSON, the markdown)."""
+  paths = {ext: os.path.join(out, f"{stem}.{ext}") for ext in ("json", "md", "png")}
+  for p in paths.values():
+    assert os.path.isfile(p) and os.path.getsize(p) > 0, p
+  with open(paths["png"], "rb") as f:
+    assert f.read(8) == PNG_MAGIC
+  with open(paths["json"]) as f:
+    data = json.load(f)
+  with open(paths["md"]) as f:
+    md = f.read()
+  assert data["machine"]["loadavg"] and data["machine"]["date"]
+  return data, md
+
+
+def test_leviathan(tiny_dir, prompt_file, tmp_path):
+  mod = load_script("leviathan")
+  mod.main(common(tiny_dir, prompt_file, tmp_path) + ["--drafts", "self,random", "--gammas", "2"])
+  data, md = report(tmp_path)
+  rows = {r["draft"]: r for r in data["rows"]}
+  assert set(rows) == {"target itself", "random"}
+  own = rows["target itself"]
+  assert own["gamma"] == 2 and own["alpha"] == 1.0 and own["alpha_cell"] == 1.0
+  assert own["tau"] == 3.0 and own["E"] == 3.0 and own["rel_err"] == 0.0
+  assert all(r["identical"] for r in data["rows"])  # greedy: the same tokens as autoregressive
+  rnd = rows["random"]
+  assert 0.0 <= rnd["alpha"] < 0.5 and 1.0 <= rnd["tau"] <= 3.0
+  assert {"c", "c_verify", "pred_speedup", "speedup"} <= set(own)
+  assert "| target itself | 0 | 2 | 1.000 | 3.000 | 3.000 | +0.0% |" in md
+
+
+def test_lookahead(tiny_dir, prompt_file, tmp_path):
+  mod = load_script("lookahead")
+  mod.main(common(tiny_dir, prompt_file, tmp_path) + ["--windows", "2", "--ngrams", "3"])
+  data, md = report(tmp_path)
+  (row,) = data["rows"]
+  assert (row["window"], row["ngram"], row["guess"]) == (2, 3, 2)
+  assert row["tokens_per_step"] == 1 + (2 + 2) * 2 and row["identical"] and row["tau"] >= 1.0
+  assert "3" in data["fits"] and "| 2 | 3 | 2 | 9 |" in md
+
+
+def test_medusa(tiny_dir, prompt_file, tmp_path):
+  mod = load_script("medusa")
+  mod.main(common(tiny_dir, prompt_file, tmp_path)
+           + ["--heads", "random", "--nodes", "2", "--epsilons", "0.09", "--cost-sizes", "1,2,4"])
+  data, md = report(tmp_path)
+  assert len(data["accuracy"]) == 4 and all(0 <= r["bench_top5"] <= 1 for r in data["accuracy"])
+  assert data["rows"] and all(r["identical"] for r in data["rows"])
+  typical = {r["method"]: r for r in data["typical"]}
+  assert set(typical) == {"autoregressive (sampling)", "medusa exact", "typical eps=0.09"}
+  assert all(r["identical_at_T0"] for r in typical.values())  # typical is greedy at T = 0
+  assert 0 <= typical["typical eps=0.09"]["differ_from_argmax"] <= 1
+  assert "Typical acceptance" in md
+  # The report re-renders from its own JSON (how results.md is regenerated from an old run).
+  os.remove(tmp_path / "results_quick.md")
+  mod.main(["--render", str(tmp_path / "results_quick.json")])
+  assert report(tmp_path)[1] == md
+
+
+def test_eagle(tiny_dir, prompt_file, tmp_path):
+  mod = load_script("eagle")
+  mod.main(common(tiny_dir, prompt_file, tmp_path)
+           + ["--heads", "random", "--mtp-heads", "random", "--nodes", "4", "--depth", "2",
+              "--depths", "2", "--depth-nodes", "4", "--top-k", "2", "--static-nodes", "4"])
+  data, md = report(tmp_path)
+  kinds = [r["kind"] for r in data["rows"]]
+  assert kinds == ["EAGLE-2 dynamic", "EAGLE-1 static", "MTP"]
+  assert all(r["identical"] for r in data["rows"])
+  mtp = data["rows"][-1]
+  assert len(mtp["depth_acceptance"]) == 2  # two random MTP modules: depths 1 and 2
+  assert "random eagle heads" in data["heads"]["eagle"] and "DeepSeek-V3" in md
