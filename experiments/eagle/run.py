@@ -257,6 +257,9 @@ def plot(fig, data: dict) -> None:
   ax1.plot([r["nodes"] for r in st], [r["tau"] for r in st], "s--", label="EAGLE-1 static")
   ax1.set(xscale="log", xlabel="draft nodes N", ylabel="tau (tokens per target call)",
           title=f"tau by tree budget (T={t0:g})")
+  nodes = sorted({r["nodes"] for r in dyn + st})
+  ax1.minorticks_off()
+  ax1.set_xticks(nodes, [str(n) for n in nodes])
   ax1.legend(fontsize=7)
   dep = sorted((r for r in rows if r["sweep"] in ("depth", "both")), key=lambda r: r["depth"])
   ax2.plot([r["depth"] for r in dep], [r["tau"] for r in dep], "o-")

@@ -209,8 +209,11 @@ def plot(fig, data: dict) -> None:
       ax1.plot(t, f["a"] + f["b"] * np.log2(t), "-", color=col, lw=1)
     ax2.plot(t, [r["pred_speedup"] for r in rs], "-", color=col, lw=1)
     ax2.plot(t, [r["speedup"] for r in rs], "o", color=col, label=f"N={n}")
+  sizes = sorted({r["tokens_per_step"] for r in data["rows"]})
   for ax in (ax1, ax2):
     ax.set_xscale("log", base=2)
+    ax.minorticks_off()
+    ax.set_xticks(sizes, [str(t) for t in sizes])
     ax.set_xlabel("tokens per step T (per-step FLOPs, log scale)")
   ax1.set(ylabel="tau (tokens per step)", title="step compression vs per-step FLOPs")
   ax2.set(ylabel="speedup over autoregressive", title="measured (o), tau / c(T) (line)")

@@ -383,6 +383,9 @@ def plot(fig, data: dict) -> None:
                label="predicted speedup")
   ax1.axhline(1.0, color="grey", lw=0.5)
   ax1.set(xscale="log", xlabel="tree nodes N", title=f"trees by size (T={t0:g})")
+  nodes = sorted({r["nodes"] for r in rows})
+  ax1.minorticks_off()
+  ax1.set_xticks(nodes, [str(n) for n in nodes])
   ax1.legend(fontsize=7)
   ax2 = fig.add_subplot(1, 2, 2)
   ty = [r for r in data["typical"] if r["epsilon"] is not None]
@@ -391,6 +394,8 @@ def plot(fig, data: dict) -> None:
     ax2.plot(e, [r["tau"] for r in ty], "o-", label="tau (typical)")
     ax2.set(xscale="log", xlabel="epsilon (delta = sqrt(epsilon))", ylabel="tau",
             title=f"typical acceptance, T={ty[0]['temperature']:g}")
+    ax2.minorticks_off()
+    ax2.set_xticks(e, [f"{x:g}" for x in e])
     ax3 = ax2.twinx()
     ax3.plot(e, [100 * r["differ_from_argmax"] for r in ty], "s--", color="C3",
              label="% tokens not argmax")
