@@ -185,6 +185,31 @@ def _load_corpus(corpus):
   return corpus
 
 
+def setup_run(target, corpus, *, held_out: float, vocab_size: int, **train_kw):
+  """The checks and loading every corpus trainer starts with (draft and heads alike), all before
+  any compile: held_out a fraction, a corpus given, the TrainConfig (train_kw: its fields) valid
+  and its out_dir usable, the corpus loaded and written by this target, vocab_size within the
+  target's vocabulary. Returns (config, corpus, target Model, target name)."""
+  from specjax.training import trainer
+  from specjax.weights import load_model
+
+  if not (isinstance(held_out, (int, float)) and 0.0 <= held_out < 1.0):
+    raise InputError(f"held_out={held_out!r} is invalid: a fraction in [0, 1)")
+  if corpus is None:
+    raise InputError("corpus=None: give a corpus directory (`specjax data generate`)")
+  config = trainer.TrainConfig(**train_kw)
+  config.validate()
+  trainer.prepare_out_dir(config.out_dir)
+  corpus = _load_corpus(corpus)
+  target_name = target if isinstance(target, str) else target.name
+  target = load_model(target) if isinstance(target, str) else target
+  if vocab_size > target.config.vocab_size:
+    raise InputError(f"vocab_size={vocab_size} exceeds the target's vocabulary "
+                     f"({target.config.vocab_size})")
+  corpus.check_compatible(target)
+  return config, corpus, target, target_name
+
+
 def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: str = "runs/draft",
                 export: str | None = None, num_layers: int = 2, vocab_size: int = 8192,
                 steps: int = 2000, batch_size: int = 8, seq_len: int = 256, lr: float = 1e-3,
@@ -208,29 +233,15 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
                      ("batch_size", batch_size, 1), ("seq_len", seq_len, 2),
                      ("soft_top_k", soft_top_k, 0), ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
-  if not (isinstance(held_out, (int, float)) and 0.0 <= held_out < 1.0):
-    raise InputError(f"held_out={held_out!r} is invalid: a fraction in [0, 1)")
-  if corpus is None:
-    raise InputError("corpus=None: give a corpus directory (`specjax data generate`)")
-  config = trainer.TrainConfig(out_dir=out_dir, steps=steps, lr=lr, warmup=warmup,
-                               weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
-                               eval_every=eval_every, seed=seed, max_minutes=max_minutes,
-                               progress=progress)
-  config.validate()
-  trainer.prepare_out_dir(out_dir)
-  corpus = _load_corpus(corpus)
-  from specjax.weights import load_model
-
-  target_name = target if isinstance(target, str) else target.name
-  target = load_model(target) if isinstance(target, str) else target
+  config, corpus, target, target_name = setup_run(
+      target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps, lr=lr,
+      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
+      eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress)
   cfg = target.config
   if not num_layers <= cfg.num_layers:
     raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's layers)")
-  if vocab_size > cfg.vocab_size:
-    raise InputError(f"vocab_size={vocab_size} exceeds the target's vocabulary ({cfg.vocab_size})")
   if soft_top_k > cfg.vocab_size:
     raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary ({cfg.vocab_size})")
-  corpus.check_compatible(target)
 
   tok, mask = corpus.windows(seq_len, "train", held_out, seed)
   labels = next_token_labels(tok, mask)

@@ -56,31 +56,17 @@ def train_heads(kind: str, target="smollm2-135m", corpus=None, *, out_dir: str |
     num_heads = {"medusa": 4, "eagle": 1, "mtp": 2}[kind]
   from specjax.heads import init_heads, save_heads
   from specjax.training import trainer
-  from specjax.training.draft import _load_corpus, vocab_subset
+  from specjax.training.draft import setup_run, vocab_subset
 
   for arg, v, lo in (("num_heads", num_heads, 1), ("num_layers", num_layers, 1),
                      ("vocab_size", vocab_size, 0), ("batch_size", batch_size, 1),
                      ("seq_len", seq_len, num_heads + 3), ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
-  if not (isinstance(held_out, (int, float)) and 0.0 <= held_out < 1.0):
-    raise InputError(f"held_out={held_out!r} is invalid: a fraction in [0, 1)")
-  if corpus is None:
-    raise InputError("corpus=None: give a corpus directory (`specjax data generate`)")
-  config = trainer.TrainConfig(out_dir=out_dir, steps=steps, lr=lr, warmup=warmup,
-                               weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
-                               eval_every=eval_every, seed=seed, max_minutes=max_minutes,
-                               progress=progress)
-  config.validate()
-  trainer.prepare_out_dir(out_dir)
-  corpus = _load_corpus(corpus)
-  from specjax.weights import load_model
-
-  target_name = target if isinstance(target, str) else target.name
-  target = load_model(target) if isinstance(target, str) else target
+  config, corpus, target, target_name = setup_run(
+      target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps, lr=lr,
+      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
+      eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress)
   cfg = target.config
-  if vocab_size > cfg.vocab_size:
-    raise InputError(f"vocab_size={vocab_size} exceeds the target's vocabulary ({cfg.vocab_size})")
-  corpus.check_compatible(target)
   tok, mask = corpus.windows(seq_len, "train", held_out, seed)
   if not mask.any():
     raise InputError(f"corpus {getattr(corpus, 'path', '')}: no training windows with response "

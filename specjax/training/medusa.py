@@ -17,15 +17,14 @@ columns). The shared optax/orbax loop lives in specjax/training/trainer.py.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import cache as kv
 from specjax.heads import HeadsConfig, medusa_hidden, top_k_ids
 from specjax.model import head_rows
+from specjax.training.eagle import _features_jit
 
 DECAY = 0.8
 
@@ -36,19 +35,8 @@ def lm_head_matrix(target, vocab=None) -> jax.Array:
   return head_rows(target.config, target.params, ids)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _hidden(graphdef, params, tokens):
-  from flax import nnx
-
-  b, t = tokens.shape
-  model = nnx.merge(graphdef, params)
-  c = model.cfg
-  cache = kv.init(c.num_layers, b, t, c.num_kv_heads, c.head_dim,
-                  jax.tree_util.tree_leaves(params)[0].dtype)
-  mask = kv.causal_mask(cache.lengths, t, t, c.sliding_window)
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  _, hidden, _ = model(tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
-  return jax.lax.stop_gradient(hidden)
+# One frozen causal forward without the LM head: the same features EAGLE and MTP train on.
+_hidden = _features_jit
 
 
 def teacher_hidden(target, tokens) -> jax.Array:
