@@ -1,13 +1,18 @@
 """Timing protocol, statistics and tables.
 
-Protocol: every method runs the same prompts in the same process; each (method, prompt) pair is
-compiled and warmed once, then timed `repeats` times; we report the median per prompt and the
-median over prompts. Speedups are ratios of times measured in this same run, never against a
-number from another day. Timing lives here and in experiments/, never in unit tests.
+Protocol (`run_cases`; `specjax bench`, experiments/spec_bench and experiments/scaling use it):
+every method runs the same prompts in the same process; for each prompt (or batch of prompts)
+the baseline and the methods take turns, `repeats` rounds; each (method, program shape) is
+compiled and warmed once, and its time is the compiled program's wall time. `summarize` reports,
+per group of prompts, the median over prompts of the per-prompt ratio baseline time / method
+time, tau pooled over the group, and whether greedy outputs were token-identical to the
+baseline's. Speedups are ratios of times measured in this same run, never against a number from
+another day. Timing lives here and in experiments/, never in unit tests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -123,40 +128,233 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
   return "\n".join(lines)
 
 
+def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+  """rows of dicts; columns (key, header, format) -> a GitHub markdown table. None -> "-",
+  booleans -> "yes" / "no"."""
+  lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+           "|" + "|".join("---" for _ in columns) + "|"]
+  for r in rows:
+    lines.append("| " + " | ".join(_cell(r.get(k), f) for k, _, f in columns) + " |")
+  return "\n".join(lines)
+
+
+def _cell(v, fmt: str) -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, (bool, np.bool_)):
+    return "yes" if v else "no"
+  return format(v, fmt)
+
+
+def machine_info() -> dict:
+  """Where and when a measurement ran: date, CPU, cores, load average, jax and its device."""
+  import platform
+
+  import jax
+
+  load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+  return {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
+          "processor": platform.processor() or _cpu_model(), "cores": os.cpu_count(),
+          "load_average": [round(x, 2) for x in load], "jax": jax.__version__,
+          "device": str(jax.devices()[0].device_kind)}
+
+
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+  except OSError:
+    return ""
+
+
+# ----------------------------------------------------------------------------- prompt sets
+
+PROMPT_SETS = ("mt_bench", "spec_bench", "humaneval", "gsm8k")
+# Spec-Bench's six categories; its "multi-turn conversation" is MT-Bench's 80 questions, stored
+# in spec_bench.jsonl under their eight MT-Bench categories, so "mt_bench" stands for all eight.
+SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                       "humanities")
+
+
+def check_prompt_set(spec, what: str = "--prompts") -> None:
+  """Raises InputError unless `spec` is a prompt set (PROMPT_SETS), "spec_bench:CATEGORY" or an
+  existing .jsonl / .jsonl.gz / .txt file. Cheap: reads no prompts."""
+  from specjax.errors import InputError
+
+  if not isinstance(spec, str) or not spec:
+    raise InputError(f"{what} {spec!r} is invalid: name a prompt set ({', '.join(PROMPT_SETS)}), "
+                     f"spec_bench:CATEGORY or a .jsonl/.txt file")
+  if spec.endswith((".jsonl", ".jsonl.gz", ".txt")) or os.sep in spec:
+    if not os.path.isfile(spec):
+      raise InputError(f"{what} {spec!r}: no such file")
+    return
+  name, sep, category = spec.partition(":")
+  if name not in PROMPT_SETS:
+    raise InputError(f"{what} {spec!r} is unknown: use one of {', '.join(PROMPT_SETS)}, "
+                     f"spec_bench:CATEGORY or a .jsonl/.txt file")
+  if sep and name != "spec_bench":
+    raise InputError(f"{what} {spec!r} is invalid: only spec_bench has categories")
+  if sep and category not in spec_bench_categories():
+    raise InputError(f"{what} {spec!r}: unknown Spec-Bench category {category!r}; categories: "
+                     f"{', '.join(spec_bench_categories())}")
+
+
+def spec_bench_categories() -> tuple[str, ...]:
+  """The six Spec-Bench categories, then MT-Bench's eight (each also selectable on its own)."""
+  from specjax import prompts
+
+  extra = [c for c in prompts.categories() if c not in SPEC_BENCH_CATEGORIES + MT_BENCH_CATEGORIES]
+  return SPEC_BENCH_CATEGORIES + MT_BENCH_CATEGORIES + tuple(extra)
+
+
+def load_prompt_set(spec: str, n: int) -> tuple[list[str], bool]:
+  """(the first n prompts of `spec`, whether they take the chat template). MT-Bench (as
+  "mt_bench" or "spec_bench:mt_bench") is read round-robin over its eight categories, so a few
+  prompts are not all "writing"; HumanEval prompts are raw code to complete, the rest chat.
+  Without the shared prompt folder, specjax.prompts' built-in list stands in."""
+  from specjax import prompts
+
+  check_prompt_set(spec)
+  name, _, category = spec.partition(":")
+  chat = name != "humaneval"
+  if name == "mt_bench" or category == "mt_bench":
+    d = prompts.prompts_dir()
+    path = os.path.join(d, "mt_bench.jsonl") if d else ""
+    if os.path.isfile(path):
+      by_cat: dict[str, list[str]] = {}
+      for r in prompts.read_jsonl(path):
+        by_cat.setdefault(r.get("category", ""), []).append(r["turns"][0])
+      rows = [q for group in _zip_longest(by_cat.values()) for q in group]
+      return (rows * (n // len(rows) + 1))[:n], chat
+    return prompts.load("mt_bench", n), chat
+  return prompts.load(spec, n), chat
+
+
+def _zip_longest(lists):
+  lists = list(lists)
+  for i in range(max((len(x) for x in lists), default=0)):
+    yield [x[i] for x in lists if i < len(x)]
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+OVERALL = "overall"
+
+
+@dataclasses.dataclass
+class Case:
+  """One timed call: `prompts` (B rows: strings or token-id lists) decoded as one batch.
+
+  chat: wrap string prompts in the model's chat template; group: the label results are
+  summarised by (a category, a batch size, a prompt length); meta: copied into its records.
+  """
+  prompts: list
+  chat: bool = True
+  group: object = ""
+  meta: dict = dataclasses.field(default_factory=dict)
+
+
+def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: int = 128,
+              temperature: float = 0.0, repeats: int = 1, baseline: str = "autoregressive",
+              stop_at_eos: bool = False, progress: bool = True, desc: str = "bench") -> list[dict]:
+  """The timing protocol every benchmark here uses. Returns one record per (method, case).
+
+  For each case, every method (the baseline first) decodes the same batch with the same seed,
+  and the methods take turns within each of `repeats` rounds, so load from other processes
+  falls on all of them alike. A method's time is `generate`'s wall time of its compiled program
+  (tokenising, compiling and detokenising excluded); a call that compiled a program is a warm-up:
+  its run is discarded and repeated, so every (method, program shape) is compiled and warmed
+  once. Fixed-length generation by default (stop_at_eos=False): every method emits the same
+  number of tokens. Records: method, case, group, meta..., batch, new_tokens, target_calls, tau
+  (new tokens per target call, prefill included), time_s (median of the repeats), times_s,
+  tok_s, identical (greedy: the tokens equal the baseline's in every repeat; None when
+  sampling), compile_s.
+  """
+  import specjax as sj
+  from specjax.errors import InputError, check_int
+  from tqdm.auto import tqdm
+
+  if baseline not in methods:
+    raise InputError(f"baseline {baseline!r} is not among the methods ({', '.join(methods)})")
+  check_int("repeats", repeats, 1)
+  order = [baseline] + [n for n in methods if n != baseline]
+  records = []
+  bar = tqdm(total=len(cases) * len(order) * repeats, desc=desc, unit="run", disable=not progress)
+  for ci, case in enumerate(cases):
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, chat=case.chat,
+              stop_at_eos=stop_at_eos, seed=ci)
+    outs = {name: [] for name in order}
+    compile_s = {name: 0.0 for name in order}
+    for _ in range(repeats):
+      for name in order:
+        bar.set_postfix_str(f"{case.group} {name}", refresh=False)
+        out = sj.generate(model, case.prompts, methods[name], **kw)
+        if out.stats["compile_time_s"] > 0:  # a fresh program's first run pays one-off costs
+          compile_s[name] += out.stats["compile_time_s"]
+          out = sj.generate(model, case.prompts, methods[name], **kw)
+        outs[name].append(out)
+        bar.update()
+    ref = outs[baseline][0].tokens
+    for name in order:
+      times = [o.stats["wall_time_s"] for o in outs[name]]
+      st = outs[name][-1].stats
+      calls = int(sum(st["target_calls_per_row"]))
+      t = median(times)
+      records.append({
+          "method": name, "case": ci, "group": case.group, **case.meta,
+          "batch": len(case.prompts), "prompt_bucket": st["prompt_bucket"],
+          "new_tokens": st["new_tokens"], "target_calls": calls,
+          "tau": st["new_tokens"] / max(1, calls), "time_s": t, "times_s": times,
+          "tok_s": st["new_tokens"] / t,
+          "identical": (all(o.tokens == ref for o in outs[name]) if temperature == 0 else None),
+          "compile_s": compile_s[name]})
+  bar.close()
+  return records
+
+
+def summarize(records: list[dict], *, baseline: str = "autoregressive", by: str = "group",
+              overall: Sequence | None = None) -> dict:
+  """method -> {group (the records' `by` value) and OVERALL -> cell}. A cell: speedup (median
+  over cases of the baseline's time / the method's, each ratio from one case), tau (all new
+  tokens / all target calls), tok_s and ms_per_token (medians over cases), identical (every
+  case's greedy tokens equal the baseline's; None when sampling) and cases. OVERALL pools the
+  cases whose group is in `overall` (default: every case)."""
+  base = {r["case"]: r["time_s"] for r in records if r["method"] == baseline}
+  out: dict = {}
+  for name in dict.fromkeys(r["method"] for r in records):
+    mine = [r for r in records if r["method"] == name]
+    groups = {g: [r for r in mine if r[by] == g] for g in dict.fromkeys(r[by] for r in mine)}
+    groups[OVERALL] = [r for r in mine if overall is None or r[by] in overall]
+    out[name] = {g: _cell_stats(rs, base) for g, rs in groups.items() if rs}
+  return out
+
+
+def _cell_stats(rs: list[dict], base: dict) -> dict:
+  same = [r["identical"] for r in rs if r["identical"] is not None]
+  return {
+      "speedup": median([base[r["case"]] / r["time_s"] for r in rs]),
+      "tau": sum(r["new_tokens"] for r in rs) / max(1, sum(r["target_calls"] for r in rs)),
+      "tok_s": median([r["tok_s"] for r in rs]),
+      "ms_per_token": 1e3 * median([r["time_s"] / max(1, r["new_tokens"]) for r in rs]),
+      "identical": all(same) if same else None,
+      "cases": len(rs),
+  }
+
+
 def bench_methods(model, prompts: list, methods: dict, *, max_new_tokens: int = 128,
                   repeats: int = 3, temperature: float = 0.0, chat: bool = False,
                   baseline: str | None = None, progress: bool = True) -> list[dict]:
-  """Times each method on each prompt (batch 1). Returns one row per method with median tok/s,
-  tau, speedup over `baseline` (default: the first method) and the per-prompt raw times."""
-  import specjax as sj
-  from tqdm.auto import tqdm
-
+  """Times each method on each prompt (batch 1) with `run_cases`. Returns one row per method with
+  median tok/s, tau, speedup over `baseline` (default: the first method), greedy identity with
+  it, and the per-prompt records ("raw")."""
   baseline = baseline or next(iter(methods))
-  per = {name: {"times": [], "tokens": [], "tau": [], "stats": []} for name in methods}
-  work = [(name, i) for i in range(len(prompts)) for name in methods]
-  for name, i in tqdm(work, desc="bench", disable=not progress):
-    method = methods[name]
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, chat=chat, stop_at_eos=False)
-    sj.generate(model, [prompts[i]], method, **kw)  # compile + warm
-    outs = []
-    times = time_call(lambda: outs.append(sj.generate(model, [prompts[i]], method, **kw)), repeats)
-    per[name]["times"].append(median(times))
-    per[name]["tokens"].append(outs[-1].stats["new_tokens"])
-    per[name]["tau"].append(outs[-1].stats["mean_accepted"])
-    per[name]["stats"].append(outs[-1].stats)
-  base_t = np.array(per[baseline]["times"])
-  rows = []
-  for name, d in per.items():
-    t = np.array(d["times"])
-    rows.append({
-        "method": name,
-        "tok_s": median(list(np.array(d["tokens"]) / t)),
-        "tau": median(d["tau"]),
-        "speedup": median(list(base_t / t)),  # per-prompt ratio, then median
-        "ms_per_token": 1e3 * median(list(t / np.array(d["tokens"]))),
-        "raw": d,
-    })
-  return rows
+  records = run_cases(model, [Case([p], chat) for p in prompts], methods,
+                      max_new_tokens=max_new_tokens, temperature=temperature, repeats=repeats,
+                      baseline=baseline, progress=progress)
+  table = summarize(records, baseline=baseline)
+  return [{"method": name, **table[name][OVERALL],
+           "raw": [r for r in records if r["method"] == name]} for name in methods]
 
 
 def bench_vs_transformers(model_name: str = "smollm2-135m", prompts: list[str] | None = None, *,

@@ -116,39 +116,152 @@ def cmd_demo(args) -> None:
 
 
 def cmd_bench(args) -> None:
-  import specjax as sj
+  """`specjax bench`: every method against autoregressive (or, with --vs-transformers, specjax's
+  autoregressive decoding against transformers' PyTorch generate)."""
+  if args.vs_transformers:
+    _bench_vs_transformers(args)
+  else:
+    _bench_methods(args)
+
+
+def _bench_vs_transformers(args) -> None:
   from specjax import bench
 
-  if args.vs_transformers:
-    r = bench.bench_vs_transformers(args.model, max_new_tokens=args.max_new_tokens,
-                                    repeats=args.repeats)
-    print(f"\n{args.model} {r['dtype']}, greedy, batch 1, {r['max_new_tokens']} new tokens, "
-          f"{r['prompts']} prompts x {r['repeats']} repeats (medians), torch threads={r['torch_threads']}")
-    print(bench.format_table([
-        {"impl": "specjax (JAX/XLA)", "tok_s": r["specjax_tok_s"], "ratio": r["ratio"]},
-        {"impl": "transformers (PyTorch)", "tok_s": r["transformers_tok_s"], "ratio": 1.0},
-    ], [("impl", "implementation", "s"), ("tok_s", "tok/s", ".1f"), ("ratio", "vs transformers", ".2f")]))
-    print(f"weights {r['weight_bytes'] / 1e6:.0f} MB/token, read bandwidth {r['read_bandwidth_GBs']:.1f} GB/s "
-          f"-> bound {r['bound_tok_s']:.1f} tok/s; specjax reaches {100 * r['fraction_of_bound']:.0f}% of it")
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump(r, f, indent=1)
-    return
+  r = bench.bench_vs_transformers(args.model, max_new_tokens=args.max_new_tokens,
+                                  repeats=args.repeats)
+  print(f"\n{args.model} {r['dtype']}, greedy, batch 1, {r['max_new_tokens']} new tokens, "
+        f"{r['prompts']} prompts x {r['repeats']} repeats (medians), torch threads={r['torch_threads']}")
+  print(bench.format_table([
+      {"impl": "specjax (JAX/XLA)", "tok_s": r["specjax_tok_s"], "ratio": r["ratio"]},
+      {"impl": "transformers (PyTorch)", "tok_s": r["transformers_tok_s"], "ratio": 1.0},
+  ], [("impl", "implementation", "s"), ("tok_s", "tok/s", ".1f"), ("ratio", "vs transformers", ".2f")]))
+  print(f"weights {r['weight_bytes'] / 1e6:.0f} MB/token, read bandwidth {r['read_bandwidth_GBs']:.1f} GB/s "
+        f"-> bound {r['bound_tok_s']:.1f} tok/s; specjax reaches {100 * r['fraction_of_bound']:.0f}% of it")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(r, f, indent=1)
+
+
+BENCH_COLUMNS = [("method", "method", "s"), ("tok_s", "tok/s", ".1f"),
+                 ("ms_per_token", "ms/token", ".1f"), ("tau", "tau", ".2f"),
+                 ("speedup", "speedup", ".2f"), ("identical", "greedy = AR", "")]
+
+
+def _check_bench_args(args) -> list[str]:
+  """Every check that needs no model, so a bad argument fails in a moment, before loading or
+  compiling anything. Returns the method names (autoregressive first)."""
+  from specjax import bench, weights
+  from specjax.errors import InputError
+
+  for flag, value in (("--num-prompts", args.num_prompts), ("--max-new-tokens", args.max_new_tokens),
+                      ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
+    if value < 1:
+      raise InputError(f"{flag} {value} is invalid: must be an integer >= 1")
+  if not args.temperature >= 0 or args.temperature == float("inf"):
+    raise InputError(f"--temperature {args.temperature} is invalid: must be a finite number >= 0 "
+                     f"(0 = greedy)")
+  known = _method_factories()
+  names = [n.strip() for n in args.methods.split(",") if n.strip()] if args.methods else list(known)
+  for n in names:
+    if n not in known:
+      raise InputError(f"--methods: {n!r} is unknown; available: {', '.join(known)}")
+  bench.check_prompt_set(args.prompts)
+  for flag, path, ext in (("--json", args.json, ""), ("--csv", args.csv, ""),
+                          ("--plot", args.plot, ".png")):
+    if path and ext and not path.lower().endswith(ext):
+      raise InputError(f"{flag} {path!r} is invalid: must end in {ext}")
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+      raise InputError(f"{flag} {path!r}: folder {os.path.dirname(os.path.abspath(path))!r} "
+                       f"does not exist")
+  weights.resolve(args.model)  # an unknown model name fails here, before anything loads
+  return ["autoregressive"] + [n for n in dict.fromkeys(names) if n != "autoregressive"]
 
 
 def _bench_methods(args) -> None:
   import specjax as sj
-  from specjax import bench, prompts
+  from specjax import bench
+  from specjax.errors import InputError, SpecJaxError
 
+  names = _check_bench_args(args)
+  explicit = bool(args.methods)
+  print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
   model = sj.load_model(args.model)
-  names = args.methods.split(",") if args.methods else list(_method_factories())
-  methods = {n: _make_method(n, model, args) for n in names}
-  ps = prompts.load(args.prompts, args.num_prompts)
-  rows = bench.bench_methods(model, ps, methods, max_new_tokens=args.max_new_tokens,
-                             repeats=args.repeats, temperature=args.temperature)
-  print(bench.format_table(rows, [("method", "method", "s"), ("tok_s", "tok/s", ".1f"),
-                                  ("ms_per_token", "ms/token", ".1f"), ("tau", "tau", ".2f"),
-                                  ("speedup", "speedup", ".2f")]))
+  methods = {}
+  for name in names:
+    try:
+      m = _make_method(name, model, args)
+      m.validate(model)
+      methods[name] = m
+    except SpecJaxError as e:
+      if explicit:  # asked for by name: say why it cannot run here
+        raise InputError(f"--methods {name}: cannot run on {args.model}: {e}") from e
+      print(f"(skipping {name}: {e})", file=sys.stderr)
+  ps, chat = bench.load_prompt_set(args.prompts, args.num_prompts)
+  chat = chat and not args.no_chat
+  b = args.batch_size
+  calls = -(-len(ps) // b)
+  ps = (ps * (calls * b // len(ps) + 1))[:calls * b]  # a short last call is filled up from the start
+  cases = [bench.Case(ps[i * b:(i + 1) * b], chat, args.prompts) for i in range(calls)]
+  records = bench.run_cases(model, cases, methods, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, repeats=args.repeats,
+                            stop_at_eos=args.stop_at_eos, desc="bench")
+  summary = bench.summarize(records)
+  rows = [{"method": n, **summary[n][bench.OVERALL]} for n in methods]
+  title = (f"{args.model}, {args.prompts}: {len(ps)} prompt(s) in {calls} call(s) of {b}, "
+           f"{args.max_new_tokens} new tokens, temperature {args.temperature:g}, {args.repeats} "
+           f"timed run(s) per call; speedup = median per-call ratio to autoregressive")
+  _print_rich_table(title, rows)
+  data = {"args": {k: v for k, v in vars(args).items() if k != "fn"},
+          "info": bench.machine_info(), "summary": rows, "records": records}
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(data, f, indent=1, default=bench._jsonable)
+  if args.csv:
+    import csv
+
+    with open(args.csv, "w", newline="") as f:
+      w = csv.writer(f)
+      keys = [k for k, _, _ in BENCH_COLUMNS] + ["cases"]
+      w.writerow(keys)
+      for r in rows:
+        w.writerow(["" if r.get(k) is None else r[k] for k in keys])
+  if args.plot:
+    _bench_plot(args.plot, title, rows)
+
+
+def _print_rich_table(title: str, rows: list[dict]) -> None:
+  from rich.console import Console
+  from rich.table import Table
+
+  from specjax import bench
+
+  t = Table(title=title, title_justify="left")
+  for key, head, _ in BENCH_COLUMNS:
+    t.add_column(head, justify="left" if key == "method" else "right")
+  for r in rows:
+    t.add_row(*(bench._cell(r.get(k), f) for k, _, f in BENCH_COLUMNS))
+  Console().print(t)
+
+
+def _bench_plot(path: str, title: str, rows: list[dict]) -> None:
+  """Speedup bars, each labelled with its tau."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  names = [r["method"] for r in rows]
+  bars = ax.bar(names, [r["speedup"] for r in rows], color="tab:blue")
+  for bar, r in zip(bars, rows):
+    ax.annotate(f"tau {r['tau']:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center", va="bottom", fontsize=8)
+  ax.axhline(1.0, color="k", lw=0.8, ls="--")
+  ax.set_ylabel("speedup over autoregressive")
+  ax.set_title(title, fontsize=8, wrap=True)
+  ax.tick_params(axis="x", rotation=20)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def cmd_data_generate(args) -> None:
@@ -219,20 +332,33 @@ def main(argv=None) -> None:
   _add_method(d)
   d.set_defaults(fn=cmd_demo)
 
-  b = sub.add_parser("bench", help="time methods (or specjax vs transformers) in one run")
-  b.add_argument("--model", default=DEFAULT_MODEL)
+  b = sub.add_parser("bench", help="time methods against autoregressive (or specjax vs "
+                     "transformers) in one run")
+  b.add_argument("--model", default=DEFAULT_MODEL, help="a named model, a local HF directory or a .gguf")
   b.add_argument("--vs-transformers", action="store_true",
                  help="autoregressive specjax vs transformers' PyTorch generate, same weights")
-  b.add_argument("--methods", default="", help="comma-separated; default: all available")
+  b.add_argument("--methods", default="", help="comma-separated (autoregressive is always run); "
+                 "default: every available method that runs on the model")
   b.add_argument("--prompts", default="mt_bench",
                  help="mt_bench | spec_bench[:category] | humaneval | gsm8k | a .jsonl/.txt path")
   b.add_argument("--num-prompts", type=int, default=5)
+  b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together per call")
   b.add_argument("--max-new-tokens", type=int, default=128)
-  b.add_argument("--repeats", type=int, default=3)
+  b.add_argument("--repeats", type=int, default=3, help="timed runs per (method, call); medians")
   b.add_argument("--temperature", type=float, default=0.0)
-  b.add_argument("--json", default="", help="also write the results here")
-  _add_method(b)
-  b.set_defaults(fn=lambda a: cmd_bench(a) if a.vs_transformers else _bench_methods(a))
+  b.add_argument("--stop-at-eos", action="store_true",
+                 help="stop rows at EOS (default: fixed length, every method emits the same count)")
+  b.add_argument("--no-chat", action="store_true",
+                 help="raw prompts (default: the chat template, except for HumanEval)")
+  b.add_argument("--json", default="", help="write the summary and per-call records here")
+  b.add_argument("--csv", default="", help="write the summary table here")
+  b.add_argument("--plot", default="", help="write a speedup bar chart here (.png)")
+  b.add_argument("--draft", default="smollm2-135m-draft", help="the draft model of method draft")
+  b.add_argument("--gamma", type=int, default=5, help="draft / self-spec: tokens drafted per step")
+  b.add_argument("--exit-layer", type=int, default=0, help="self-spec: layers of the drafter "
+                 "(0: a quarter of the model's)")
+  b.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
+  b.set_defaults(fn=cmd_bench)
 
   da = sub.add_parser("data", help="build the self-distillation corpus drafters train on")
   dsub = da.add_subparsers(dest="what", required=True)

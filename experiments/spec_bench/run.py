@@ -1,0 +1,317 @@
+"""Spec-Bench on this machine: every method, greedy, batch 1, against autoregressive (issue 13).
+
+    .venv/bin/python experiments/spec_bench/run.py [--quick] [--model NAME_OR_DIR] [--out DIR]
+        [--num-prompts N] [--max-new-tokens N] [--categories a,b] [--methods a,b] [--repeats N]
+
+The six Spec-Bench categories (multi-turn conversation = MT-Bench's first turns, translation,
+summarization, QA, math reasoning, RAG; chat template) plus HumanEval (raw code completion), in
+one process: each prompt is decoded by sj.Autoregressive() and then by every method, taking
+turns (specjax.bench.run_cases: compile excluded, a fresh program's first run discarded), and
+every greedy output is checked token for token against autoregressive. Writes results.json (raw
+per-prompt records), results.md (the tables) and results.png to --out (`results_quick.*` with
+--quick): speedup per category (median of per-prompt ratios), the overall speedup and mean
+accepted tokens over the six categories, in Spec-Bench's leaderboard layout, next to Spec-Bench's
+published Vicuna-7B / A100 figures.
+
+Methods: autoregressive, prompt lookup, lookahead, a draft model (the shipped
+`smollm2-135m-draft` for SmolLM2, else the target's first layer), layer-skip (exit layer 6, or the
+last but one of a shallower model), Medusa with the tree `specjax.tree.choose_budget` picks on this
+machine's measured cost curve, EAGLE-2 and MTP. Heads come from the registry when the model has
+shipped ones; a model with a registry entry whose asset is not there yet skips that method; a
+model with no entries (e.g. a test checkpoint) gets random heads (`sj.init_heads(target, kind,
+seed=0)`), so the script runs end to end on any model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, ROOT)
+
+import specjax as sj  # noqa: E402
+from specjax import bench, registry  # noqa: E402
+
+CATEGORIES = bench.SPEC_BENCH_CATEGORIES + ("humaneval",)
+TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
+          "qa": "QA", "math_reasoning": "Math", "rag": "RAG", "humaneval": "HumanEval"}
+METHODS = ("autoregressive", "prompt-lookup", "lookahead", "draft", "layer-skip", "medusa",
+           "eagle", "mtp")
+
+# Spec-Bench's leaderboard, Vicuna-7B-v1.3, greedy, fp16, batch 1, one A100 80GB:
+# https://github.com/hemingkx/Spec-Bench/blob/main/Leaderboard.md ("Leaderboard on A100").
+# Speedup per category (MT-Bench, translation, summarization, QA, math, RAG), mean accepted
+# tokens, overall speedup.
+SPEC_BENCH_A100_VICUNA7B = {
+    "EAGLE": ((2.67, 1.99, 2.23, 2.12, 2.67, 2.04), 3.61, 2.29),
+    "Hydra": ((2.45, 1.94, 1.79, 2.03, 2.49, 1.77), 3.24, 2.09),
+    "Medusa": ((2.05, 1.73, 1.57, 1.75, 2.05, 1.51), 2.32, 1.78),
+    "PLD (prompt lookup)": ((1.64, 1.04, 2.43, 1.14, 1.61, 1.71), 1.73, 1.59),
+    "SpS (draft model)": ((1.66, 1.13, 1.62, 1.49, 1.47, 1.55), 2.28, 1.49),
+    "REST": ((1.63, 1.31, 1.36, 1.66, 1.21, 1.73), 1.82, 1.48),
+    "Lookahead": ((1.40, 1.14, 1.19, 1.24, 1.55, 1.09), 1.66, 1.27),
+}
+SPEC_BENCH_SOURCE = "https://github.com/hemingkx/Spec-Bench/blob/main/Leaderboard.md"
+
+
+def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int = 0,
+                  cost_sizes=(1, 2, 4, 8, 16, 32), log=print) -> tuple[dict, dict]:
+  """(name -> method, name -> what it is: settings and where its drafter came from) for the
+  method names in `names` that can run on `target`; `model_name` finds its shipped drafters.
+
+  medusa_nodes: the Medusa tree size (0: `choose_budget` on the cost curve measured here at
+  `cost_sizes`, from the heads' held-out per-rank accuracies, or Medusa's published ones for
+  random heads).
+  """
+  from specjax import tree as T
+
+  methods, notes = {}, {}
+
+  def shipped(kind):
+    """(drafter name, None) when shipped; (None, reason) when registered but absent; (None, None)
+    when the model has no registry entry of this kind."""
+    name = f"{model_name}-{kind}"
+    if name not in registry.DRAFTERS:
+      return None, None
+    if os.path.exists(registry.DRAFTERS[name].path):
+      return name, None
+    return None, f"{name} is registered but not shipped yet"
+
+  def heads(kind):
+    name, missing = shipped(kind)
+    if name:
+      return sj.load_heads(name, target), f"shipped heads {name}"
+    if missing:
+      log(f"(skipping {kind}: {missing})")
+      return None, missing
+    return sj.init_heads(target, kind, seed=0), "random heads (sj.init_heads, seed 0): none shipped"
+
+  draft = None
+  if {"draft", "layer-skip"} & set(names):
+    name, _ = shipped("draft")
+    if name:
+      draft, draft_note = sj.load_model(name), f"shipped draft {name}"
+    else:
+      draft = registry.draft_from_target(target, num_layers=1)
+      draft_note = "the target's first layer (untrained): no draft shipped for this model"
+  num_layers = target.config.num_layers
+  for n in names:
+    if n == "autoregressive":
+      methods[n], notes[n] = sj.Autoregressive(), "baseline"
+    elif n == "prompt-lookup":
+      methods[n], notes[n] = sj.PromptLookup(), "PromptLookup(ngram=3, num_tokens=10)"
+    elif n == "lookahead":
+      methods[n], notes[n] = sj.Lookahead(), "Lookahead(window=4, ngram=3, guess=4)"
+    elif n == "draft":
+      methods[n] = sj.DraftModel(draft, gamma=3)
+      notes[n] = f"DraftModel(gamma=3): {draft_note}"
+    elif n == "layer-skip":
+      k = min(6, num_layers - 1)
+      methods[n] = sj.SelfSpeculative(exit_layer=k, gamma=3, vocab=draft.vocab_subset)
+      notes[n] = (f"SelfSpeculative(exit_layer={k}, gamma=3" +
+                  (f", the draft's {len(draft.vocab_subset)}-token vocabulary)"
+                   if draft.vocab_subset is not None else ")"))
+    elif n == "medusa":
+      h, note = heads("medusa")
+      if h is None:
+        notes[n] = note
+        continue
+      from experiments.medusa.run import per_rank_accuracy
+
+      acc = per_rank_accuracy(h.meta, h.config.num_heads)
+      if acc is None or not acc.any():  # random heads: no held-out accuracy; Medusa's published
+        acc = T.prior_accuracies(h.config.num_heads, top_k=5)
+      if medusa_nodes:
+        nodes, how = medusa_nodes, "given"
+      else:
+        cost = bench.measure_cost_curve(target, cost_sizes, reps=5)
+        nodes, how = T.choose_budget(cost, acc, max_nodes=32)["num_nodes"], "choose_budget"
+        log("cost curve c(T): " + ", ".join(f"{t}: {c:.2f}" for t, c in cost.items())
+            + f" -> Medusa tree of {nodes} nodes")
+      methods[n] = sj.Medusa(h, tree=T.build_tree(acc, nodes), top_k=5)
+      notes[n] = f"Medusa, {nodes}-node tree ({how}), exact acceptance: {note}"
+    elif n == "eagle":
+      h, note = heads("eagle")
+      if h is None:
+        notes[n] = note
+        continue
+      # A small dynamic tree: on this CPU a verification forward of more than ~9 tokens costs
+      # more than EAGLE's extra accepted tokens bring (experiments/kernels, the cost curve).
+      methods[n] = sj.Eagle(h, num_nodes=8, depth=4, top_k=4)
+      notes[n] = f"EAGLE-2 (dynamic tree, 8 nodes, depth 4, top-4): {note}"
+    elif n == "mtp":
+      h, note = heads("mtp")
+      if h is None:
+        notes[n] = note
+        continue
+      methods[n], notes[n] = sj.MTP(h), f"MTP ({h.config.num_heads} modules): {note}"
+    else:
+      raise ValueError(f"unknown method {n!r}; known: {', '.join(METHODS)}")
+  return methods, notes
+
+
+def select_prompts(model, category: str, n: int, max_tokens: int = 0,
+                   max_new_tokens: int = 0) -> tuple[list[str], bool]:
+  """The first n prompts of a category whose token count (chat template included) is at most
+  max_tokens (0: no limit) and leaves room for max_new_tokens in the model's context; when fewer
+  than n fit max_tokens, the shortest that fit the context fill up. Returns (prompts, chat);
+  no prompts when none fits the context."""
+  spec = category if category == "humaneval" else f"spec_bench:{category}"
+  pool, chat = bench.load_prompt_set(spec, 200)
+  pool = list(dict.fromkeys(pool))  # load_prompt_set cycles a short set: drop the repeats
+  room = model.config.max_position_embeddings - max_new_tokens
+  lengths = [len(_encode(model, p, chat)) for p in pool]
+  fits = [(k, p) for k, p in zip(lengths, pool) if k <= room]
+  chosen = [p for k, p in fits if not max_tokens or k <= max_tokens][:n]
+  chosen += [p for _, p in sorted(fits, key=lambda kp: kp[0]) if p not in chosen][:n - len(chosen)]
+  return (chosen * n)[:n] if chosen else [], chat
+
+
+def _encode(model, prompt: str, chat: bool) -> list[int]:
+  if chat:
+    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                              add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+  return model.tokenizer.encode(prompt)
+
+
+def tables(summary: dict, categories, methods) -> str:
+  """The leaderboard (speedup per category, overall, mean tau, greedy identity), then tau per
+  category."""
+  spec = [c for c in categories if c in bench.SPEC_BENCH_CATEGORIES]
+  rest = [c for c in categories if c not in spec]
+  rows, tau_rows = [], []
+  for name in methods:
+    cells = summary[name]
+    ov = cells.get("spec_bench")
+    r = {"method": name, "overall": None if ov is None else f"{ov['speedup']:.2f}x",
+         "tau": None if ov is None else ov["tau"],
+         "identical": bench.OVERALL in cells and cells[bench.OVERALL]["identical"]}
+    t = {"method": name}
+    for c in categories:
+      r[c] = f"{cells[c]['speedup']:.2f}x" if c in cells else None
+      t[c] = cells[c]["tau"] if c in cells else None
+    rows.append(r)
+    tau_rows.append(t)
+  cols = ([("method", "method", "s")] + [(c, TITLES.get(c, c), "s") for c in spec]
+          + [("overall", "Overall (6 categories)", "s"), ("tau", "mean tau", ".2f")]
+          + [(c, TITLES.get(c, c), "s") for c in rest] + [("identical", "greedy = AR", "")])
+  ar = summary["autoregressive"]
+  speed = ", ".join(f"{TITLES.get(c, c)} {ar[c]['tok_s']:.1f}" for c in categories if c in ar)
+  return (bench.markdown_table(rows, cols)
+          + f"\n\nAutoregressive tok/s (median per prompt): {speed}.\n\n"
+          + "Tau (new tokens per target call, prefill included) per category:\n\n"
+          + bench.markdown_table(tau_rows, [("method", "method", "s")]
+                                 + [(c, TITLES.get(c, c), ".2f") for c in categories]))
+
+
+def reference_table() -> str:
+  rows = [{"method": name, **{c: f"{v:.2f}x" for c, v in zip(bench.SPEC_BENCH_CATEGORIES, sp)},
+           "overall": f"{ov:.2f}x", "tau": tau}
+          for name, (sp, tau, ov) in SPEC_BENCH_A100_VICUNA7B.items()]
+  cols = ([("method", "method", "s")] + [(c, TITLES[c], "s") for c in bench.SPEC_BENCH_CATEGORIES]
+          + [("overall", "Overall", "s"), ("tau", "mean tau", ".2f")])
+  return (f"Spec-Bench's published figures (Vicuna-7B-v1.3, greedy, fp16, batch 1, one A100; "
+          f"{SPEC_BENCH_SOURCE}):\n\n" + bench.markdown_table(rows, cols))
+
+
+def plot(summary: dict, categories, methods):
+  """Grouped bars: speedup per category (and overall) for each method but the baseline."""
+  import numpy as np
+
+  names = [m for m in methods if m != "autoregressive"]
+  groups = list(categories) + ["spec_bench"]
+  labels = [TITLES.get(c, c) for c in categories] + ["Overall"]
+
+  def draw(fig):
+    ax = fig.add_subplot(111)
+    w = 0.8 / max(1, len(names))
+    x = np.arange(len(groups))
+    for i, name in enumerate(names):
+      ys = [summary[name].get(g, {}).get("speedup", np.nan) for g in groups]
+      ax.bar(x + (i - (len(names) - 1) / 2) * w, ys, w, label=name)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(x, labels, rotation=20)
+    ax.set_ylabel("speedup over autoregressive")
+    ax.set_title("Spec-Bench categories + HumanEval, greedy, batch 1")
+    ax.legend(fontsize=7, ncol=2)
+  return draw
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--quick", action="store_true",
+                  help="1 prompt per category (of <= 256 tokens where the category has one), "
+                  "32 new tokens")
+  ap.add_argument("--model", default="smollm2-135m")
+  ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+  ap.add_argument("--num-prompts", type=int, default=None, help="per category (default 10; quick 1)")
+  ap.add_argument("--max-new-tokens", type=int, default=None, help="default 128; quick 32")
+  ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                  help="skip longer prompts (default: no limit; quick 256)")
+  ap.add_argument("--categories", default=",".join(CATEGORIES))
+  ap.add_argument("--methods", default=",".join(METHODS))
+  ap.add_argument("--repeats", type=int, default=1, help="timed runs per (method, prompt)")
+  ap.add_argument("--medusa-nodes", type=int, default=0,
+                  help="Medusa tree size (0: choose_budget on the measured cost curve)")
+  ap.add_argument("--no-progress", action="store_true")
+  args = ap.parse_args(argv)
+  quick = args.quick
+  n = args.num_prompts if args.num_prompts is not None else (1 if quick else 10)
+  new = args.max_new_tokens if args.max_new_tokens is not None else (32 if quick else 128)
+  max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else (256 if quick else 0)
+  cats = [c for c in args.categories.split(",") if c]
+  names = [m for m in args.methods.split(",") if m]
+  if bad := [c for c in cats if c not in CATEGORIES]:
+    ap.error(f"--categories: unknown {', '.join(bad)}; choose from {', '.join(CATEGORIES)}")
+  if bad := [m for m in names if m not in METHODS]:
+    ap.error(f"--methods: unknown {', '.join(bad)}; choose from {', '.join(METHODS)}")
+  if n < 1 or new < 1 or args.repeats < 1:
+    ap.error("--num-prompts, --max-new-tokens and --repeats must be >= 1")
+  names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
+
+  info = bench.machine_info()
+  print(f"{info['date']}, {info['processor']}, {info['cores']} cores, load average "
+        f"{info['load_average']}, jax {info['jax']}")
+  target = sj.load_model(args.model)
+  methods, notes = build_methods(target, args.model, names, medusa_nodes=args.medusa_nodes,
+                                 cost_sizes=(1, 2, 4, 8, 16) if quick else (1, 2, 4, 8, 16, 32))
+  for name, note in notes.items():
+    print(f"  {name}: {note}")
+  cases = []
+  for c in cats:
+    ps, chat = select_prompts(target, c, n, max_prompt, new)
+    if not ps:
+      ap.error(f"no {c} prompt fits {args.model}'s context of "
+               f"{target.config.max_position_embeddings} tokens with {new} new tokens")
+    cases += [bench.Case([p], chat, c) for p in ps]
+  records = bench.run_cases(target, cases, methods, max_new_tokens=new, repeats=args.repeats,
+                            desc="spec-bench", progress=not args.no_progress)
+  spec = [c for c in cats if c in bench.SPEC_BENCH_CATEGORIES]
+  summary = bench.summarize(records, overall=None)
+  if spec:  # Spec-Bench's "overall" covers its six categories only, not HumanEval
+    pooled = bench.summarize(records, overall=spec)
+    for name in summary:
+      summary[name]["spec_bench"] = pooled[name][bench.OVERALL]
+  info["load_average_end"] = bench.machine_info()["load_average"]
+  head = (f"{args.model}, greedy, batch 1, {n} prompt(s) per category, {new} new tokens "
+          f"(fixed length), {args.repeats} timed run(s) per prompt; {info['date']}, "
+          f"{info['processor'] or info['machine']}, {info['cores']} cores, load average "
+          f"{info['load_average'][0]:.1f} at start / {info['load_average_end'][0]:.1f} at end.")
+  skipped = [f"{m} ({notes[m]})" for m in names if m not in methods]
+  head += f" Not run: {'; '.join(skipped)}." if skipped else ""
+  markdown = "\n\n".join([head, tables(summary, cats, list(methods)), reference_table()])
+  data = {"info": info, "args": vars(args), "num_prompts": n, "max_new_tokens": new,
+          "max_prompt_tokens": max_prompt, "categories": cats, "methods": notes,
+          "summary": summary, "records": records,
+          "reference": {"source": SPEC_BENCH_SOURCE, "vicuna7b_a100": SPEC_BENCH_A100_VICUNA7B}}
+  paths = bench.save_report(args.out, "results_quick" if quick else "results", data, markdown,
+                            plot=plot(summary, cats, list(methods)))
+  print("\n" + markdown + "\n\nwrote " + ", ".join(paths.values()))
+  return data
+
+
+if __name__ == "__main__":
+  main()

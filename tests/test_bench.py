@@ -1,0 +1,211 @@
+"""specjax.bench's protocol and summaries, the Spec-Bench and scaling experiments end to end, and
+`specjax bench` on a tiny random HF checkpoint.
+
+Every run here shares one prompt bucket (64 tokens) and one max_new_tokens (4), so the programs
+compiled by one test are reused by the next (decode's compile cache is per process): the short
+prompt set below stands in for ../shared/data/prompts, whose real prompts are hundreds of the
+tiny tokenizer's tokens long.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import json
+import os
+
+import pytest
+
+from specjax import bench, cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NEW = "4"
+
+# 33-64 tokens each with the tiny tokenizer (chat template included; HumanEval raw).
+SHORT = {
+    "translation": "Translate this sentence into German: the quick brown fox.",
+    "summarization": "Summarize the following article: the fox jumps over the dog.",
+    "qa": "Answer the question: who jumps over the lazy dog?",
+    "math_reasoning": "Answer the question: what is fibonacci of 7? Think step by step.",
+    "rag": "Answer the question from the article: the quick brown fox jumps over the dog.",
+}
+MT = "Write a story about a fox that jumps over a lazy dog."
+HUMANEVAL = 'def add(a, b):\n    """Return a + b."""\n'
+
+
+def _load(name: str, path: str):
+  spec = importlib.util.spec_from_file_location(name, path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+  from tinyhf import save_tiny_hf
+
+  return save_tiny_hf(str(tmp_path_factory.mktemp("tinyhf") / "model"))
+
+
+@pytest.fixture(scope="session")
+def prompt_dir(tmp_path_factory):
+  """A stand-in for ../shared/data/prompts: one short prompt per Spec-Bench and MT-Bench
+  category, and one HumanEval prompt."""
+  d = tmp_path_factory.mktemp("prompts")
+  mt = [{"question_id": i, "category": c, "turns": [MT]} for i, c in enumerate(bench.MT_BENCH_CATEGORIES)]
+  rest = [{"question_id": 100 + i, "category": c, "turns": [p]} for i, (c, p) in enumerate(SHORT.items())]
+  for name, rows in (("mt_bench.jsonl", mt), ("spec_bench.jsonl", mt + rest)):
+    (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+  with gzip.open(d / "humaneval.jsonl.gz", "wt") as f:
+    f.write(json.dumps({"task_id": "t/0", "prompt": HUMANEVAL}) + "\n")
+  return str(d)
+
+
+@pytest.fixture(autouse=True)
+def _short_prompts(prompt_dir, monkeypatch):
+  monkeypatch.setenv("SPECJAX_PROMPTS", prompt_dir)
+
+
+# ----------------------------------------------------------------------------- bench.py
+
+
+def _record(method, case, time_s, group="g", new=8, calls=8, identical=True):
+  return {"method": method, "case": case, "group": group, "time_s": time_s, "tok_s": new / time_s,
+          "new_tokens": new, "target_calls": calls, "identical": identical}
+
+
+def test_summarize_takes_median_of_per_case_ratios_and_pools_tau():
+  recs = [_record("autoregressive", 0, 1.0), _record("autoregressive", 1, 4.0),
+          _record("autoregressive", 2, 1.0, group="h"),
+          _record("m", 0, 0.5, calls=2), _record("m", 1, 8.0, calls=6),
+          _record("m", 2, 0.25, group="h", calls=4, identical=False)]
+  s = bench.summarize(recs)
+  # ratios 2.0, 0.5 in g: median 1.25 (a median of times would give 4.25 / 4.25 = 1.0)
+  assert s["m"]["g"]["speedup"] == pytest.approx(1.25)
+  assert s["m"]["g"]["tau"] == pytest.approx(16 / 8)  # all tokens / all calls
+  assert s["m"]["g"]["identical"] is True and s["m"]["h"]["identical"] is False
+  assert s["m"][bench.OVERALL]["speedup"] == pytest.approx(2.0) and s["m"][bench.OVERALL]["cases"] == 3
+  assert bench.summarize(recs, overall=["h"])["m"][bench.OVERALL]["cases"] == 1
+  assert s["autoregressive"]["g"]["speedup"] == 1.0
+
+
+def test_prompt_sets_are_checked_before_reading():
+  from specjax.errors import InputError
+
+  bench.check_prompt_set("spec_bench:rag")
+  bench.check_prompt_set("mt_bench")
+  for bad, msg in (("mtbench", "is unknown"), ("spec_bench:poetry", "unknown Spec-Bench category"),
+                   ("gsm8k:easy", "only spec_bench has categories"), ("nope.jsonl", "no such file")):
+    with pytest.raises(InputError, match=msg):
+      bench.check_prompt_set(bad)
+
+
+def test_mt_bench_is_read_round_robin_over_its_categories(monkeypatch, tmp_path):
+  rows = [{"category": c, "turns": [f"{c} {i}"]} for c in ("writing", "math") for i in range(3)]
+  (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
+  ps, chat = bench.load_prompt_set("spec_bench:mt_bench", 3)
+  assert ps == ["writing 0", "math 0", "writing 1"] and chat
+  assert bench.load_prompt_set("mt_bench", 2)[0] == ["writing 0", "math 0"]
+
+
+def test_markdown_table():
+  md = bench.markdown_table([{"a": "x", "b": 1.234, "c": True}, {"a": "y", "b": None, "c": False}],
+                            [("a", "A", "s"), ("b", "B", ".2f"), ("c", "C", "")])
+  assert md.splitlines() == ["| A | B | C |", "|---|---|---|", "| x | 1.23 | yes |", "| y | - | no |"]
+
+
+# ----------------------------------------------------------------------------- experiments
+
+
+def test_spec_bench_script(tiny_dir, tmp_path):
+  run = _load("spec_bench_run", os.path.join(ROOT, "experiments", "spec_bench", "run.py"))
+  out = str(tmp_path)
+  run.main(["--quick", "--model", tiny_dir, "--out", out, "--max-new-tokens", NEW,
+            "--num-prompts", "1", "--medusa-nodes", "3", "--no-progress"])
+  for ext in ("json", "md", "png"):
+    assert os.path.getsize(os.path.join(out, f"results_quick.{ext}")) > 0
+  data = json.load(open(os.path.join(out, "results_quick.json")))
+  md = open(os.path.join(out, "results_quick.md")).read()
+  assert set(data["summary"]) == set(run.METHODS)  # no shipped heads: random ones, all run
+  for name in run.METHODS:
+    cells = data["summary"][name]
+    assert set(run.CATEGORIES) <= set(cells) and "spec_bench" in cells
+    assert cells["overall"]["identical"] is True, name
+    assert f"| {name} |" in md
+  for title in run.TITLES.values():
+    assert title in md
+  assert run.SPEC_BENCH_SOURCE in md
+  assert all(r["identical"] for r in data["records"])
+  assert len(data["records"]) == len(run.METHODS) * len(run.CATEGORIES)
+
+
+def test_scaling_script(tiny_dir, tmp_path):
+  run = _load("scaling_run", os.path.join(ROOT, "experiments", "scaling", "run.py"))
+  out = str(tmp_path)
+  run.main(["--quick", "--model", tiny_dir, "--out", out, "--max-new-tokens", NEW,
+            "--num-prompts", "1", "--batch-sizes", "1,2", "--lengths", "56,64",
+            "--medusa-nodes", "3", "--no-progress"])
+  for ext in ("json", "md", "png"):
+    assert os.path.getsize(os.path.join(out, f"results_quick.{ext}")) > 0
+  data = json.load(open(os.path.join(out, "results_quick.json")))
+  md = open(os.path.join(out, "results_quick.md")).read()
+  points = {"B=1 L=56", "B=2 L=56", "B=1 L=64"}
+  assert set(data["summary"]) == set(run.METHODS)
+  for name in run.METHODS:
+    assert points <= set(data["summary"][name]), name
+    assert f"| {name} |" in md
+  for r in data["records"]:
+    assert r["identical"] and len(r["prompt_tokens"]) == r["batch_size"]
+    assert max(r["prompt_tokens"]) <= r["length"] and min(r["prompt_tokens"]) >= r["length"] - 4
+  assert "B=2" in md and "L=64" in md
+
+
+# ----------------------------------------------------------------------------- specjax bench
+
+
+def test_cli_bench_writes_json_csv_and_plot(tiny_dir, tmp_path, capsys):
+  paths = {k: str(tmp_path / f"bench.{k}") for k in ("json", "csv", "png")}
+  cli.main(["bench", "--model", tiny_dir, "--methods", "prompt-lookup,lookahead",
+            "--prompts", "spec_bench:summarization", "--num-prompts", "3", "--batch-size", "2",
+            "--max-new-tokens", NEW, "--repeats", "1", "--json", paths["json"],
+            "--csv", paths["csv"], "--plot", paths["png"]])
+  shown = capsys.readouterr().out
+  assert "prompt-lookup" in shown and "speedup" in shown and "tau" in shown
+  data = json.load(open(paths["json"]))
+  assert [r["method"] for r in data["summary"]] == ["autoregressive", "prompt-lookup", "lookahead"]
+  assert all(r["identical"] for r in data["summary"])
+  assert {r["batch"] for r in data["records"]} == {2} and len(data["records"]) == 3 * 2
+  rows = list(csv.DictReader(open(paths["csv"])))
+  assert [r["method"] for r in rows] == ["autoregressive", "prompt-lookup", "lookahead"]
+  assert float(rows[0]["speedup"]) == 1.0
+  assert os.path.getsize(paths["png"]) > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--methods", "telepathy"], "--methods: 'telepathy' is unknown; available: autoregressive"),
+    (["--prompts", "mtbench"], "--prompts 'mtbench' is unknown"),
+    (["--prompts", "spec_bench:poetry"], "unknown Spec-Bench category 'poetry'"),
+    (["--prompts", "missing.jsonl"], "--prompts 'missing.jsonl': no such file"),
+    (["--batch-size", "0"], "--batch-size 0 is invalid: must be an integer >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0 is invalid"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens -3 is invalid"),
+    (["--num-prompts", "0"], "--num-prompts 0 is invalid"),
+    (["--temperature", "-1"], "--temperature -1.0 is invalid"),
+    (["--plot", "out.jpg"], "--plot 'out.jpg' is invalid: must end in .png"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+])
+def test_cli_bench_bad_arguments_fail_before_loading(args, message, capsys, monkeypatch):
+  import specjax as sj
+
+  def no_load(*a, **k):
+    raise AssertionError("the model was loaded before the arguments were checked")
+
+  monkeypatch.setattr(sj, "load_model", no_load)
+  with pytest.raises(SystemExit) as e:
+    cli.main(["bench", *args])
+  err = capsys.readouterr().err
+  assert e.value.code == 2
+  assert message in err and "Traceback" not in err
+  assert len(err.strip().splitlines()) == 1, err
