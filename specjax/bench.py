@@ -1,13 +1,14 @@
 """Timing protocol, statistics and tables.
 
 Protocol (`run_cases`; `specjax bench`, experiments/spec_bench and experiments/scaling use it):
-every method runs the same prompts in the same process; for each prompt (or batch of prompts)
-the baseline and the methods take turns, `repeats` rounds; each (method, program shape) is
-compiled and warmed once, and its time is the compiled program's wall time. `summarize` reports,
-per group of prompts, the median over prompts of the per-prompt ratio baseline time / method
-time, tau pooled over the group, and whether greedy outputs were token-identical to the
-baseline's. Speedups are ratios of times measured in this same run, never against a number from
-another day. Timing lives here and in experiments/, never in unit tests.
+every method runs the same prompts in the same process; for each prompt (or batch of prompts),
+each method runs right after a baseline run of its own, `repeats` rounds, so every ratio pairs
+two runs seconds apart; each (method, program shape) is compiled and warmed once, and a time is
+the compiled program's wall time. `summarize` reports, per group of prompts, the median over
+prompts of the per-prompt ratio baseline time / method time, tau pooled over the group, and
+whether greedy outputs were token-identical to the baseline's. Speedups are ratios of times
+measured in this same run, never against a number from another day. Timing lives here and in
+experiments/, never in unit tests.
 """
 
 from __future__ import annotations
@@ -260,15 +261,19 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
               stop_at_eos: bool = False, progress: bool = True, desc: str = "bench") -> list[dict]:
   """The timing protocol every benchmark here uses. Returns one record per (method, case).
 
-  For each case, every method (the baseline first) decodes the same batch with the same seed,
-  and the methods take turns within each of `repeats` rounds, so load from other processes
-  falls on all of them alike. A method's time is `generate`'s wall time of its compiled program
-  (tokenising, compiling and detokenising excluded); a call that compiled a program is a warm-up:
-  its run is discarded and repeated, so every (method, program shape) is compiled and warmed
-  once. Fixed-length generation by default (stop_at_eos=False): every method emits the same
-  number of tokens. Records: method, case, group, meta..., batch, new_tokens, target_calls, tau
-  (new tokens per target call, prefill included), time_s (median of the repeats), times_s,
-  tok_s, identical (greedy: the tokens equal the baseline's in every repeat; None when
+  For each case (one batch of prompts), in each of `repeats` rounds, every method decodes it
+  right after a baseline run of its own (same batch, same seed): each method's time is paired
+  with a baseline time measured seconds before it, so load from other processes on a shared
+  machine falls on both sides of a ratio alike. A time is `generate`'s wall time of the compiled
+  program (tokenising, compiling and detokenising excluded); a call that compiled a program is a
+  warm-up: its run is discarded and repeated, so every (method, program shape) is compiled and
+  warmed once. Fixed-length generation by default (stop_at_eos=False): every method emits the
+  same number of tokens.
+
+  Records: method, case, group, meta..., batch, prompt_bucket, new_tokens, target_calls, tau
+  (new tokens per target call, prefill included), time_s (median of its runs), times_s,
+  base_time_s (median of the paired baseline runs), ratio (median over rounds of paired baseline
+  time / time), tok_s, identical (greedy: every run's tokens equal the baseline's; None when
   sampling), compile_s.
   """
   import specjax as sj
@@ -278,26 +283,38 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
   if baseline not in methods:
     raise InputError(f"baseline {baseline!r} is not among the methods ({', '.join(methods)})")
   check_int("repeats", repeats, 1)
-  order = [baseline] + [n for n in methods if n != baseline]
+  others = [n for n in methods if n != baseline]
+  per_round = 2 * len(others) or 1
   records = []
-  bar = tqdm(total=len(cases) * len(order) * repeats, desc=desc, unit="run", disable=not progress)
+  bar = tqdm(total=len(cases) * repeats * per_round, desc=desc, unit="run", disable=not progress)
   for ci, case in enumerate(cases):
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, chat=case.chat,
               stop_at_eos=stop_at_eos, seed=ci)
-    outs = {name: [] for name in order}
-    compile_s = {name: 0.0 for name in order}
-    for _ in range(repeats):
-      for name in order:
-        bar.set_postfix_str(f"{case.group} {name}", refresh=False)
+    outs = {name: [] for name in methods}
+    paired = {name: [] for name in others}
+    compile_s = {name: 0.0 for name in methods}
+
+    def run(name):
+      bar.set_postfix_str(f"{case.group} {name}", refresh=False)
+      out = sj.generate(model, case.prompts, methods[name], **kw)
+      if out.stats["compile_time_s"] > 0:  # a fresh program's first run pays one-off costs
+        compile_s[name] += out.stats["compile_time_s"]
         out = sj.generate(model, case.prompts, methods[name], **kw)
-        if out.stats["compile_time_s"] > 0:  # a fresh program's first run pays one-off costs
-          compile_s[name] += out.stats["compile_time_s"]
-          out = sj.generate(model, case.prompts, methods[name], **kw)
-        outs[name].append(out)
-        bar.update()
+      outs[name].append(out)
+      bar.update()
+      return out.stats["wall_time_s"]
+
+    for _ in range(repeats):
+      if not others:
+        run(baseline)
+      for name in others:
+        t_base = run(baseline)
+        run(name)
+        paired[name].append(t_base)
     ref = outs[baseline][0].tokens
-    for name in order:
+    for name in [baseline] + others:
       times = [o.stats["wall_time_s"] for o in outs[name]]
+      base_times = paired.get(name, times)
       st = outs[name][-1].stats
       calls = int(sum(st["target_calls_per_row"]))
       t = median(times)
@@ -306,6 +323,8 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
           "batch": len(case.prompts), "prompt_bucket": st["prompt_bucket"],
           "new_tokens": st["new_tokens"], "target_calls": calls,
           "tau": st["new_tokens"] / max(1, calls), "time_s": t, "times_s": times,
+          "base_time_s": median(base_times),
+          "ratio": median([b / x for b, x in zip(base_times, times)]),
           "tok_s": st["new_tokens"] / t,
           "identical": (all(o.tokens == ref for o in outs[name]) if temperature == 0 else None),
           "compile_s": compile_s[name]})
@@ -316,11 +335,12 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
 def summarize(records: list[dict], *, baseline: str = "autoregressive", by: str = "group",
               overall: Sequence | None = None) -> dict:
   """method -> {group (the records' `by` value) and OVERALL -> cell}. A cell: speedup (median
-  over cases of the baseline's time / the method's, each ratio from one case), tau (all new
+  over cases of each case's paired ratio baseline time / method time; speedup_of_means:
+  Spec-Bench's mean tok/s over the baseline's mean tok/s, for comparison), tau (all new
   tokens / all target calls), tok_s and ms_per_token (medians over cases), identical (every
   case's greedy tokens equal the baseline's; None when sampling) and cases. OVERALL pools the
   cases whose group is in `overall` (default: every case)."""
-  base = {r["case"]: r["time_s"] for r in records if r["method"] == baseline}
+  base = {r["case"]: r for r in records if r["method"] == baseline}
   out: dict = {}
   for name in dict.fromkeys(r["method"] for r in records):
     mine = [r for r in records if r["method"] == name]
@@ -330,10 +350,18 @@ def summarize(records: list[dict], *, baseline: str = "autoregressive", by: str 
   return out
 
 
+def _ratio(r: dict, base: dict) -> float:
+  """A record's speedup: its paired ratio (run_cases), else the baseline record's time over its."""
+  return r["ratio"] if "ratio" in r else base[r["case"]]["time_s"] / r["time_s"]
+
+
 def _cell_stats(rs: list[dict], base: dict) -> dict:
   same = [r["identical"] for r in rs if r["identical"] is not None]
   return {
-      "speedup": median([base[r["case"]] / r["time_s"] for r in rs]),
+      "speedup": median([_ratio(r, base) for r in rs]),
+      # Spec-Bench's own figure (evaluation/speed.py): mean tok/s over mean baseline tok/s.
+      "speedup_of_means": float(np.mean([r["tok_s"] for r in rs]) / np.mean(
+          [r["new_tokens"] / r.get("base_time_s", base[r["case"]]["time_s"]) for r in rs])),
       "tau": sum(r["new_tokens"] for r in rs) / max(1, sum(r["target_calls"] for r in rs)),
       "tok_s": median([r["tok_s"] for r in rs]),
       "ms_per_token": 1e3 * median([r["time_s"] / max(1, r["new_tokens"]) for r in rs]),

@@ -90,6 +90,42 @@ def test_summarize_takes_median_of_per_case_ratios_and_pools_tau():
   assert s["autoregressive"]["g"]["speedup"] == 1.0
 
 
+def test_run_cases_pairs_every_method_with_a_baseline_run_and_discards_warmups(monkeypatch):
+  """With a fake generate: the call order, the warm-up rule and the paired ratios."""
+  import types
+
+  import specjax as sj
+
+  calls, compiled = [], set()
+  wall = {"autoregressive": [1.0, 3.0, 1.0, 3.0], "fast": [0.5, 0.5], "slow": [6.0, 6.0]}
+
+  def fake_generate(model, prompts, method, **kw):
+    calls.append(method)
+    fresh = method not in compiled
+    compiled.add(method)
+    t = 9.0 if fresh else wall[method].pop(0)
+    toks = [[1, 2, 3]] if method != "slow" else [[1, 2, 4]]
+    return types.SimpleNamespace(tokens=toks, stats={
+        "wall_time_s": t, "compile_time_s": 1.0 if fresh else 0.0, "new_tokens": 3,
+        "target_calls_per_row": [3 if method != "fast" else 1], "prompt_bucket": 16})
+
+  monkeypatch.setattr(sj, "generate", fake_generate)
+  methods = {"autoregressive": "autoregressive", "fast": "fast", "slow": "slow"}
+  recs = bench.run_cases(None, [bench.Case(["p"])], methods, repeats=2, progress=False)
+  # each round: AR, fast, AR, slow; the first call of each program is run twice (warm-up)
+  assert calls == ["autoregressive", "autoregressive", "fast", "fast", "autoregressive", "slow",
+                   "slow", "autoregressive", "fast", "autoregressive", "slow"]
+  by = {r["method"]: r for r in recs}
+  assert by["fast"]["times_s"] == [0.5, 0.5] and by["fast"]["ratio"] == pytest.approx(2.0)  # 1/.5
+  assert by["slow"]["ratio"] == pytest.approx(0.5 * (3 / 6 + 3 / 6))  # paired with the 3.0 runs
+  assert by["autoregressive"]["times_s"] == [1.0, 3.0, 1.0, 3.0] and by["autoregressive"]["ratio"] == 1
+  assert by["fast"]["tau"] == 3.0 and by["fast"]["compile_s"] == 1.0
+  assert by["fast"]["identical"] and not by["slow"]["identical"]
+  s = bench.summarize(recs)
+  assert s["fast"][bench.OVERALL]["speedup"] == pytest.approx(2.0)
+  assert s["slow"][bench.OVERALL]["identical"] is False
+
+
 def test_prompt_sets_are_checked_before_reading():
   from specjax.errors import InputError
 
@@ -209,3 +245,17 @@ def test_cli_bench_bad_arguments_fail_before_loading(args, message, capsys, monk
   assert e.value.code == 2
   assert message in err and "Traceback" not in err
   assert len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_bench_vs_transformers_still_dispatches(tmp_path, capsys, monkeypatch):
+  r = {"dtype": "float32", "max_new_tokens": 8, "prompts": 3, "repeats": 1, "torch_threads": 2,
+       "specjax_tok_s": 30.0, "transformers_tok_s": 15.0, "ratio": 2.0, "weight_bytes": 5e8,
+       "read_bandwidth_GBs": 20.0, "bound_tok_s": 40.0, "fraction_of_bound": 0.75}
+  seen = {}
+  monkeypatch.setattr(bench, "bench_vs_transformers",
+                      lambda model, **kw: seen.update(model=model, **kw) or r)
+  path = str(tmp_path / "vs.json")
+  cli.main(["bench", "--vs-transformers", "--model", "m", "--max-new-tokens", "8", "--repeats", "1",
+            "--json", path])
+  assert seen == {"model": "m", "max_new_tokens": 8, "repeats": 1}
+  assert "vs transformers" in capsys.readouterr().out and json.load(open(path))["ratio"] == 2.0
