@@ -2,10 +2,10 @@
 
 Protocol (`run_cases`; `specjax bench`, experiments/spec_bench and experiments/scaling use it):
 every method runs the same prompts in the same process; for each prompt (or batch of prompts),
-each method runs right after a baseline run of its own, `repeats` rounds, so every ratio pairs
-two runs seconds apart; each (method, program shape) is compiled and warmed once, and a time is
-the compiled program's wall time. `summarize` reports, per group of prompts, the median over
-prompts of the per-prompt ratio baseline time / method time, tau pooled over the group, and
+each method runs right after a baseline run, `repeats` rounds; each (method, program shape) is
+compiled and warmed once; a time is the compiled program's wall time, and a prompt's ratio is
+the median of its baseline runs over the median of the method's. `summarize` reports, per group
+of prompts, the median over prompts of the per-prompt ratios, tau pooled over the group, and
 whether greedy outputs were token-identical to the baseline's. Speedups are ratios of times
 measured in this same run, never against a number from another day. Timing lives here and in
 experiments/, never in unit tests.
@@ -262,9 +262,11 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
   """The timing protocol every benchmark here uses. Returns one record per (method, case).
 
   For each case (one batch of prompts), in each of `repeats` rounds, every method decodes it
-  right after a baseline run of its own (same batch, same seed): each method's time is paired
-  with a baseline time measured seconds before it, so load from other processes on a shared
-  machine falls on both sides of a ratio alike. A time is `generate`'s wall time of the compiled
+  right after a baseline run (same batch, same seed), so the baseline's runs are spread over the
+  same minutes as the methods' and load from other processes falls on both alike; the case's
+  ratio for a method is the median of all its baseline runs over the median of the method's
+  runs, so one disturbed run (on this shared 2-core machine a run now and then takes 3x as long)
+  moves no ratio by itself. A time is `generate`'s wall time of the compiled
   program (tokenising, compiling and detokenising excluded); a call that compiled a program is a
   warm-up: its run is discarded and repeated, so every (method, program shape) is compiled and
   warmed once. Fixed-length generation by default (stop_at_eos=False): every method emits the
@@ -272,8 +274,7 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
 
   Records: method, case, group, meta..., batch, prompt_bucket, new_tokens, target_calls, tau
   (new tokens per target call, prefill included), time_s (median of its runs), times_s,
-  base_time_s (median of the paired baseline runs), ratio (median over rounds of paired baseline
-  time / time), tok_s, identical (greedy: every run's tokens equal the baseline's; None when
+  base_time_s (median of the case's baseline runs), ratio (base_time_s / time_s), tok_s, identical (greedy: every run's tokens equal the baseline's; None when
   sampling), compile_s.
   """
   import specjax as sj
@@ -291,7 +292,6 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, chat=case.chat,
               stop_at_eos=stop_at_eos, seed=ci)
     outs = {name: [] for name in methods}
-    paired = {name: [] for name in others}
     compile_s = {name: 0.0 for name in methods}
 
     def run(name):
@@ -308,13 +308,12 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
       if not others:
         run(baseline)
       for name in others:
-        t_base = run(baseline)
+        run(baseline)
         run(name)
-        paired[name].append(t_base)
     ref = outs[baseline][0].tokens
+    base_t = median([o.stats["wall_time_s"] for o in outs[baseline]])
     for name in [baseline] + others:
       times = [o.stats["wall_time_s"] for o in outs[name]]
-      base_times = paired.get(name, times)
       st = outs[name][-1].stats
       calls = int(sum(st["target_calls_per_row"]))
       t = median(times)
@@ -323,8 +322,7 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
           "batch": len(case.prompts), "prompt_bucket": st["prompt_bucket"],
           "new_tokens": st["new_tokens"], "target_calls": calls,
           "tau": st["new_tokens"] / max(1, calls), "time_s": t, "times_s": times,
-          "base_time_s": median(base_times),
-          "ratio": median([b / x for b, x in zip(base_times, times)]),
+          "base_time_s": base_t, "ratio": base_t / t,
           "tok_s": st["new_tokens"] / t,
           "identical": (all(o.tokens == ref for o in outs[name]) if temperature == 0 else None),
           "compile_s": compile_s[name]})
@@ -335,7 +333,7 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
 def summarize(records: list[dict], *, baseline: str = "autoregressive", by: str = "group",
               overall: Sequence | None = None) -> dict:
   """method -> {group (the records' `by` value) and OVERALL -> cell}. A cell: speedup (median
-  over cases of each case's paired ratio baseline time / method time; speedup_of_means:
+  over cases of each case's ratio baseline time / method time; speedup_of_means:
   Spec-Bench's mean tok/s over the baseline's mean tok/s, for comparison), tau (all new
   tokens / all target calls), tok_s and ms_per_token (medians over cases), identical (every
   case's greedy tokens equal the baseline's; None when sampling) and cases. OVERALL pools the
@@ -351,7 +349,7 @@ def summarize(records: list[dict], *, baseline: str = "autoregressive", by: str 
 
 
 def _ratio(r: dict, base: dict) -> float:
-  """A record's speedup: its paired ratio (run_cases), else the baseline record's time over its."""
+  """A record's speedup: its ratio (run_cases), else the baseline record's time over its."""
   return r["ratio"] if "ratio" in r else base[r["case"]]["time_s"] / r["time_s"]
 
 
