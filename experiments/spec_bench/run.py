@@ -127,7 +127,9 @@ def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int =
         nodes, how = medusa_nodes, "given"
       else:
         cost = bench.measure_cost_curve(target, cost_sizes, reps=5)
-        nodes, how = T.choose_budget(cost, acc, max_nodes=32)["num_nodes"], "choose_budget"
+        # Up to the largest measured size only: beyond it the curve would be extrapolated.
+        nodes = T.choose_budget(cost, acc, max_nodes=max(cost_sizes) - 1)["num_nodes"]
+        how = "choose_budget"
         log("cost curve c(T): " + ", ".join(f"{t}: {c:.2f}" for t, c in cost.items())
             + f" -> Medusa tree of {nodes} nodes")
       methods[n] = sj.Medusa(h, tree=T.build_tree(acc, nodes), top_k=5)
@@ -243,14 +245,14 @@ def plot(summary: dict, categories, methods):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--quick", action="store_true",
-                  help="1 prompt per category (of <= 256 tokens where the category has one), "
+                  help="1 prompt per category (the first of <= 64 tokens; the shortest where none is), "
                   "32 new tokens")
   ap.add_argument("--model", default="smollm2-135m")
   ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
   ap.add_argument("--num-prompts", type=int, default=None, help="per category (default 10; quick 1)")
   ap.add_argument("--max-new-tokens", type=int, default=None, help="default 128; quick 32")
   ap.add_argument("--max-prompt-tokens", type=int, default=None,
-                  help="skip longer prompts (default: no limit; quick 256)")
+                  help="prefer prompts of at most this many tokens (default: no limit; quick 64)")
   ap.add_argument("--categories", default=",".join(CATEGORIES))
   ap.add_argument("--methods", default=",".join(METHODS))
   ap.add_argument("--repeats", type=int, default=1, help="timed runs per (method, prompt)")
@@ -261,7 +263,7 @@ def main(argv=None):
   quick = args.quick
   n = args.num_prompts if args.num_prompts is not None else (1 if quick else 10)
   new = args.max_new_tokens if args.max_new_tokens is not None else (32 if quick else 128)
-  max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else (256 if quick else 0)
+  max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else (64 if quick else 0)
   cats = [c for c in args.categories.split(",") if c]
   names = [m for m in args.methods.split(",") if m]
   if bad := [c for c in cats if c not in CATEGORIES]:
