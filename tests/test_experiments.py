@@ -47,7 +47,7 @@ def common(tiny_dir, prompt_file, out) -> list[str]:
   """The options every script shares: same prompt and length, so the autoregressive baseline's
   program compiles once for the whole session."""
   return ["--quick", "--model", tiny_dir, "--out", str(out), "--sets", prompt_file,
-          "--prompts", "1", "--new", "12", "--cost-reps", "1"]
+          "--prompts", "1", "--new", "12", "--cost-reps", "1", "--repeats", "1"]
 
 
 def report(out, stem="results_quick") -> tuple[dict, str]:
@@ -78,7 +78,7 @@ def test_leviathan(tiny_dir, prompt_file, tmp_path):
   rnd = rows["random"]
   assert 0.0 <= rnd["alpha"] < 0.5 and 1.0 <= rnd["tau"] <= 3.0
   assert {"c", "c_verify", "pred_speedup", "speedup"} <= set(own)
-  assert "| target itself | 0 | 2 | 1.000 | 3.000 | 3.000 | +0.0% |" in md
+  assert "| target itself | 0 | 2 | 1.000 | 3.000 | 3.000 | +0.0% | 3.000 (+0.0%) |" in md
 
 
 def test_lookahead(tiny_dir, prompt_file, tmp_path):

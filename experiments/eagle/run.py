@@ -19,9 +19,10 @@ machinery runs and what a step costs. Batch 1, the same prompts for every config
 
 Reported: tau = 1 + accepted / rounds (tokens per target call in the loop), acceptance per depth
 (P(depth d accepted | depth d-1 accepted), from the methods' exact accepted-depth histograms),
-the measured speedup against autoregressive run right after on the same prompt (same process,
-median over prompts) and the verification-only prediction tau / c(N + 1) from this machine's cost curve
-(the head's own cost left out). Greedy outputs are checked token-identical to autoregressive.
+the measured speedup against autoregressive on the same prompt (the two alternating, the fastest
+of --repeats runs each, median over prompts) and the verification-only prediction tau / c(N + 1)
+from this machine's cost curve (the head's own cost left out). Greedy outputs are checked
+token-identical to autoregressive.
 Writes results.json / results.md / results.png (results_quick.* with --quick) to --out.
 """
 
@@ -43,7 +44,7 @@ from specjax import tree as trees
 
 FULL = dict(nodes="8,16,32,60", depth=5, depths="3,5,7", depth_nodes=32, top_k=8,
             static_nodes="16,32,60", temps="0,0.7", sets="mt_bench,humaneval", prompts=3, new=128,
-            cost_reps=9, mtp_modules=2)
+            cost_reps=30, repeats=2, mtp_modules=2)
 QUICK = dict(FULL, depths="3,7", static_nodes="32", temps="0", prompts=1, new=64)
 DEEPSEEK_V3_SECOND_TOKEN = (0.85, 0.90)  # DeepSeek-V3 technical report, section 5.4.3
 
@@ -74,6 +75,18 @@ def load_prompts(sets: str, n: int) -> list[tuple[str, str, bool]]:
     for p in prompts.load(kind, n):
       out.append((os.path.basename(kind), p, "humaneval" not in kind))
   return out
+
+
+def paired(method_run, ar_run, repeats: int):
+  """The method and autoregressive decoding alternately, `repeats` times each, on one prompt ->
+  (the method's first output, its fastest wall time, autoregressive's fastest). The fastest run
+  is the least disturbed one: on this shared CPU a single run now and then takes 2-3x as long,
+  and alternating puts both sides of the ratio under the same minutes of load."""
+  outs, ar = [], []
+  for _ in range(repeats):
+    outs.append(method_run())
+    ar.append(ar_run().stats["wall_time_s"])
+  return outs[0], min(o.stats["wall_time_s"] for o in outs), min(ar)
 
 
 def resolve_heads(spec: str, kind: str, target, model_name: str, **init_kw):
@@ -121,6 +134,8 @@ def main(argv=None):
   ap.add_argument("--prompts", type=int, help="prompts per set")
   ap.add_argument("--new", type=int, help="new tokens per prompt (no EOS stop)")
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
+  ap.add_argument("--repeats", type=int, help="timed runs per prompt of each method and of "
+                  "autoregressive, alternating; the fastest of each is kept (default 2)")
   args = ap.parse_args(argv)
   for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
     if getattr(args, k) is None:
@@ -175,16 +190,17 @@ def main(argv=None):
   rows = []
   for label, (m, fields) in methods.items():
     for t in temps:
-      outs, ar_walls = [], []
+      outs, ratios = [], []
       for i, (_, p, chat) in enumerate(ps):
-        outs.append(sj.generate(target, [p], m, temperature=t, seed=i, chat=chat, **kw))
-        # Autoregressive on the same prompt right after: one load for both sides of the ratio.
-        ar = sj.generate(target, [p], sj.Autoregressive(), temperature=t, seed=i, chat=chat, **kw)
-        ar_walls.append(ar.stats["wall_time_s"])
+        out, wall, ar_wall = paired(
+            lambda: sj.generate(target, [p], m, temperature=t, seed=i, chat=chat, **kw),
+            lambda: sj.generate(target, [p], sj.Autoregressive(), temperature=t, seed=i,
+                                chat=chat, **kw), args.repeats)
+        outs.append(out)
+        ratios.append(ar_wall / wall)
       acc = sum(o.stats["accepted_tokens"] for o in outs)
       rounds = sum(o.stats["draft_rounds"] for o in outs)
       hist = np.sum([o.stats["accepted_depth_hist"] for o in outs], axis=0)
-      ratios = [a / o.stats["wall_time_s"] for a, o in zip(ar_walls, outs)]
       tau = 1 + acc / max(1, rounds)
       c = curve[fields["nodes"] + 1]
       rows.append(dict(fields, method=label, temperature=t, tau=tau,
