@@ -4,6 +4,7 @@ static tree against EAGLE-2's dynamic tree, and MTP's acceptance per depth.
 
     python experiments/eagle/run.py [--quick] [--model NAME_OR_DIR] [--heads auto|random|NAME|PATH]
                                     [--mtp-heads auto|random|NAME|PATH] [--out DIR]
+    python experiments/eagle/run.py --render results_quick.json   # rewrite its .md / .png
 
 Heads: "auto" takes the shipped heads for --model when their asset exists (e.g.
 smollm2-135m-eagle), else random untrained heads (`sj.init_heads(target, kind, seed=0)`),
@@ -136,7 +137,10 @@ def main(argv=None):
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
   ap.add_argument("--repeats", type=int, help="timed runs per prompt of each method and of "
                   "autoregressive, alternating; the fastest of each is kept (default 2)")
+  ap.add_argument("--render", help="rewrite the report (.md, .png) from this results JSON and exit")
   args = ap.parse_args(argv)
+  if args.render:
+    return render(args.render)
   for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
     if getattr(args, k) is None:
       setattr(args, k, v)
@@ -234,6 +238,18 @@ def _fmt(xs) -> str:
   return "/".join("-" if np.isnan(x) else f"{x:.2f}" for x in xs)
 
 
+def render(path: str) -> dict:
+  """Rewrites a results JSON's .md and .png beside it (after a change to the tables or plots)."""
+  import json
+
+  with open(path) as f:
+    data = json.load(f)
+  stem = os.path.splitext(os.path.basename(path))[0]
+  bench.save_report(os.path.dirname(os.path.abspath(path)), stem, data, markdown(data),
+                    plot=lambda fig: plot(fig, data))
+  return data
+
+
 def markdown(data: dict) -> str:
   m = data["machine"]
   lines = [f"Model {data['model']}; EAGLE: {data['heads']['eagle']}; MTP: {data['heads']['mtp']}; "
@@ -273,14 +289,18 @@ def plot(fig, data: dict) -> None:
   ax1.minorticks_off()
   ax1.set_xticks(nodes, [str(n) for n in nodes])
   ax1.legend(fontsize=7)
-  dep = sorted((r for r in rows if r["sweep"] in ("depth", "both")), key=lambda r: r["depth"])
+  dn = data["args"]["depth_nodes"]  # the depth sweep, and the node sweep's point at its size
+  dep = sorted((r for r in rows if r["kind"] == "EAGLE-2 dynamic" and r["nodes"] == dn),
+               key=lambda r: r["depth"])
   ax2.plot([r["depth"] for r in dep], [r["tau"] for r in dep], "o-")
+  ax2.set_xticks([r["depth"] for r in dep])
   ax2.set(xlabel="depth", ylabel="tau",
           title=f"EAGLE-2 tau by depth (N={dep[0]['nodes'] if dep else '-'})")
   mt = [r for r in rows if r["kind"] == "MTP"]
   if mt:
     acc = mt[0]["depth_acceptance"]
     ax3.bar(range(1, len(acc) + 1), [0 if np.isnan(a) else a for a in acc], label="measured")
+    ax3.set_xticks(range(1, len(acc) + 1))
   lo, hi = data["deepseek_v3_second_token"]
   ax3.axhspan(lo, hi, color="C1", alpha=0.3, label="DeepSeek-V3, 2nd token")
   ax3.set(xlabel="MTP depth", ylabel="P(accepted | previous accepted)", ylim=(0, 1),

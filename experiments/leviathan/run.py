@@ -2,6 +2,7 @@
 tokens per target call and walltime against the paper's formulas, for drafts of every quality.
 
     python experiments/leviathan/run.py [--quick] [--model NAME_OR_DIR] [--out DIR]
+    python experiments/leviathan/run.py --render results_quick.json   # rewrite its .md / .png
 
 Drafts, from useless to perfect: a random model with the target's vocabulary; layer-skip
 (`sj.SelfSpeculative`, the target's first k layers) at several depths; the shipped draft (or, for
@@ -234,7 +235,10 @@ def main(argv=None):
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
   ap.add_argument("--repeats", type=int, help="timed runs per prompt of each method and of "
                   "autoregressive, alternating; the fastest of each is kept (default 2)")
+  ap.add_argument("--render", help="rewrite the report (.md, .png) from this results JSON and exit")
   args = ap.parse_args(argv)
+  if args.render:
+    return render(args.render)
   for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
     if getattr(args, k) is None:
       setattr(args, k, v)
@@ -338,6 +342,18 @@ def main(argv=None):
   paths = bench.save_report(args.out, stem, data, md, plot=lambda fig: plot(fig, data))
   print(md)
   print("wrote", ", ".join(paths.values()))
+  return data
+
+
+def render(path: str) -> dict:
+  """Rewrites a results JSON's .md and .png beside it (after a change to the tables or plots)."""
+  import json
+
+  with open(path) as f:
+    data = json.load(f)
+  stem = os.path.splitext(os.path.basename(path))[0]
+  bench.save_report(os.path.dirname(os.path.abspath(path)), stem, data, markdown(data),
+                    plot=lambda fig: plot(fig, data))
   return data
 
 
