@@ -50,6 +50,14 @@ def common(tiny_dir, prompt_file, out) -> list[str]:
           "--prompts", "1", "--new", "12", "--cost-reps", "1", "--repeats", "1"]
 
 
+def rerenders(mod, out, md: str, stem="results_quick") -> None:
+  """`run.py --render` rebuilds the same markdown (and a PNG) from the raw JSON alone."""
+  os.remove(os.path.join(out, f"{stem}.md"))
+  os.remove(os.path.join(out, f"{stem}.png"))
+  mod.main(["--render", os.path.join(out, f"{stem}.json")])
+  assert report(out, stem)[1] == md
+
+
 def report(out, stem="results_quick") -> tuple[dict, str]:
   """Checks the three files exist; returns (the JSON, the markdown)."""
   paths = {ext: os.path.join(out, f"{stem}.{ext}") for ext in ("json", "md", "png")}
@@ -79,6 +87,7 @@ def test_leviathan(tiny_dir, prompt_file, tmp_path):
   assert 0.0 <= rnd["alpha"] < 0.5 and 1.0 <= rnd["tau"] <= 3.0
   assert {"c", "c_verify", "pred_speedup", "speedup"} <= set(own)
   assert "| target itself | 0 | 2 | 1.000 | 3.000 | 3.000 | +0.0% | 3.000 (+0.0%) |" in md
+  rerenders(mod, tmp_path, md)
 
 
 def test_lookahead(tiny_dir, prompt_file, tmp_path):
@@ -89,6 +98,7 @@ def test_lookahead(tiny_dir, prompt_file, tmp_path):
   assert (row["window"], row["ngram"], row["guess"]) == (2, 3, 2)
   assert row["tokens_per_step"] == 1 + (2 + 2) * 2 and row["identical"] and row["tau"] >= 1.0
   assert "3" in data["fits"] and "| 2 | 3 | 2 | 9 |" in md
+  rerenders(mod, tmp_path, md)
 
 
 def test_medusa(tiny_dir, prompt_file, tmp_path):
@@ -103,10 +113,7 @@ def test_medusa(tiny_dir, prompt_file, tmp_path):
   assert typical["typical eps=0.09"]["identical_at_T0"] is True  # typical is greedy at T = 0
   assert 0 <= typical["typical eps=0.09"]["differ_from_argmax"] <= 1
   assert "Typical acceptance" in md
-  # The report re-renders from its own JSON (how results.md is regenerated from an old run).
-  os.remove(tmp_path / "results_quick.md")
-  mod.main(["--render", str(tmp_path / "results_quick.json")])
-  assert report(tmp_path)[1] == md
+  rerenders(mod, tmp_path, md)  # (how results.md was regenerated from the first version's run)
 
 
 def test_eagle(tiny_dir, prompt_file, tmp_path):
@@ -121,3 +128,4 @@ def test_eagle(tiny_dir, prompt_file, tmp_path):
   mtp = data["rows"][-1]
   assert len(mtp["depth_acceptance"]) == 2  # two random MTP modules: depths 1 and 2
   assert "random eagle heads" in data["heads"]["eagle"] and "DeepSeek-V3" in md
+  rerenders(mod, tmp_path, md)

@@ -46,7 +46,7 @@ from specjax import tree as trees
 FULL = dict(nodes="8,16,32,60", depth=5, depths="3,5,7", depth_nodes=32, top_k=8,
             static_nodes="16,32,60", temps="0,0.7", sets="mt_bench,humaneval", prompts=3, new=128,
             cost_reps=30, repeats=2, mtp_modules=2)
-QUICK = dict(FULL, depths="3,7", static_nodes="32", temps="0", prompts=1, new=64)
+QUICK = dict(FULL, depths="3,7", static_nodes="32", temps="0", prompts=1, new=64, repeats=1)
 DEEPSEEK_V3_SECOND_TOKEN = (0.85, 0.90)  # DeepSeek-V3 technical report, section 5.4.3
 
 
@@ -136,7 +136,7 @@ def main(argv=None):
   ap.add_argument("--new", type=int, help="new tokens per prompt (no EOS stop)")
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
   ap.add_argument("--repeats", type=int, help="timed runs per prompt of each method and of "
-                  "autoregressive, alternating; the fastest of each is kept (default 2)")
+                  "autoregressive, alternating; the fastest of each is kept (2; --quick: 1)")
   ap.add_argument("--render", help="rewrite the report (.md, .png) from this results JSON and exit")
   args = ap.parse_args(argv)
   if args.render:

@@ -47,7 +47,7 @@ from specjax import bench, prompts, registry
 DRAFT_KINDS = ("random", "layerskip", "draft", "self")
 FULL = dict(gammas="1,2,3,4,5,6,7,8", drafts=",".join(DRAFT_KINDS), exit_layers="0.25,0.5,0.75,0.9",
             sets="mt_bench,humaneval", prompts=3, new=128, temps="0,1", cost_reps=30, repeats=2)
-QUICK = dict(FULL, gammas="1,3,6", exit_layers="0.8", prompts=1, new=64, temps="0")
+QUICK = dict(FULL, gammas="1,3,6", exit_layers="0.8", prompts=1, new=64, temps="0", repeats=1)
 
 
 def machine() -> dict:
@@ -234,7 +234,7 @@ def main(argv=None):
   ap.add_argument("--temps", help="temperatures (a new temperature does not recompile)")
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
   ap.add_argument("--repeats", type=int, help="timed runs per prompt of each method and of "
-                  "autoregressive, alternating; the fastest of each is kept (default 2)")
+                  "autoregressive, alternating; the fastest of each is kept (2; --quick: 1)")
   ap.add_argument("--render", help="rewrite the report (.md, .png) from this results JSON and exit")
   args = ap.parse_args(argv)
   if args.render:

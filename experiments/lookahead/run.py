@@ -42,7 +42,7 @@ from specjax import bench, prompts
 
 FULL = dict(windows="1,2,4,8,16", ngrams="2,3,4,5,6", guess=None, sets="mt_bench,humaneval",
             prompts=3, new=128, cost_reps=30, repeats=2)
-QUICK = dict(FULL, windows="1,2,4,8", ngrams="3,5", prompts=1, new=64)
+QUICK = dict(FULL, windows="1,2,4,8", ngrams="3,5", prompts=1, new=64, repeats=1)
 
 
 def machine() -> dict:
@@ -112,7 +112,7 @@ def main(argv=None):
   ap.add_argument("--new", type=int, help="new tokens per prompt (no EOS stop)")
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
   ap.add_argument("--repeats", type=int, help="timed runs per prompt of each method and of "
-                  "autoregressive, alternating; the fastest of each is kept (default 2)")
+                  "autoregressive, alternating; the fastest of each is kept (2; --quick: 1)")
   ap.add_argument("--render", help="rewrite the report (.md, .png) from this results JSON and exit")
   args = ap.parse_args(argv)
   if args.render:

@@ -47,7 +47,8 @@ from specjax import tree as T
 FULL = dict(prompts=4, new=128, nodes="4,8,16,32,64", temps="0,0.7", sets="mt_bench,humaneval",
             epsilons="0.01,0.03,0.09,0.2,0.3", typical_temp=0.7, cost_sizes="1,2,4,8,16,32,64,65",
             cost_reps=30, repeats=2)
-QUICK = dict(FULL, prompts=2, new=64, nodes="4,16", temps="0", cost_sizes="1,2,4,8,16,32")
+QUICK = dict(FULL, prompts=2, new=64, nodes="4,16", temps="0", cost_sizes="1,2,4,8,16,32",
+             repeats=1)
 
 
 def machine() -> dict:
@@ -171,7 +172,7 @@ def main(argv=None):
   ap.add_argument("--cost-sizes", help="token counts of the cost curve")
   ap.add_argument("--cost-reps", type=int, help="interleaved repetitions per timed forward")
   ap.add_argument("--repeats", type=int, help="timed runs per prompt of each tree and of "
-                  "autoregressive, alternating; the fastest of each is kept (default 2)")
+                  "autoregressive, alternating; the fastest of each is kept (2; --quick: 1)")
   args = ap.parse_args(argv)
   if args.render:
     return render(args.render)
