@@ -1,14 +1,14 @@
 """Timing protocol, statistics and tables.
 
 Protocol (`run_cases`; `specjax bench`, experiments/spec_bench and experiments/scaling use it):
-every method runs the same prompts in the same process; for each prompt (or batch of prompts),
-each method runs right after a baseline run, `repeats` rounds; each (method, program shape) is
-compiled and warmed once; a time is the compiled program's wall time, and a prompt's ratio is
-the median of its baseline runs over the median of the method's. `summarize` reports, per group
-of prompts, the median over prompts of the per-prompt ratios, tau pooled over the group, and
-whether greedy outputs were token-identical to the baseline's. Speedups are ratios of times
-measured in this same run, never against a number from another day. Timing lives here and in
-experiments/, never in unit tests.
+every method runs the same prompts in the same process; for each prompt (or batch of prompts)
+the methods run one after another with a baseline run before each and after the last, `repeats`
+rounds; each (method, program shape) is compiled and warmed once; a time is the compiled
+program's wall time, and each method run is compared with the baseline runs around it
+(`rescore`). `summarize` reports, per group of prompts, the median over prompts of the
+per-prompt ratios, tau pooled over the group, and whether greedy outputs were token-identical
+to the baseline's. Speedups are ratios of times measured in this same run, never against a
+number from another day. Timing lives here and in experiments/, never in unit tests.
 """
 
 from __future__ import annotations
@@ -261,21 +261,20 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
               stop_at_eos: bool = False, progress: bool = True, desc: str = "bench") -> list[dict]:
   """The timing protocol every benchmark here uses. Returns one record per (method, case).
 
-  For each case (one batch of prompts), in each of `repeats` rounds, every method decodes it
-  right after a baseline run (same batch, same seed), so the baseline's runs are spread over the
-  same minutes as the methods' and load from other processes falls on both alike; the case's
-  ratio for a method is the median of all its baseline runs over the median of the method's
-  runs, so one disturbed run (on this shared 2-core machine a run now and then takes 3x as long)
-  moves no ratio by itself. A time is `generate`'s wall time of the compiled
-  program (tokenising, compiling and detokenising excluded); a call that compiled a program is a
-  warm-up: its run is discarded and repeated, so every (method, program shape) is compiled and
-  warmed once. Fixed-length generation by default (stop_at_eos=False): every method emits the
-  same number of tokens.
+  For each case (one batch of prompts), in each of `repeats` rounds, the methods decode it one
+  after another with a baseline run (same batch, same seed) before each and after the last, so
+  load from other processes falls on both sides of a ratio alike; `rescore` turns the times
+  into ratios (each method run against a robust line through the baseline runs around it,
+  unmoved by one disturbed run, following load that drifts). A time is `generate`'s wall time
+  of the compiled program (tokenising, compiling and detokenising excluded); a call that
+  compiled a program is a warm-up: its run is discarded and repeated, so every (method, program
+  shape) is compiled and warmed once. Fixed-length generation by default (stop_at_eos=False):
+  every method emits the same number of tokens.
 
   Records: method, case, group, meta..., batch, prompt_bucket, new_tokens, target_calls, tau
   (new tokens per target call, prefill included), time_s (median of its runs), times_s,
-  base_time_s (median of the case's baseline runs), ratio (base_time_s / time_s), tok_s, identical (greedy: every run's tokens equal the baseline's; None when
-  sampling), compile_s.
+  base_time_s and ratio (see `rescore`), tok_s, identical (greedy: every run's tokens equal the
+  baseline's; None when sampling), compile_s.
   """
   import specjax as sj
   from specjax.errors import InputError, check_int
@@ -285,7 +284,7 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
     raise InputError(f"baseline {baseline!r} is not among the methods ({', '.join(methods)})")
   check_int("repeats", repeats, 1)
   others = [n for n in methods if n != baseline]
-  per_round = 2 * len(others) or 1
+  per_round = 2 * len(others) + 1
   records = []
   bar = tqdm(total=len(cases) * repeats * per_round, desc=desc, unit="run", disable=not progress)
   for ci, case in enumerate(cases):
@@ -304,14 +303,12 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
       bar.update()
       return out.stats["wall_time_s"]
 
-    for _ in range(repeats):
-      if not others:
-        run(baseline)
+    for _ in range(repeats):  # baseline, m1, baseline, m2, ..., mk, baseline
       for name in others:
         run(baseline)
         run(name)
+      run(baseline)
     ref = outs[baseline][0].tokens
-    base_t = median([o.stats["wall_time_s"] for o in outs[baseline]])
     for name in [baseline] + others:
       times = [o.stats["wall_time_s"] for o in outs[name]]
       st = outs[name][-1].stats
@@ -322,11 +319,41 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
           "batch": len(case.prompts), "prompt_bucket": st["prompt_bucket"],
           "new_tokens": st["new_tokens"], "target_calls": calls,
           "tau": st["new_tokens"] / max(1, calls), "time_s": t, "times_s": times,
-          "base_time_s": base_t, "ratio": base_t / t,
           "tok_s": st["new_tokens"] / t,
           "identical": (all(o.tokens == ref for o in outs[name]) if temperature == 0 else None),
           "compile_s": compile_s[name]})
   bar.close()
+  return rescore(records, baseline)
+
+
+def rescore(records: list[dict], baseline: str = "autoregressive") -> list[dict]:
+  """Sets each record's base_time_s and ratio (= base_time_s / time_s) from the run order of
+  `run_cases`: per case, round by round, baseline runs around the method runs (b m1 b m2 .. mk b).
+  A method run's baseline time is read, at its place in that order, off a robust straight line
+  through the case's baseline runs (Theil-Sen: the median of the pairwise slopes): exact when
+  load drifts linearly through a case, and one disturbed run (on this shared 2-core machine a
+  run now and then takes 3x as long) does not move it. A method's ratio is the median over its
+  rounds. Returns `records` (updated in place)."""
+  cases: dict = {}
+  for r in records:
+    cases.setdefault(r["case"], []).append(r)
+  for rs in cases.values():
+    base = next(r for r in rs if r["method"] == baseline)
+    others = [r for r in rs if r is not base]  # in run order
+    base.update(base_time_s=base["time_s"], ratio=1.0)
+    if not others:
+      continue
+    a = np.asarray(base["times_s"], float)
+    n = len(a) // len(others[0]["times_s"])  # baseline runs per round: k + 1
+    xs = np.arange(len(a))
+    pairs = [(a[l] - a[j]) / (l - j) for j in range(len(a)) for l in range(j + 1, len(a))]
+    slope = float(np.median(pairs)) if pairs else 0.0
+    level = float(np.median(a - slope * xs))
+    for i, r in enumerate(others):
+      # m_(i+1) of round j runs between baseline runs j*n + i and j*n + i + 1
+      bases = [level + slope * (j * n + i + 0.5) for j in range(len(r["times_s"]))]
+      r.update(base_time_s=median(bases),
+               ratio=median([b / t for b, t in zip(bases, r["times_s"])]))
   return records
 
 

@@ -91,13 +91,13 @@ def test_summarize_takes_median_of_per_case_ratios_and_pools_tau():
 
 
 def test_run_cases_interleaves_the_baseline_and_discards_warmups(monkeypatch):
-  """With a fake generate: the call order, the warm-up rule and the ratios of medians."""
+  """With a fake generate: the call order, the warm-up rule and the ratios."""
   import types
 
   import specjax as sj
 
   calls, compiled = [], set()
-  wall = {"autoregressive": [1.0, 3.0, 1.0, 30.0], "fast": [0.5, 0.5], "slow": [6.0, 6.0]}
+  wall = {"autoregressive": [1.0, 1.0, 30.0, 1.0, 1.0, 1.0], "fast": [0.5, 0.5], "slow": [6.0, 6.0]}
 
   def fake_generate(model, prompts, method, **kw):
     calls.append(method)
@@ -112,19 +112,37 @@ def test_run_cases_interleaves_the_baseline_and_discards_warmups(monkeypatch):
   monkeypatch.setattr(sj, "generate", fake_generate)
   methods = {"autoregressive": "autoregressive", "fast": "fast", "slow": "slow"}
   recs = bench.run_cases(None, [bench.Case(["p"])], methods, repeats=2, progress=False)
-  # each round: AR, fast, AR, slow; the first call of each program is run twice (warm-up)
+  # each round: AR, fast, AR, slow, AR; the first call of each program is run twice (warm-up)
   assert calls == ["autoregressive", "autoregressive", "fast", "fast", "autoregressive", "slow",
-                   "slow", "autoregressive", "fast", "autoregressive", "slow"]
+                   "slow", "autoregressive"] + ["autoregressive", "fast", "autoregressive", "slow",
+                                                "autoregressive"]
   by = {r["method"]: r for r in recs}
-  # the baseline's median (2.0: one disturbed 30 s run moves nothing) over the method's median
-  assert by["fast"]["times_s"] == [0.5, 0.5] and by["fast"]["ratio"] == pytest.approx(4.0)
-  assert by["slow"]["ratio"] == pytest.approx(2.0 / 6.0)
-  assert by["autoregressive"]["times_s"] == [1.0, 3.0, 1.0, 30.0] and by["autoregressive"]["ratio"] == 1
+  assert by["autoregressive"]["times_s"] == [1.0, 1.0, 30.0, 1.0, 1.0, 1.0]
+  assert by["fast"]["times_s"] == [0.5, 0.5] and by["fast"]["ratio"] == pytest.approx(2.0)
+  assert by["slow"]["ratio"] == pytest.approx(1 / 6)  # the disturbed 30 s run next to it: ignored
+  assert by["autoregressive"]["ratio"] == 1.0
   assert by["fast"]["tau"] == 3.0 and by["fast"]["compile_s"] == 1.0
   assert by["fast"]["identical"] and not by["slow"]["identical"]
   s = bench.summarize(recs)
-  assert s["fast"][bench.OVERALL]["speedup"] == pytest.approx(4.0)
+  assert s["fast"][bench.OVERALL]["speedup"] == pytest.approx(2.0)
   assert s["slow"][bench.OVERALL]["identical"] is False
+
+
+def test_rescore_follows_drifting_load_and_ignores_one_disturbed_run():
+  """Each method run is compared with the baseline runs around it: exact under load that rises
+  through a case (the case's median would make the first method 2x, the last 0.67x), and one
+  run taking 10x as long changes nothing."""
+  def recs(ar, ts):
+    return ([{"method": "autoregressive", "case": 0, "times_s": ar, "time_s": 0.0}]
+            + [{"method": f"m{i}", "case": 0, "times_s": [t], "time_s": t} for i, t in enumerate(ts)])
+
+  drift = bench.rescore(recs([1.0, 2.0, 3.0, 4.0, 5.0], [1.5, 2.5, 3.5, 4.5]))
+  assert [r["ratio"] for r in drift[1:]] == pytest.approx([1.0, 1.0, 1.0, 1.0])
+  spike = bench.rescore(recs([2.0, 2.0, 20.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0]))
+  assert [r["ratio"] for r in spike[1:]] == pytest.approx([2.0, 2.0, 2.0, 2.0])
+  assert bench.rescore(recs([1.0, 3.0], [1.0]))[1]["ratio"] == pytest.approx(2.0)  # 2 runs: mean
+  # runs made without the closing baseline run (k per round) are placed the same way
+  assert bench.rescore(recs([1.0, 2.0], [1.5, 2.5]))[2]["ratio"] == pytest.approx(1.0)
 
 
 def test_prompt_sets_are_checked_before_reading():
@@ -176,6 +194,10 @@ def test_spec_bench_script(tiny_dir, tmp_path):
   assert run.SPEC_BENCH_SOURCE in md
   assert all(r["identical"] for r in data["records"])
   assert len(data["records"]) == len(run.METHODS) * len(run.CATEGORIES)
+  # --rescore: the same report again from the saved records, no decoding
+  again = run.main(["--rescore", os.path.join(out, "results_quick.json")])
+  assert json.loads(json.dumps(again["summary"])) == data["summary"]
+  assert open(os.path.join(out, "results_quick.md")).read() == md
 
 
 def test_scaling_script(tiny_dir, tmp_path):

@@ -25,6 +25,7 @@ seed=0)`), so the script runs end to end on any model.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -259,7 +260,17 @@ def main(argv=None):
   ap.add_argument("--medusa-nodes", type=int, default=0,
                   help="Medusa tree size (0: choose_budget on the measured cost curve)")
   ap.add_argument("--no-progress", action="store_true")
+  ap.add_argument("--rescore", default="", metavar="JSON",
+                  help="decode nothing: score the records of an earlier run's JSON again and "
+                  "rewrite its report next to it")
   args = ap.parse_args(argv)
+  if args.rescore:
+    with open(args.rescore) as f:
+      data = json.load(f)
+    data.setdefault("model", data["args"]["model"])
+    data.setdefault("repeats", data["args"]["repeats"])
+    stem = os.path.splitext(os.path.basename(args.rescore))[0]
+    return report(data, os.path.dirname(os.path.abspath(args.rescore)), stem)
   quick = args.quick
   n = args.num_prompts if args.num_prompts is not None else (1 if quick else 10)
   new = args.max_new_tokens if args.max_new_tokens is not None else (32 if quick else 128)
@@ -291,26 +302,36 @@ def main(argv=None):
     cases += [bench.Case([p], chat, c) for p in ps]
   records = bench.run_cases(target, cases, methods, max_new_tokens=new, repeats=args.repeats,
                             desc="spec-bench", progress=not args.no_progress)
+  info["load_average_end"] = bench.machine_info()["load_average"]
+  data = {"info": info, "args": vars(args), "model": args.model, "num_prompts": n,
+          "max_new_tokens": new, "repeats": args.repeats, "max_prompt_tokens": max_prompt,
+          "categories": cats, "methods": notes, "records": records}
+  return report(data, args.out, "results_quick" if quick else "results")
+
+
+def report(data: dict, out: str, stem: str) -> dict:
+  """Scores a run's records (bench.rescore, bench.summarize), writes stem.json / .md / .png to
+  `out` and returns the data with its summary."""
+  records, cats, notes, info = data["records"], data["categories"], data["methods"], data["info"]
+  bench.rescore(records)
   spec = [c for c in cats if c in bench.SPEC_BENCH_CATEGORIES]
   summary = bench.summarize(records, overall=None)
   if spec:  # Spec-Bench's "overall" covers its six categories only, not HumanEval
     pooled = bench.summarize(records, overall=spec)
     for name in summary:
       summary[name]["spec_bench"] = pooled[name][bench.OVERALL]
-  info["load_average_end"] = bench.machine_info()["load_average"]
-  head = (f"{args.model}, greedy, batch 1, {n} prompt(s) per category, {new} new tokens "
-          f"(fixed length), {args.repeats} timed run(s) per prompt; {info['date']}, "
-          f"{info['processor'] or info['machine']}, {info['cores']} cores, load average "
-          f"{info['load_average'][0]:.1f} at start / {info['load_average_end'][0]:.1f} at end.")
-  skipped = [f"{m} ({notes[m]})" for m in names if m not in methods]
+  ran = list(summary)
+  head = (f"{data['model']}, greedy, batch 1, {data['num_prompts']} prompt(s) per category, "
+          f"{data['max_new_tokens']} new tokens (fixed length), {data['repeats']} timed run(s) "
+          f"per prompt; {info['date']}, {info['processor'] or info['machine']}, {info['cores']} "
+          f"cores, load average {info['load_average'][0]:.1f} at start / "
+          f"{info['load_average_end'][0]:.1f} at end.")
+  skipped = [f"{m} ({note})" for m, note in notes.items() if m not in ran]
   head += f" Not run: {'; '.join(skipped)}." if skipped else ""
-  markdown = "\n\n".join([head, tables(summary, cats, list(methods)), reference_table()])
-  data = {"info": info, "args": vars(args), "num_prompts": n, "max_new_tokens": new,
-          "max_prompt_tokens": max_prompt, "categories": cats, "methods": notes,
-          "summary": summary, "records": records,
-          "reference": {"source": SPEC_BENCH_SOURCE, "vicuna7b_a100": SPEC_BENCH_A100_VICUNA7B}}
-  paths = bench.save_report(args.out, "results_quick" if quick else "results", data, markdown,
-                            plot=plot(summary, cats, list(methods)))
+  markdown = "\n\n".join([head, tables(summary, cats, ran), reference_table()])
+  data = dict(data, summary=summary, reference={"source": SPEC_BENCH_SOURCE,
+                                                "vicuna7b_a100": SPEC_BENCH_A100_VICUNA7B})
+  paths = bench.save_report(out, stem, data, markdown, plot=plot(summary, cats, ran))
   print("\n" + markdown + "\n\nwrote " + ", ".join(paths.values()))
   return data
 
