@@ -2,16 +2,18 @@
 
     .venv/bin/python experiments/spec_bench/run.py [--quick] [--model NAME_OR_DIR] [--out DIR]
         [--num-prompts N] [--max-new-tokens N] [--categories a,b] [--methods a,b] [--repeats N]
+        [--rescore results.json]
 
 The six Spec-Bench categories (multi-turn conversation = MT-Bench's first turns, translation,
 summarization, QA, math reasoning, RAG; chat template) plus HumanEval (raw code completion), in
-one process: each prompt is decoded by sj.Autoregressive() and then by every method, taking
-turns (specjax.bench.run_cases: compile excluded, a fresh program's first run discarded), and
-every greedy output is checked token for token against autoregressive. Writes results.json (raw
-per-prompt records), results.md (the tables) and results.png to --out (`results_quick.*` with
---quick): speedup per category (median of per-prompt ratios), the overall speedup and mean
-accepted tokens over the six categories, in Spec-Bench's leaderboard layout, next to Spec-Bench's
-published Vicuna-7B / A100 figures.
+one process: the methods decode each prompt one after another with an sj.Autoregressive() run
+before each and after the last (specjax.bench.run_cases / rescore: compile excluded, a fresh
+program's first run discarded), and every greedy output is checked token for token against
+autoregressive. Writes results.json (raw per-prompt records; `--rescore` scores them again),
+results.md (the tables) and results.png to --out (`results_quick.*` with --quick): speedup per
+category (median of per-prompt ratios), the overall speedup and mean accepted tokens over the six
+categories, in Spec-Bench's leaderboard layout, next to Spec-Bench's published Vicuna-7B / A100
+figures.
 
 Methods: autoregressive, prompt lookup, lookahead, a draft model (the shipped
 `smollm2-135m-draft` for SmolLM2, else the target's first layer), layer-skip (exit layer 6, or the
