@@ -219,6 +219,9 @@ def test_scaling_script(tiny_dir, tmp_path):
     assert r["identical"] and len(r["prompt_tokens"]) == r["batch_size"]
     assert max(r["prompt_tokens"]) <= r["length"] and min(r["prompt_tokens"]) >= r["length"] - 4
   assert "B=2" in md and "L=64" in md
+  again = run.main(["--rescore", os.path.join(out, "results_quick.json")])
+  assert json.loads(json.dumps(again["summary"])) == data["summary"]
+  assert open(os.path.join(out, "results_quick.md")).read() == md
 
 
 # ----------------------------------------------------------------------------- specjax bench

@@ -2,21 +2,23 @@
 
     .venv/bin/python experiments/scaling/run.py [--quick] [--model NAME_OR_DIR] [--out DIR]
         [--batch-sizes 1,2,4,8] [--lengths 128,512,1024,1500] [--num-prompts N]
-        [--max-new-tokens N] [--methods a,b] [--repeats N]
+        [--max-new-tokens N] [--methods a,b] [--repeats N] [--rescore results.json]
 
 Prompts are "summarize this" requests over long documents (Spec-Bench's summarization and RAG
 inputs concatenated; the built-in prompt list without the shared folder), cut to an exact token
 count with the chat template included, each case from a different offset in the text. Two axes
 share their first point: batch sizes B at the shortest length, and lengths L at batch 1. At every
-point each method decodes the same batch right after sj.Autoregressive() (specjax.bench.run_cases:
-compile excluded, a fresh program's first run discarded, greedy identity checked), so a ratio
-always compares runs at the same batch and length. Writes results.json, results.md and
+point the methods decode the same batch one after another with an sj.Autoregressive() run before
+each and after the last (specjax.bench.run_cases / rescore: compile excluded, a fresh program's
+first run discarded, greedy identity checked), so a ratio always compares runs at the same batch
+and length. Writes results.json (`--rescore` scores its records again), results.md and
 results.png to --out (`results_quick.*` with --quick). Methods as in experiments/spec_bench.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -150,7 +152,17 @@ def main(argv=None):
   ap.add_argument("--medusa-nodes", type=int, default=0,
                   help="Medusa tree size (0: choose_budget on the measured cost curve)")
   ap.add_argument("--no-progress", action="store_true")
+  ap.add_argument("--rescore", default="", metavar="JSON",
+                  help="decode nothing: score the records of an earlier run's JSON again and "
+                  "rewrite its report next to it")
   args = ap.parse_args(argv)
+  if args.rescore:
+    with open(args.rescore) as f:
+      data = json.load(f)
+    data.setdefault("model", data["args"]["model"])
+    data.setdefault("repeats", data["args"]["repeats"])
+    stem = os.path.splitext(os.path.basename(args.rescore))[0]
+    return report(data, os.path.dirname(os.path.abspath(args.rescore)), stem)
   quick = args.quick
   batch_sizes = _ints(ap, "batch-sizes", args.batch_sizes or ("1,4" if quick else "1,2,4,8"))
   lengths = _ints(ap, "lengths", args.lengths or ("128,1024" if quick else "128,512,1024,1500"))
@@ -190,22 +202,32 @@ def main(argv=None):
                                     "prompt_tokens": [len(x) for x in rows]}))
   records = bench.run_cases(target, cases, methods, max_new_tokens=new, repeats=args.repeats,
                             desc="scaling", progress=not args.no_progress)
-  summary = bench.summarize(records)
   info["load_average_end"] = bench.machine_info()["load_average"]
-  skipped = [f"{m} ({notes[m]})" for m in names if m not in methods]
-  head = (f"{args.model}, greedy, {n} call(s) per point, {new} new tokens (fixed length), "
-          f"{args.repeats} timed run(s) per call; {info['date']}, "
-          f"{info['processor'] or info['machine']}, {info['cores']} cores, load average "
-          f"{info['load_average'][0]:.1f} at start / {info['load_average_end'][0]:.1f} at end. "
-          f"Cells: median per-call speedup over autoregressive at the same batch and length "
-          f"(tau: new tokens per target call, prefill included)."
-          + (f" Not run: {'; '.join(skipped)}." if skipped else ""))
-  markdown = head + "\n\n" + tables(summary, list(methods), batch_sizes, lengths)
-  data = {"info": info, "args": vars(args), "batch_sizes": batch_sizes, "lengths": lengths,
-          "num_prompts": n, "max_new_tokens": new, "methods": notes, "summary": summary,
-          "records": records}
-  paths = bench.save_report(args.out, "results_quick" if quick else "results", data, markdown,
-                            plot=plot(summary, list(methods), batch_sizes, lengths))
+  data = {"info": info, "args": vars(args), "model": args.model, "batch_sizes": batch_sizes,
+          "lengths": lengths, "num_prompts": n, "max_new_tokens": new, "repeats": args.repeats,
+          "methods": notes, "records": records}
+  return report(data, args.out, "results_quick" if quick else "results")
+
+
+def report(data: dict, out: str, stem: str) -> dict:
+  """Scores a run's records (bench.rescore, bench.summarize), writes stem.json / .md / .png to
+  `out` and returns the data with its summary."""
+  info, notes = data["info"], data["methods"]
+  batch_sizes, lengths = data["batch_sizes"], data["lengths"]
+  summary = bench.summarize(bench.rescore(data["records"]))
+  ran = list(summary)
+  skipped = [f"{m} ({note})" for m, note in notes.items() if m not in ran]
+  head = (f"{data['model']}, greedy, {data['num_prompts']} call(s) per point, "
+          f"{data['max_new_tokens']} new tokens (fixed length), {data['repeats']} timed run(s) "
+          f"per call; {info['date']}, {info['processor'] or info['machine']}, {info['cores']} "
+          f"cores, load average {info['load_average'][0]:.1f} at start / "
+          f"{info['load_average_end'][0]:.1f} at end. Cells: median per-call speedup over "
+          f"autoregressive at the same batch and length (tau: new tokens per target call, "
+          f"prefill included)." + (f" Not run: {'; '.join(skipped)}." if skipped else ""))
+  markdown = head + "\n\n" + tables(summary, ran, batch_sizes, lengths)
+  data = dict(data, summary=summary)
+  paths = bench.save_report(out, stem, data, markdown,
+                            plot=plot(summary, ran, batch_sizes, lengths))
   print("\n" + markdown + "\n\nwrote " + ", ".join(paths.values()))
   return data
 
