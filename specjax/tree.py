@@ -247,6 +247,24 @@ def prior_accuracies(num_heads: int, top_k: int = 10) -> np.ndarray:
   return out
 
 
+def per_rank_accuracy(meta: Mapping, num_heads: int, ranks: int = 5) -> np.ndarray | None:
+  """[K, ranks] P(head k's rank-r token is right), from trained heads' held-out top-1 / top-5
+  (`Heads.meta["held_out"]`: top1_k, top5_k): the 4 ranks after the first share top-5 - top-1,
+  decaying geometrically. None when the heads carry no held-out numbers (random heads: use
+  `prior_accuracies`). This is what `build_tree` and `choose_budget` read."""
+  held = meta.get("held_out", {})
+  if not any(f"top1_{k}" in held for k in range(num_heads)):
+    return None
+  out = np.zeros((num_heads, ranks))
+  w = 0.5 ** np.arange(ranks - 1)
+  w = w / w.sum()
+  for k in range(num_heads):
+    t1, t5 = float(held.get(f"top1_{k}", 0.0)), float(held.get(f"top5_{k}", 0.0))
+    out[k, 0] = t1
+    out[k, 1:] = max(t5 - t1, 0.0) * w
+  return out
+
+
 def default_tree(num_heads: int, num_nodes: int = 15) -> Tree:
   """The tree `build_tree` gives for `prior_accuracies` (use measured ones when you have them)."""
   from specjax.errors import check_int

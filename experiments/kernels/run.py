@@ -102,28 +102,15 @@ def check_outputs(models: dict, sizes) -> float:
 
 
 def _shipped_head_methods(model) -> dict:
-  """Medusa / EAGLE / MTP with their shipped heads, where the package has them. Medusa gets the
-  tree `choose_budget` picks on this machine's cost curve (as experiments/medusa does)."""
-  from specjax import bench as B
-  from specjax import registry
-  from specjax import tree as T
+  """Medusa / EAGLE / MTP with their shipped heads, where the package has them, built exactly as
+  the Spec-Bench experiment builds them (Medusa's tree by `choose_budget` on this machine's cost
+  curve; a small EAGLE-2 tree)."""
+  from experiments.spec_bench.run import build_methods
 
-  out = {}
-  have = {n for n, d in registry.DRAFTERS.items() if os.path.exists(d.path)}
-  if "smollm2-135m-medusa" in have:
-    from experiments.medusa.run import per_rank_accuracy
-
-    heads = sj.load_heads("smollm2-135m-medusa", model)
-    acc = per_rank_accuracy(heads.meta, heads.config.num_heads)
-    pick = T.choose_budget(B.measure_cost_curve(model, (1, 2, 4, 8, 16, 32)), acc, max_nodes=32)
-    n = pick["num_nodes"]
-    out[f"medusa N={n}"] = sj.Medusa(heads, tree=T.build_tree(acc, n), top_k=5)
-  if "smollm2-135m-eagle" in have:
-    out["eagle-2 N=8"] = sj.Eagle(sj.load_heads("smollm2-135m-eagle", model), num_nodes=8,
-                                  depth=4, top_k=4)
-  if "smollm2-135m-mtp" in have:
-    out["mtp"] = sj.MTP(sj.load_heads("smollm2-135m-mtp", model))
-  return out
+  methods, notes = build_methods(model, model.name, ("medusa", "eagle", "mtp"))
+  for name, note in notes.items():
+    print(f"# {name}: {note}")
+  return methods
 
 
 def methods_bench(model, draft, n_prompts: int, max_new: int, repeat: int, categories=None):

@@ -83,22 +83,6 @@ def resolve_heads(spec: str, target, model_name: str):
   return sj.load_heads(spec, target), f"medusa heads {os.path.basename(spec)}"
 
 
-def per_rank_accuracy(meta: dict, num_heads: int, ranks: int = 5) -> np.ndarray | None:
-  """[K, ranks] P(head k's rank-r token is right) from held-out top-1 / top-5 (the 4 ranks after
-  the first share top-5 - top-1, decaying geometrically); None without held-out numbers."""
-  held = meta.get("held_out", {})
-  if not any(f"top1_{k}" in held for k in range(num_heads)):
-    return None
-  out = np.zeros((num_heads, ranks))
-  w = 0.5 ** np.arange(ranks - 1)
-  w = w / w.sum()
-  for k in range(num_heads):
-    t1, t5 = float(held.get(f"top1_{k}", 0.0)), float(held.get(f"top5_{k}", 0.0))
-    out[k, 0] = t1
-    out[k, 1:] = max(t5 - t1, 0.0) * w
-  return out
-
-
 class TeacherForcer:
   """One full target forward over a prompt + response: the target's argmax [T] and the heads'
   top-5 token ids [T,K,5] at every position. Sequences are padded to a multiple of 128 tokens
@@ -186,7 +170,7 @@ def main(argv=None):
   heads, heads_label = resolve_heads(args.heads, target, args.model)
   k = heads.config.num_heads
   held = heads.meta.get("held_out", {})
-  acc = per_rank_accuracy(heads.meta, k)
+  acc = T.per_rank_accuracy(heads.meta, k)
   acc_source = "held-out (training header)"
   if acc is None:
     acc, acc_source = T.prior_accuracies(k, 5), "Medusa's Vicuna-7B prior (no held-out numbers)"

@@ -121,9 +121,7 @@ def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int =
       if h is None:
         notes[n] = note
         continue
-      from experiments.medusa.run import per_rank_accuracy
-
-      acc = per_rank_accuracy(h.meta, h.config.num_heads)
+      acc = T.per_rank_accuracy(h.meta, h.config.num_heads)
       if acc is None or not acc.any():  # random heads: no held-out accuracy; Medusa's published
         acc = T.prior_accuracies(h.config.num_heads, top_k=5)
       if medusa_nodes:
