@@ -160,6 +160,53 @@ def machine_info() -> dict:
           "device": str(jax.devices()[0].device_kind)}
 
 
+def machine_summary(m: dict) -> str:
+  """One line for a report: "date; CPU (N cores); load average [..] at start, [..] at end; run
+  S s". Reads machine_info()'s keys plus "load_average_end" / "run_s" when the run added them,
+  and the older experiment JSONs' keys (cpu, loadavg, loadavg_end)."""
+  cpu = m.get("processor") or m.get("cpu") or m.get("machine", "?")
+  line = f"{m.get('date', '?')}; {cpu} ({m.get('cores', '?')} cores); load average " \
+         f"{m.get('load_average', m.get('loadavg'))} at start"
+  end = m.get("load_average_end", m.get("loadavg_end"))
+  if end is not None:
+    line += f", {end} at end"
+  if m.get("run_s") is not None:
+    line += f"; run {m['run_s']} s"
+  return line
+
+
+def finish_machine_info(info: dict, t_start: float) -> dict:
+  """Adds the load average at the end and the run's duration to a machine_info() dict."""
+  info["load_average_end"] = machine_info()["load_average"]
+  info["run_s"] = round(time.time() - t_start, 1)
+  return info
+
+
+def paired(method_run: Callable, ar_run: Callable, repeats: int):
+  """The method and autoregressive decoding alternately, `repeats` times each, on one prompt ->
+  (the method's first output, its fastest wall time, autoregressive's fastest). The fastest run
+  is the least disturbed one: on a shared CPU a single run now and then takes 2-3x as long, and
+  alternating puts both sides of the ratio under the same minutes of load."""
+  outs, ar = [], []
+  for _ in range(repeats):
+    outs.append(method_run())
+    ar.append(ar_run().stats["wall_time_s"])
+  return outs[0], min(o.stats["wall_time_s"] for o in outs), min(ar)
+
+
+def rescore_saved(path: str, report: Callable[[dict, str, str], dict]) -> dict:
+  """Reads an earlier run's results JSON (run_cases records) and hands it to
+  report(data, out_dir, stem) to be scored again and rewritten beside it."""
+  import json
+
+  with open(path) as f:
+    data = json.load(f)
+  data.setdefault("model", data["args"]["model"])
+  data.setdefault("repeats", data["args"]["repeats"])
+  stem = os.path.splitext(os.path.basename(path))[0]
+  return report(data, os.path.dirname(os.path.abspath(path)), stem)
+
+
 def _cpu_model() -> str:
   try:
     with open("/proc/cpuinfo") as f:
@@ -230,6 +277,16 @@ def load_prompt_set(spec: str, n: int) -> tuple[list[str], bool]:
       return (rows * (n // len(rows) + 1))[:n], chat
     return prompts.load("mt_bench", n), chat
   return prompts.load(spec, n), chat
+
+
+def load_prompt_sets(sets: str, n: int) -> list[tuple[str, str, bool]]:
+  """"set1,set2,..." -> [(set name, prompt, chat)]: load_prompt_set's first n prompts of each
+  (a file is named by its basename)."""
+  out = []
+  for spec in sets.split(","):
+    ps, chat = load_prompt_set(spec, n)
+    out += [(os.path.basename(spec), p, chat) for p in ps]
+  return out
 
 
 def _zip_longest(lists):

@@ -69,7 +69,7 @@ def report(out, stem="results_quick") -> tuple[dict, str]:
     data = json.load(f)
   with open(paths["md"]) as f:
     md = f.read()
-  assert data["machine"]["loadavg"] and data["machine"]["date"]
+  assert data["machine"]["load_average"] and data["machine"]["load_average_end"] and data["machine"]["date"]
   return data, md
 
 

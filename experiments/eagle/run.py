@@ -31,16 +31,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 import specjax as sj
-from specjax import bench, prompts, registry
+from specjax import bench, registry
 from specjax import tree as trees
 
 FULL = dict(nodes="8,16,32,60", depth=5, depths="3,5,7", depth_nodes=32, top_k=8,
@@ -50,44 +48,10 @@ QUICK = dict(FULL, depths="3,7", static_nodes="32", temps="0", prompts=1, new=64
 DEEPSEEK_V3_SECOND_TOKEN = (0.85, 0.90)  # DeepSeek-V3 technical report, section 5.4.3
 
 
-def machine() -> dict:
-  """When and where this ran: timing here is only comparable within one run."""
-  import jax
-
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  try:
-    up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    up = ""
-  return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu, "cores": os.cpu_count(),
-          "loadavg": [round(x, 2) for x in os.getloadavg()], "uptime": up,
-          "jax": jax.__version__, "device": str(jax.devices()[0])}
 
 
-def load_prompts(sets: str, n: int) -> list[tuple[str, str, bool]]:
-  """[(set, prompt, chat)]: the first n prompts of each set (chat template except HumanEval)."""
-  out = []
-  for kind in sets.split(","):
-    for p in prompts.load(kind, n):
-      out.append((os.path.basename(kind), p, "humaneval" not in kind))
-  return out
 
 
-def paired(method_run, ar_run, repeats: int):
-  """The method and autoregressive decoding alternately, `repeats` times each, on one prompt ->
-  (the method's first output, its fastest wall time, autoregressive's fastest). The fastest run
-  is the least disturbed one: on this shared CPU a single run now and then takes 2-3x as long,
-  and alternating puts both sides of the ratio under the same minutes of load."""
-  outs, ar = [], []
-  for _ in range(repeats):
-    outs.append(method_run())
-    ar.append(ar_run().stats["wall_time_s"])
-  return outs[0], min(o.stats["wall_time_s"] for o in outs), min(ar)
 
 
 def resolve_heads(spec: str, kind: str, target, model_name: str, **init_kw):
@@ -146,14 +110,14 @@ def main(argv=None):
       setattr(args, k, v)
   ints = lambda s: sorted({int(x) for x in str(s).split(",") if x.strip()})
   temps = [float(t) for t in args.temps.split(",")]
-  info = machine()
+  info = bench.machine_info()
   t_start = time.time()
 
   target = sj.load_model(args.model)
   eagle, eagle_label = resolve_heads(args.heads, "eagle", target, args.model)
   mtp, mtp_label = resolve_heads(args.mtp_heads, "mtp", target, args.model,
                                  num_heads=args.mtp_modules)
-  ps = load_prompts(args.sets, args.prompts)
+  ps = bench.load_prompt_sets(args.sets, args.prompts)
 
   k = args.top_k
   methods = {}  # label -> (method, row fields)
@@ -196,7 +160,7 @@ def main(argv=None):
     for t in temps:
       outs, ratios = [], []
       for i, (_, p, chat) in enumerate(ps):
-        out, wall, ar_wall = paired(
+        out, wall, ar_wall = bench.paired(
             lambda: sj.generate(target, [p], m, temperature=t, seed=i, chat=chat, **kw),
             lambda: sj.generate(target, [p], sj.Autoregressive(), temperature=t, seed=i,
                                 chat=chat, **kw), args.repeats)
@@ -219,8 +183,7 @@ def main(argv=None):
             f"{r['pred_speedup']:.2f}x), by depth "
             + "/".join(f"{x:.2f}" for x in r["depth_acceptance"]), flush=True)
 
-  info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-  info["run_s"] = round(time.time() - t_start, 1)
+  bench.finish_machine_info(info, t_start)
   data = {"experiment": "eagle", "model": args.model, "args": vars(args), "machine": info,
           "heads": {"eagle": eagle_label, "mtp": mtp_label,
                     "eagle_meta": eagle.meta, "mtp_meta": mtp.meta},
@@ -254,8 +217,7 @@ def markdown(data: dict) -> str:
   m = data["machine"]
   lines = [f"Model {data['model']}; EAGLE: {data['heads']['eagle']}; MTP: {data['heads']['mtp']}; "
            f"{len(data['prompts'])} prompts x {data['args']['new']} new tokens, batch 1; "
-           f"{m['date']}; {m['cpu']} ({m['cores']} cores); load average {m['loadavg']} at start, "
-           f"{m.get('loadavg_end')} at end; run {m.get('run_s')} s.", "",
+           f"{bench.machine_summary(m)}.", "",
            "| method | T | depth | nodes N | tau | acceptance by depth | c(N+1) | "
            "verify-only pred. tau/c(N+1) | speedup measured | = AR |",
            "|---|---|---|---|---|---|---|---|---|---|"]

@@ -33,16 +33,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 import specjax as sj
-from specjax import bench, prompts, registry
+from specjax import bench, registry
 
 DRAFT_KINDS = ("random", "layerskip", "draft", "self")
 FULL = dict(gammas="1,2,3,4,5,6,7,8", drafts=",".join(DRAFT_KINDS), exit_layers="0.25,0.5,0.75,0.9",
@@ -50,45 +48,10 @@ FULL = dict(gammas="1,2,3,4,5,6,7,8", drafts=",".join(DRAFT_KINDS), exit_layers=
 QUICK = dict(FULL, gammas="1,3,6", exit_layers="0.8", prompts=1, new=64, temps="0", repeats=1)
 
 
-def machine() -> dict:
-  """When and where this ran: timing here is only comparable within one run."""
-  import jax
-
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  try:
-    up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    up = ""
-  return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu, "cores": os.cpu_count(),
-          "loadavg": [round(x, 2) for x in os.getloadavg()], "uptime": up,
-          "jax": jax.__version__, "device": str(jax.devices()[0])}
 
 
-def load_prompts(sets: str, n: int) -> list[tuple[str, str, bool]]:
-  """[(set, prompt, chat)]: the first n prompts of each set (chat template except HumanEval,
-  which is raw completion; a .txt / .jsonl path is read by specjax.prompts.load)."""
-  out = []
-  for kind in sets.split(","):
-    for p in prompts.load(kind, n):
-      out.append((os.path.basename(kind), p, "humaneval" not in kind))
-  return out
 
 
-def paired(method_run, ar_run, repeats: int):
-  """The method and autoregressive decoding alternately, `repeats` times each, on one prompt ->
-  (the method's first output, its fastest wall time, autoregressive's fastest). The fastest run
-  is the least disturbed one: on this shared CPU a single run now and then takes 2-3x as long,
-  and alternating puts both sides of the ratio under the same minutes of load."""
-  outs, ar = [], []
-  for _ in range(repeats):
-    outs.append(method_run())
-    ar.append(ar_run().stats["wall_time_s"])
-  return outs[0], min(o.stats["wall_time_s"] for o in outs), min(ar)
 
 
 def expected_tau(alpha: float, gamma: int) -> float:
@@ -244,13 +207,13 @@ def main(argv=None):
       setattr(args, k, v)
   gammas = sorted({int(g) for g in args.gammas.split(",")})
   temps = [float(t) for t in args.temps.split(",")]
-  info = machine()
+  info = bench.machine_info()
   t_start = time.time()
 
   target = sj.load_model(args.model)
   drafts = build_drafts(target, args.model, args.drafts.split(","),
                         exit_layers(args.exit_layers, target.config.num_layers))
-  ps = load_prompts(args.sets, args.prompts)
+  ps = bench.load_prompt_sets(args.sets, args.prompts)
   print(f"{args.model}: {target}; {len(ps)} prompts x {args.new} tokens; drafts: "
         f"{', '.join(drafts)}; gammas {gammas}; T {temps}", flush=True)
 
@@ -276,7 +239,7 @@ def main(argv=None):
       for t in temps:
         outs, ratios = [], []
         for i, (_, p, chat) in enumerate(ps):
-          out, wall, ar_wall = paired(
+          out, wall, ar_wall = bench.paired(
               lambda: sj.generate(target, [p], m, temperature=t, seed=i, chat=chat, **kw),
               lambda: sj.generate(target, [p], sj.Autoregressive(), temperature=t, seed=i,
                                   chat=chat, **kw), args.repeats)
@@ -332,8 +295,7 @@ def main(argv=None):
         r["E_from_g_min"] = expected_tau(a0, r["gamma"])
         r["rel_err_from_g_min"] = (r["tau"] - r["E_from_g_min"]) / r["E_from_g_min"]
 
-  info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-  info["run_s"] = round(time.time() - t_start, 1)
+  bench.finish_machine_info(info, t_start)
   data = {"experiment": "leviathan", "model": args.model, "args": vars(args), "machine": info,
           "prompts": [(s, p[:80], chat) for s, p, chat in ps], "cost_curve": curve,
           "costs": costs, "drafts": summary, "rows": rows}
@@ -360,8 +322,7 @@ def render(path: str) -> dict:
 def markdown(data: dict) -> str:
   m = data["machine"]
   lines = [f"Model {data['model']}; {len(data['prompts'])} prompts x {data['args']['new']} new "
-           f"tokens, batch 1; {m['date']}; {m['cpu']} ({m['cores']} cores); load average "
-           f"{m['loadavg']} at start, {m.get('loadavg_end')} at end; run {m.get('run_s')} s.", "",
+           f"tokens, batch 1; {bench.machine_summary(m)}.", "",
            "Cost curve c_v(T) (a T-token target forward / a 1-token forward): "
            + ", ".join(f"{t}: {c:.2f}" for t, c in sorted(data["cost_curve"].items(),
                                                          key=lambda kv: int(kv[0]))), "",

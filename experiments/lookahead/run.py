@@ -29,60 +29,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 import specjax as sj
-from specjax import bench, prompts
+from specjax import bench
 
 FULL = dict(windows="1,2,4,8,16", ngrams="2,3,4,5,6", guess=None, sets="mt_bench,humaneval",
             prompts=3, new=128, cost_reps=30, repeats=2)
 QUICK = dict(FULL, windows="1,2,4,8", ngrams="3,5", prompts=1, new=64, repeats=1)
 
 
-def machine() -> dict:
-  """When and where this ran: timing here is only comparable within one run."""
-  import jax
-
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  try:
-    up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    up = ""
-  return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu, "cores": os.cpu_count(),
-          "loadavg": [round(x, 2) for x in os.getloadavg()], "uptime": up,
-          "jax": jax.__version__, "device": str(jax.devices()[0])}
 
 
-def load_prompts(sets: str, n: int) -> list[tuple[str, str, bool]]:
-  """[(set, prompt, chat)]: the first n prompts of each set (chat template except HumanEval)."""
-  out = []
-  for kind in sets.split(","):
-    for p in prompts.load(kind, n):
-      out.append((os.path.basename(kind), p, "humaneval" not in kind))
-  return out
 
 
-def paired(method_run, ar_run, repeats: int):
-  """The method and autoregressive decoding alternately, `repeats` times each, on one prompt ->
-  (the method's first output, its fastest wall time, autoregressive's fastest). The fastest run
-  is the least disturbed one: on this shared CPU a single run now and then takes 2-3x as long,
-  and alternating puts both sides of the ratio under the same minutes of load."""
-  outs, ar = [], []
-  for _ in range(repeats):
-    outs.append(method_run())
-    ar.append(ar_run().stats["wall_time_s"])
-  return outs[0], min(o.stats["wall_time_s"] for o in outs), min(ar)
 
 
 def log_fit(tokens: list[int], tau: list[float]) -> dict:
@@ -123,11 +87,11 @@ def main(argv=None):
   windows = sorted({int(w) for w in args.windows.split(",")})
   ngrams = sorted({int(n) for n in args.ngrams.split(",")})
   configs = [(w, n, args.guess or w) for n in ngrams for w in windows]
-  info = machine()
+  info = bench.machine_info()
   t_start = time.time()
 
   target = sj.load_model(args.model)
-  ps = load_prompts(args.sets, args.prompts)
+  ps = bench.load_prompt_sets(args.sets, args.prompts)
   methods = {cfg: sj.Lookahead(window=cfg[0], ngram=cfg[1], guess=cfg[2]) for cfg in configs}
   sizes = sorted({m.tokens_per_step for m in methods.values()})
   print(f"{args.model}: {target}; {len(ps)} prompts x {args.new} tokens; (W, N, G) {configs}; "
@@ -142,7 +106,7 @@ def main(argv=None):
   for cfg, m in methods.items():
     outs[cfg], ratios[cfg] = [], []
     for _, p, chat in ps:
-      out, wall, ar_wall = paired(lambda: sj.generate(target, [p], m, chat=chat, **kw),
+      out, wall, ar_wall = bench.paired(lambda: sj.generate(target, [p], m, chat=chat, **kw),
                                   lambda: sj.generate(target, [p], sj.Autoregressive(), chat=chat,
                                                       **kw), args.repeats)
       outs[cfg].append(out)
@@ -169,8 +133,7 @@ def main(argv=None):
   fits = {n: log_fit([r["tokens_per_step"] for r in rows if r["ngram"] == n],
                      [r["tau"] for r in rows if r["ngram"] == n]) for n in ngrams}
 
-  info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-  info["run_s"] = round(time.time() - t_start, 1)
+  bench.finish_machine_info(info, t_start)
   data = {"experiment": "lookahead", "model": args.model, "args": vars(args), "machine": info,
           "prompts": [(s, p[:80], chat) for s, p, chat in ps], "cost_curve": curve,
           "rows": rows, "fits": fits}
@@ -197,8 +160,7 @@ def render(path: str) -> dict:
 def markdown(data: dict) -> str:
   m = data["machine"]
   lines = [f"Model {data['model']}; {len(data['prompts'])} prompts x {data['args']['new']} new "
-           f"tokens, greedy, batch 1; {m['date']}; {m['cpu']} ({m['cores']} cores); load average "
-           f"{m['loadavg']} at start, {m.get('loadavg_end')} at end; run {m.get('run_s')} s.", "",
+           f"tokens, greedy, batch 1; {bench.machine_summary(m)}.", "",
            "| W | N | G | tokens per step T | tau (tokens / step) | pool hit rate | "
            "c(T) | predicted tau / c(T) | speedup measured | = AR |",
            "|---|---|---|---|---|---|---|---|---|---|"]

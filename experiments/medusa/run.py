@@ -32,16 +32,14 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 import specjax as sj
-from specjax import bench, prompts, registry
+from specjax import bench, registry
 from specjax import tree as T
 
 FULL = dict(prompts=4, new=128, nodes="4,8,16,32,64", temps="0,0.7", sets="mt_bench,humaneval",
@@ -51,23 +49,6 @@ QUICK = dict(FULL, prompts=2, new=64, nodes="4,16", temps="0", cost_sizes="1,2,4
              repeats=1)
 
 
-def machine() -> dict:
-  """When and where this ran: timing here is only comparable within one run."""
-  import jax
-
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  try:
-    up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    up = ""
-  return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu, "cores": os.cpu_count(),
-          "loadavg": [round(x, 2) for x in os.getloadavg()], "uptime": up,
-          "jax": jax.__version__, "device": str(jax.devices()[0])}
 
 
 def resolve_heads(spec: str, target, model_name: str):
@@ -163,7 +144,7 @@ def main(argv=None):
   for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
     if getattr(args, k) is None:
       setattr(args, k, v)
-  info = machine()
+  info = bench.machine_info()
   t_start = time.time()
 
   target = sj.load_model(args.model)
@@ -174,8 +155,7 @@ def main(argv=None):
   acc_source = "held-out (training header)"
   if acc is None:
     acc, acc_source = T.prior_accuracies(k, 5), "Medusa's Vicuna-7B prior (no held-out numbers)"
-  ps = [(os.path.basename(kind), p, "humaneval" not in kind)
-        for kind in args.sets.split(",") for p in prompts.load(kind, args.prompts)]
+  ps = bench.load_prompt_sets(args.sets, args.prompts)
   print(f"{args.model}: {target}; {heads_label}; {len(ps)} prompts x {args.new} tokens", flush=True)
 
   cost = bench.measure_cost_curve(target, [int(x) for x in args.cost_sizes.split(",")],
@@ -239,8 +219,7 @@ def main(argv=None):
 
   typical = typical_sweep(target, heads, trees[pick["num_nodes"]], ps, ids, greedy, forcer, args)
 
-  info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-  info["run_s"] = round(time.time() - t_start, 1)
+  bench.finish_machine_info(info, t_start)
   data = {"experiment": "medusa", "model": args.model, "heads": heads_label, "args": vars(args),
           "machine": info, "date": info["date"], "accuracy": acc_rows,
           "accuracy_source": acc_source, "cost_curve": cost, "chosen_nodes": pick["num_nodes"],
@@ -327,9 +306,8 @@ def markdown(data: dict) -> str:
   m = data.get("machine", {})
   a = data.get("args", {})
   lines = [f"Model {data['model']}; {data['heads']}; {a.get('prompts')} prompts per set x "
-           f"{a.get('new')} new tokens, batch 1; {data.get('date', m.get('date'))}"
-           + (f"; {m['cpu']} ({m['cores']} cores); load average {m['loadavg']} at start, "
-              f"{m.get('loadavg_end')} at end; run {m.get('run_s')} s" if m else "") + ".", "",
+           f"{a.get('new')} new tokens, batch 1; "
+           + (bench.machine_summary(m) if m else data.get("date", "?")) + ".", "",
            "| head | predicts | held-out top-1 | held-out top-5 | benchmark top-1 | benchmark top-5 |",
            "|---|---|---|---|---|---|"]
   for r in data["accuracy"]:

@@ -18,7 +18,6 @@ results.png to --out (`results_quick.*` with --quick). Methods as in experiments
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -157,12 +156,7 @@ def main(argv=None):
                   "rewrite its report next to it")
   args = ap.parse_args(argv)
   if args.rescore:
-    with open(args.rescore) as f:
-      data = json.load(f)
-    data.setdefault("model", data["args"]["model"])
-    data.setdefault("repeats", data["args"]["repeats"])
-    stem = os.path.splitext(os.path.basename(args.rescore))[0]
-    return report(data, os.path.dirname(os.path.abspath(args.rescore)), stem)
+    return bench.rescore_saved(args.rescore, report)
   quick = args.quick
   batch_sizes = _ints(ap, "batch-sizes", args.batch_sizes or ("1,4" if quick else "1,2,4,8"))
   lengths = _ints(ap, "lengths", args.lengths or ("128,1024" if quick else "128,512,1024,1500"))
