@@ -16,7 +16,7 @@ def _method_factories() -> dict:
 
   out = {"autoregressive": lambda model, a: sj.Autoregressive()}
   if hasattr(sj, "DraftModel"):
-    out["draft"] = lambda model, a: sj.DraftModel(sj.load_model(a.draft), gamma=a.gamma)
+    out["draft"] = lambda model, a: sj.DraftModel(_load_draft(a.draft, model), gamma=a.gamma)
   if hasattr(sj, "SelfSpeculative"):
     out["self-spec"] = lambda model, a: sj.SelfSpeculative(
         exit_layer=a.exit_layer or max(1, model.config.num_layers // 4), gamma=a.gamma)
@@ -33,6 +33,18 @@ def _method_factories() -> dict:
   if os.path.isfile(registry.DRAFTERS["smollm2-135m-mtp"].path):
     out["mtp"] = lambda model, a: sj.MTP(sj.load_heads(a.heads or "smollm2-135m-mtp", model))
   return out
+
+
+def _load_draft(name: str, model):
+  """--draft -> a draft Model: a shipped draft of this very model is built around the loaded
+  target (no second copy of it); anything else loads on its own."""
+  import specjax as sj
+  from specjax import registry
+
+  entry = registry.DRAFTERS.get(name)
+  if entry is not None and entry.kind == "draft" and entry.target == getattr(model, "name", None):
+    return sj.load_model(name, target=model)
+  return sj.load_model(name)
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:

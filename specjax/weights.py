@@ -17,7 +17,7 @@ import numpy as np
 from specjax import config as config_lib
 from specjax import registry
 from specjax.config import ModelConfig
-from specjax.errors import ModelNotFoundError, WeightsError
+from specjax.errors import InputError, ModelNotFoundError, WeightsError
 
 # Buffers some checkpoints carry that are recomputed, not loaded.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
@@ -338,8 +338,12 @@ def default_dtype():
 
 
 def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
-               rules=None, kernels: bool | None = None):
+               rules=None, kernels: bool | None = None, target=None):
   """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
+
+  A shipped draft (e.g. "smollm2-135m-draft") borrows its target's embeddings and LM head: pass
+  the target already loaded as `target=` to build it around that one (instant, no second copy);
+  without it the target is loaded once more for the draft.
 
   mesh ("data=2,model=4" or a jax Mesh): each tensor is sharded by `rules` (default
   sj.sharding.DEFAULT_RULES) as it is converted, never materialised whole on one device.
@@ -357,6 +361,17 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if name_or_path in registry.DRAFTERS and registry.DRAFTERS[name_or_path].kind != "draft":
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
+  if target is not None:
+    if name_or_path not in registry.DRAFTERS:
+      raise InputError(f"load_model({name_or_path!r}, target=...): target= is for shipped drafts "
+                       f"({', '.join(n for n, d in registry.DRAFTERS.items() if d.kind == 'draft')})")
+    if not isinstance(target, Model):
+      raise InputError(f"load_model: target= must be a loaded specjax Model, got "
+                       f"{type(target).__name__}")
+    if mesh is not None or place is not None:
+      raise InputError("load_model: a draft built on target= lives where the target does; "
+                       "pass mesh= / place= when loading the target")
+    return registry.build(name_or_path, target)
   if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
     return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
                             rules=rules, kernels=kernels)

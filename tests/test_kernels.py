@@ -18,7 +18,6 @@ import pytest
 import specjax as sj
 from specjax import cache as kv
 from specjax import kernels
-from specjax.kernels import build
 
 from conftest import random_prompts, tiny_model
 from test_lossless import GREEDY_METHODS
@@ -242,7 +241,7 @@ def test_smollm2_every_method_identical_on_and_off(smollm2):
   xla = kernels.unpack(smollm2)
   prompts = ["def fibonacci(n):", "The capital of France is"]
   ref = sj.generate(xla, prompts, max_new_tokens=32).tokens
-  draft = sj.load_model("smollm2-135m-draft")
+  draft = sj.load_model("smollm2-135m-draft", target=smollm2)
   methods = [sj.Autoregressive(), sj.PromptLookup(), sj.Lookahead(), sj.DraftModel(draft, gamma=3),
              sj.SelfSpeculative(exit_layer=6, gamma=3)]
   for method in methods:

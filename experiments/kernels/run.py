@@ -133,8 +133,8 @@ def methods_bench(model, draft, n_prompts: int, max_new: int, repeat: int, categ
     print(f"  {cat}: done", flush=True)
   rows.append(("overall", allres))
   names = [m for m in methods if m != "autoregressive"]
-  print(f"\nspeedup over autoregressive (kernel on for all), median over prompts "
-        f"(tau = tokens per target call):")
+  print("\nspeedup over autoregressive (kernel on for all), median over prompts "
+        "(tau = tokens per target call):")
   print("| category | AR tok/s | " + " | ".join(names) + " |")
   print("|---" * (len(names) + 2) + "|")
   for cat, res in rows:
@@ -178,7 +178,7 @@ def main(argv=None):
     curve(models, sizes, reps, xla.num_param_bytes, bw)
   if args.methods:
     del xla, models
-    draft = sj.load_model("smollm2-135m-draft")
+    draft = sj.load_model("smollm2-135m-draft", target=ker)
     n, max_new = (1, 64) if args.quick else (args.prompts, args.max_new)
     methods_bench(ker, draft, n, max_new, args.repeat,
                   [c for c in args.categories.split(",") if c] or None)

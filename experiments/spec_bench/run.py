@@ -27,7 +27,6 @@ seed=0)`), so the script runs end to end on any model.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -95,7 +94,7 @@ def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int =
   if {"draft", "layer-skip"} & set(names):
     name, _ = shipped("draft")
     if name:
-      draft, draft_note = sj.load_model(name), f"shipped draft {name}"
+      draft, draft_note = sj.load_model(name, target=target), f"shipped draft {name}"
     else:
       draft = registry.draft_from_target(target, num_layers=1)
       draft_note = "the target's first layer (untrained): no draft shipped for this model"
@@ -265,12 +264,7 @@ def main(argv=None):
                   "rewrite its report next to it")
   args = ap.parse_args(argv)
   if args.rescore:
-    with open(args.rescore) as f:
-      data = json.load(f)
-    data.setdefault("model", data["args"]["model"])
-    data.setdefault("repeats", data["args"]["repeats"])
-    stem = os.path.splitext(os.path.basename(args.rescore))[0]
-    return report(data, os.path.dirname(os.path.abspath(args.rescore)), stem)
+    return bench.rescore_saved(args.rescore, report)
   quick = args.quick
   n = args.num_prompts if args.num_prompts is not None else (1 if quick else 10)
   new = args.max_new_tokens if args.max_new_tokens is not None else (32 if quick else 128)
