@@ -40,32 +40,54 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+SETS = {"mt_bench": "mt_bench.jsonl", "spec_bench": "spec_bench.jsonl",
+        "humaneval": "humaneval.jsonl.gz", "gsm8k": "gsm8k_test.jsonl"}
+
+
 def load(kind: str = "mt_bench", n: int | None = None) -> list[str]:
   """First n prompts of a set: "mt_bench", "spec_bench" or "spec_bench:<category>", "humaneval",
-  "gsm8k", or a path to a .jsonl (field "prompt", "question" or "turns") / .txt (one per line).
-  Falls back to a built-in list when the shared folder is absent."""
+  "gsm8k", or a path to a .jsonl (field "prompt", "question" or "turns") / .txt (one per line);
+  n larger than the set repeats it. Without the shared prompt folder a named set falls back to a
+  small built-in list, so everything runs; an unknown set, an unknown category, a missing or
+  empty file, or n < 1 raises InputError."""
+  from specjax.errors import InputError, check_int
+
+  if n is not None:
+    check_int("n", n, 1, what="prompts to load")
+  if not isinstance(kind, str) or not kind:
+    raise InputError(f"prompt set {kind!r} is invalid; use one of {', '.join(SETS)} or a file path")
   rows: list[str] = []
-  if os.path.isfile(kind):
+  if kind.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in kind or os.path.isfile(kind):
+    if not os.path.isfile(kind):
+      raise InputError(f"prompt file {kind!r}: no such file")
     if kind.endswith(".txt"):
       with open(kind) as f:
         rows = [line.rstrip("\n") for line in f if line.strip()]
     else:
       for r in read_jsonl(kind):
         rows.append(r.get("prompt") or r.get("question") or r["turns"][0])
+    if not rows:
+      raise InputError(f"prompt file {kind!r} holds no prompts")
   else:
     d = prompts_dir()
-    name, _, category = kind.partition(":")
-    files = {"mt_bench": "mt_bench.jsonl", "spec_bench": "spec_bench.jsonl",
-             "humaneval": "humaneval.jsonl.gz", "gsm8k": "gsm8k_test.jsonl"}
-    if name not in files:
-      raise ValueError(f"prompt set {kind!r} unknown; use one of {', '.join(files)} or a file path")
-    if d and os.path.isfile(os.path.join(d, files[name])):
-      for r in read_jsonl(os.path.join(d, files[name])):
+    name, sep, category = kind.partition(":")
+    if name not in SETS:
+      raise InputError(f"prompt set {kind!r} unknown; use one of {', '.join(SETS)} or a file path")
+    if sep and name != "spec_bench":
+      raise InputError(f"prompt set {kind!r}: only spec_bench has categories")
+    path = os.path.join(d, SETS[name]) if d else ""
+    if not os.path.isfile(path):
+      rows = list(FALLBACK)
+    else:
+      known = set()
+      for r in read_jsonl(path):
+        known.add(r.get("category"))
         if category and r.get("category") != category:
           continue
         rows.append(r.get("prompt") or r.get("question") or r["turns"][0])
-  if not rows:
-    rows = list(FALLBACK)
+      if not rows:
+        raise InputError(f"prompt set {kind!r}: no prompts in category {category!r}; categories: "
+                         f"{', '.join(sorted(c for c in known if c))}")
   if n is None:
     return rows
   return (rows * (n // len(rows) + 1))[:n]

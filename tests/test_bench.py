@@ -165,6 +165,30 @@ def test_mt_bench_is_read_round_robin_over_its_categories(monkeypatch, tmp_path)
   assert bench.load_prompt_set("mt_bench", 2)[0] == ["writing 0", "math 0"]
 
 
+def test_prompts_load_errors_and_fallback(monkeypatch, tmp_path):
+  """prompts.load: the shared set when present, the built-in list when the folder is absent, and
+  a specific InputError for an unknown set or category, a missing or empty file, or n < 1."""
+  from specjax import prompts
+  from specjax.errors import InputError
+
+  rows = [{"category": c, "turns": [f"{c} {i}"]} for c in ("qa", "rag") for i in range(2)]
+  (tmp_path / "spec_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "empty.txt").write_text("\n")
+  monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
+  assert prompts.load("spec_bench:rag", 3) == ["rag 0", "rag 1", "rag 0"]
+  assert prompts.load("spec_bench", None) == ["qa 0", "qa 1", "rag 0", "rag 1"]
+  assert prompts.load(str(tmp_path / "spec_bench.jsonl"), 1) == ["qa 0"]
+  for args, msg in ((("spec_bench:poetry", 2), "no prompts in category 'poetry'; categories: qa, rag"),
+                    (("mtbench", 2), "unknown"), (("gsm8k:easy", 2), "only spec_bench has categories"),
+                    ((str(tmp_path / "none.jsonl"), 2), "no such file"),
+                    ((str(tmp_path / "empty.txt"), 2), "holds no prompts"),
+                    (("spec_bench", 0), "prompts to load")):
+    with pytest.raises(InputError, match=msg):
+      prompts.load(*args)
+  monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path / "absent"))
+  assert prompts.load("humaneval", 2) == prompts.FALLBACK[:2]
+
+
 def test_markdown_table():
   md = bench.markdown_table([{"a": "x", "b": 1.234, "c": True}, {"a": "y", "b": None, "c": False}],
                             [("a", "A", "s"), ("b", "B", ".2f"), ("c", "C", "")])
