@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import specjax as sj
@@ -100,6 +99,7 @@ def test_leviathan_and_cost_ratio(target):
   assert leviathan_speedup(1.0, 4, 0.0) == 5.0
   assert abs(leviathan_speedup(0.5, 1, 0.0) - 1.5) < 1e-9
   assert abs(leviathan_speedup(0.8, 3, 0.1) - (1 - 0.8 ** 4) / (0.2 * 1.3)) < 1e-9
+  assert abs(leviathan_speedup(0.8, 3, 0.1, verify=1.4) - (1 - 0.8 ** 4) / (0.2 * 1.7)) < 1e-9
   r = measure_cost_ratio(target, DraftModel(tiny_model(seed=1, num_layers=1), gamma=2),
                          cache_len=64, reps=2)
   assert r["c"] > 0 and r["verify_over_step"] > 0 and "verify_by_width" not in r
@@ -113,3 +113,33 @@ def test_named_draft_loads_on_a_mesh():
   """load_model(name, mesh=) for a shipped draft builds it around a mesh-placed target."""
   d = sj.load_model("smollm2-135m-draft", mesh="model=1", tokenizer=False)
   assert d.config.vocab_size == 49152
+
+
+def test_named_draft_on_a_target_checks_its_arguments():
+  """target= builds a shipped draft around a loaded target; anything that is not a shipped draft,
+  not a Model, or not its target is refused with a specific error."""
+  from specjax.errors import InputError, WeightsError
+
+  target = tiny_model()
+  with pytest.raises(InputError, match="target= is for shipped drafts"):
+    sj.load_model("smollm2-135m", target=target)
+  with pytest.raises(InputError, match="must be a loaded specjax Model"):
+    sj.load_model("smollm2-135m-draft", target="smollm2-135m")
+  with pytest.raises(InputError, match="pass mesh= / place= when loading the target"):
+    sj.load_model("smollm2-135m-draft", target=target, mesh="model=1")
+  with pytest.raises(WeightsError, match="does not fit target"):
+    sj.load_model("smollm2-135m-draft", target=target)
+
+
+@pytest.mark.slow
+def test_named_draft_shares_the_loaded_target(smollm2):
+  """load_model(draft, target=) borrows the loaded target's embeddings (the same array, no second
+  copy) and drafts exactly like the draft loaded on its own."""
+  d = sj.load_model("smollm2-135m-draft", target=smollm2)
+  assert d.params["embed"]["embedding"] is smollm2.params["embed"]["embedding"] or \
+      d.params["embed"]["embedding"].value is smollm2.params["embed"]["embedding"].value
+  alone = sj.load_model("smollm2-135m-draft", tokenizer=False)
+  prompts = ["def fibonacci(n):"]
+  a = sj.generate(smollm2, prompts, sj.DraftModel(d, gamma=3), max_new_tokens=24)
+  b = sj.generate(smollm2, prompts, sj.DraftModel(alone, gamma=3), max_new_tokens=24)
+  assert a.tokens == b.tokens and a.stats["accepted_tokens"] == b.stats["accepted_tokens"]

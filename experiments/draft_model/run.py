@@ -102,7 +102,7 @@ def main(argv=None):
           row["verified"] = statistics.median(s["verified_per_step"] for s in st)
           row.update(alpha=alpha, drafted=gam, c=c["c"],
                      pred=leviathan_speedup(alpha, gam, c["c"]),
-                     pred_v=leviathan_speedup(alpha, gam, 0.0) / (gam * c["c"] + verify_cost(c, row)))
+                     pred_v=leviathan_speedup(alpha, gam, c["c"], verify_cost(c, row)))
         rows.append(row)
         print(json.dumps(row), flush=True)
 
