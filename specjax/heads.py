@@ -345,7 +345,7 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
 
   config: the target's ModelConfig; mod: `module_arrays(...)`; emb [B,T,E] token embeddings;
   feat [B,T,E] features (EAGLE) or the previous module's outputs (MTP); positions [B,T];
-  layer_cache {k,v: [B,S,Kv,D]}; start [B]: the slot of the first new entry; mask [B,T,S].
+  layer_cache {k,v: [B,Kv,S,D]}; start [B]: the slot of the first new entry; mask [B,T,S].
   Returns (out [B,T,E], layer_cache).
   """
   from flax import nnx

@@ -104,7 +104,7 @@ class Attention(nnx.Module):
       self.bo = nnx.Param(jnp.zeros((e,), dtype))
 
   def __call__(self, x, rope, layer_cache, start, mask):
-    """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,S,K,D]}; start [B];
+    """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,K,S,D]}; start [B];
     mask [B,T,S] -> (y [B,T,E], layer_cache)."""
     cfg = self.cfg
     b, t, _ = x.shape
@@ -115,14 +115,38 @@ class Attention(nnx.Module):
     q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [B,T,K,G,D] [B,T,K,D] x2
     if rope is not None:
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    layer_cache = kv.write_layer(layer_cache, k, v, start)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, layer_cache["k"]).astype(jnp.float32)
-    scores = scores * (cfg.head_dim ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    # Attention reads the cache as it was before this call plus the T new entries beside it, and
+    # the new entries are written into the cache separately. Reading the freshly written cache
+    # instead made XLA materialise a second, updated copy of every layer's K and V for the matmul
+    # on every step (the in-place write feeds only the loop), which cost more than the reads.
+    # The T x G queries of a kv head form one [T*G, D] block: a plain batched matmul over (B, K).
+    kd, s = cfg.num_kv_heads, mask.shape[-1]
+    q = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(b, kd, t * g, cfg.head_dim)  # [B,K,T*G,D]
+    k_new, v_new = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B,K,T,D]
+    scale = cfg.head_dim ** -0.5
+    scores = jnp.concatenate([
+        jnp.einsum("bkqd,bksd->bkqs", q, layer_cache["k"]),
+        jnp.einsum("bkqd,bktd->bkqt", q, k_new.astype(layer_cache["k"].dtype))],
+        axis=-1).astype(jnp.float32) * scale  # [B,K,T*G,S+T]
+    # The mask is over cache slots; the new entries' columns are slots [start, start + T), so
+    # those columns of the old cache are masked out and read from the new block instead.
+    old = mask & (jnp.arange(s)[None, None, :] < start[:, None, None])  # [B,T,S]
+    new = jax.vmap(lambda m, st: jax.lax.dynamic_slice(m, (0, st), (t, t)))(mask, start)  # [B,T,T]
+    full = jnp.concatenate([old, new], axis=-1)  # [B,T,S+T]
+    qmask = jnp.broadcast_to(full[:, None, :, None, :], (b, 1, t, g, s + t)).reshape(b, 1, t * g, s + t)
+    scores = jnp.where(qmask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", probs, layer_cache["v"])  # [B,T,K,G,D]
+    o = (jnp.einsum("bkqs,bksd->bkqd", probs[..., :s], layer_cache["v"])
+         + jnp.einsum("bkqt,bktd->bkqd", probs[..., s:], v_new.astype(layer_cache["v"].dtype)))
+    # The write must come after the reads. XLA orders them only by data dependence: with none,
+    # it copied every layer's K and V twice per decode step so that the read saw the old values
+    # (measured: 120 full-cache copies per step). The write position is therefore made to depend
+    # on the attention output, by adding (o > inf), which is 0 for every value, NaN included.
+    start = start + (o[:, 0, 0, 0] > jnp.inf).astype(start.dtype)
+    layer_cache = kv.write_layer(layer_cache, k, v, start)
     # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
     # as an einsum made XLA transpose the weight on every step.
+    o = jnp.transpose(o.reshape(b, cfg.num_kv_heads, t, g, cfg.head_dim), (0, 2, 1, 3, 4))
     o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
     y = dense(o, self.wo[...].reshape(cfg.num_heads * cfg.head_dim, -1), _packed(self, "wo"))
     if cfg.out_bias:

@@ -392,8 +392,8 @@ def device_bytes(tree) -> dict:
 
 
 def cache_spec(mesh: Mesh, num_kv_heads: int) -> P:
-  """[B,S,K,D] K/V buffers: rows over data, kv heads over model where they divide."""
-  return P("data", None, "model" if num_kv_heads % mesh.shape["model"] == 0 else None, None)
+  """[B,K,S,D] K/V buffers: rows over data, kv heads over model where they divide."""
+  return P("data", "model" if num_kv_heads % mesh.shape["model"] == 0 else None, None, None)
 
 
 def check_batch(mesh: Mesh, batch: int) -> None:
@@ -437,7 +437,7 @@ def constrain_state(mesh: Mesh | None, tree, batch: int):
 
   def one(x):
     if isinstance(x, KVCache):
-      layers = tuple({n: wsc(b, NamedSharding(mesh, cache_spec(mesh, b.shape[2])))
+      layers = tuple({n: wsc(b, NamedSharding(mesh, cache_spec(mesh, b.shape[1])))
                       for n, b in layer.items()} for layer in x.layers)
       return x.replace(layers=layers, lengths=wsc(x.lengths, NamedSharding(mesh, P("data"))))
     if isinstance(x, DecodeState):

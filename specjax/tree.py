@@ -275,11 +275,16 @@ def default_tree(num_heads: int, num_nodes: int = 15) -> Tree:
 
 def interpolate_cost(cost: Mapping[int, float], t: int) -> float:
   """c(T) from measured points {T: cost relative to a 1-token forward}: linear between points,
-  extended with the last segment's slope (flat below the first point)."""
+  extended with the last segment's slope (flat below the first point).
+
+  A forward over more tokens never costs less than one over fewer, so the points are first made
+  non-decreasing (each is raised to the largest cost measured at a smaller T): a noisy curve with
+  c(8) < c(2) would otherwise make a bigger tree look cheaper than a smaller one."""
   pts = sorted((int(k), float(v)) for k, v in cost.items())
-  if not pts or any(k < 1 or v <= 0 for k, v in pts):
+  if not pts or any(k < 1 or not v > 0 for k, v in pts):
     raise InputError(f"cost must map token counts >= 1 to positive costs, got {dict(cost)!r}")
-  xs, ys = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+  xs = np.array([p[0] for p in pts], float)
+  ys = np.maximum.accumulate(np.array([p[1] for p in pts], float))
   if t <= xs[0]:
     return float(ys[0])
   if t >= xs[-1]:

@@ -61,7 +61,7 @@ if CHILD:
   from specjax import decode, sharding
   from specjax.model import from_flat, path_key
 
-  from conftest import random_prompts, tiny_config, tiny_model
+  from conftest import random_prompts, tiny_model
 
   def target_model(**kw):
     # Every head count divides 8 (K=8, H=16, G=2), MLP width 48 too; vocab 61 (the suite's
@@ -330,9 +330,9 @@ def test_cache_and_state_sharded_inside_the_program():
       sj.decode.SamplingParams.make(b), jax.random.PRNGKey(0), jnp.array([-1]), 1)[0])
   state = run(sharding.shard_params(mesh, t.params), prompt)
   k = state.cache.layers[0]["k"]
-  assert sharding.cache_spec(mesh, t.config.num_kv_heads) == P("data", None, "model", None)
-  assert k.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, P("data", None, "model")), 4)
-  assert {s.data.shape for s in k.addressable_shards} == {(b // 2, 64, t.config.num_kv_heads // 4,
+  assert sharding.cache_spec(mesh, t.config.num_kv_heads) == P("data", "model", None, None)
+  assert k.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, P("data", "model")), 4)
+  assert {s.data.shape for s in k.addressable_shards} == {(b // 2, t.config.num_kv_heads // 4, 64,
                                                           t.config.head_dim)}
   assert state.seq.sharding.spec[0] == "data"
 

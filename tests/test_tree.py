@@ -118,12 +118,13 @@ def test_tree_forward_equals_causal_forward_of_each_path(paths):
 
 def test_commit_keeps_the_accepted_path_in_order():
   c = kv.init(1, 2, 16, 1, 1)
-  vals = jnp.arange(16, dtype=jnp.float32)[None, :, None, None] + jnp.array([0, 100.])[:, None, None, None]
+  vals = jnp.arange(16, dtype=jnp.float32)[None, None, :, None] + jnp.array([0, 100.])[:, None, None, None]
   c = c.replace(layers=({"k": vals, "v": vals},), lengths=jnp.array([3, 5]))
   out = kv.commit(c, jnp.array([[0, 2, 4], [0, 1, 3]]), jnp.array([3, 2]))
   np.testing.assert_array_equal(out.lengths, [6, 7])
-  np.testing.assert_array_equal(out.layers[0]["k"][0, 3:6, 0, 0], [3, 5, 7])
-  np.testing.assert_array_equal(out.layers[0]["k"][1, 5:7, 0, 0], [105, 106])
+  np.testing.assert_array_equal(out.layers[0]["k"][0, 0, 3:6, 0], [3, 5, 7])
+  np.testing.assert_array_equal(out.layers[0]["k"][1, 0, 5:7, 0], [105, 106])
+  np.testing.assert_array_equal(out.layers[0]["k"][1, 0, :5, 0], np.arange(100, 105))  # untouched
 
 
 # ----------------------------------------------------------------------------- construction
@@ -171,6 +172,11 @@ def test_budget_chooser():
                                                cpu["num_nodes"] + 1))
   assert T.interpolate_cost({1: 1, 2: 1.5, 4: 2.0}, 3) == pytest.approx(1.75)
   assert T.interpolate_cost({1: 1, 2: 1.5, 4: 2.0}, 8) == pytest.approx(3.0)
+  # A noisy curve (c(8) measured below c(2)) is read as non-decreasing: 8 tokens never look
+  # cheaper than 2, and a tree of 7 nodes is not preferred for a spurious dip.
+  noisy = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.3, 16: 2.4}
+  assert [T.interpolate_cost(noisy, t) for t in (2, 6, 8, 12)] == pytest.approx([1.6, 1.7, 1.7, 2.05])
+  assert T.choose_budget(noisy, acc, max_nodes=20)["table"][6][2] == pytest.approx(1.7)
   with pytest.raises(InputError, match="accuracies"):
     T.choose_budget({1: 1.0}, [[1.5]])
   with pytest.raises(InputError, match="cost"):
