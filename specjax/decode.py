@@ -17,7 +17,6 @@ one; methods/draft.py, methods/prompt_lookup.py, ... for the others.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Any, Sequence

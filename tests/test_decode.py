@@ -3,7 +3,6 @@ real-model batch check."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import specjax as sj

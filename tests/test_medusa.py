@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.heads import init_heads, load_heads, save_heads
 from specjax.methods.medusa import Medusa
 from specjax.training import medusa as tm
-from specjax.tree import Tree
 
 from conftest import memoryless_model, random_prompts, tiny_model
 

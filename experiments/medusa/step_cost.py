@@ -9,9 +9,7 @@ target's LM head with heads that score the shipped draft's 8192-token subset.
 """
 
 import argparse
-import time
 
-import numpy as np
 
 import specjax as sj
 from specjax import tree as T

@@ -336,7 +336,6 @@ class Eagle:
     internal = self._internal()
     slot = {int(nd): i for i, nd in enumerate(internal)}
     anc_s = t.ancestor[np.ix_(internal, internal)] if len(internal) else np.zeros((0, 0), bool)
-    b = root.shape[0]
     cands = {0: top_k_ids(lm_logits(prog, params, arrays, root), r)}  # node -> its children [B,R]
     feat = {0: root}
     tok = {}

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from specjax import acceptance
 from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
-from specjax.errors import InputError, check_int
+from specjax.errors import check_int
 
 
 
