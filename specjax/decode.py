@@ -115,7 +115,7 @@ def prefill(prog: Program, params, prompt, prompt_len, max_new, sp, key, eos, ma
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   mask = prog.causal_mask(cache.lengths, p) & (jnp.arange(s) < prompt_len[:, None])[:, None, :]
   logits, hidden, cache = prog.forward(params, prompt, positions, cache, mask,
-                                       logits_at=(prompt_len - 1)[:, None])
+                                       logits_at=(prompt_len - 1)[:, None], empty_cache=True)
   cache = kv.rollback(cache, prompt_len)
   key, sub = jax.random.split(key)
   first = sampling.sample(sub, logits[:, 0], sp)

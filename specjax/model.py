@@ -103,9 +103,10 @@ class Attention(nnx.Module):
     if cfg.out_bias:
       self.bo = nnx.Param(jnp.zeros((e,), dtype))
 
-  def __call__(self, x, rope, layer_cache, start, mask):
+  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False):
     """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,K,S,D]}; start [B];
-    mask [B,T,S] -> (y [B,T,E], layer_cache)."""
+    mask [B,T,S] -> (y [B,T,E], layer_cache). empty_cache (static): the caller guarantees
+    start == 0 (a prefill), so only the T new entries are attended (mask[:, :, :T])."""
     cfg = self.cfg
     b, t, _ = x.shape
     g = cfg.group_size
@@ -124,20 +125,23 @@ class Attention(nnx.Module):
     q = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(b, kd, t * g, cfg.head_dim)  # [B,K,T*G,D]
     k_new, v_new = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B,K,T,D]
     scale = cfg.head_dim ** -0.5
-    scores = jnp.concatenate([
-        jnp.einsum("bkqd,bksd->bkqs", q, layer_cache["k"]),
-        jnp.einsum("bkqd,bktd->bkqt", q, k_new.astype(layer_cache["k"].dtype))],
-        axis=-1).astype(jnp.float32) * scale  # [B,K,T*G,S+T]
-    # The mask is over cache slots; the new entries' columns are slots [start, start + T), so
-    # those columns of the old cache are masked out and read from the new block instead.
-    old = mask & (jnp.arange(s)[None, None, :] < start[:, None, None])  # [B,T,S]
-    new = jax.vmap(lambda m, st: jax.lax.dynamic_slice(m, (0, st), (t, t)))(mask, start)  # [B,T,T]
-    full = jnp.concatenate([old, new], axis=-1)  # [B,T,S+T]
-    qmask = jnp.broadcast_to(full[:, None, :, None, :], (b, 1, t, g, s + t)).reshape(b, 1, t * g, s + t)
+    new_scores = jnp.einsum("bkqd,bktd->bkqt", q, k_new.astype(layer_cache["k"].dtype))
+    if empty_cache:  # a prefill: nothing in the cache to read (saves an [S]-wide score block)
+      scores, full, w = new_scores.astype(jnp.float32) * scale, mask[:, :, :t], t
+    else:
+      scores = jnp.concatenate([jnp.einsum("bkqd,bksd->bkqs", q, layer_cache["k"]), new_scores],
+                               axis=-1).astype(jnp.float32) * scale  # [B,K,T*G,S+T]
+      # The mask is over cache slots; the new entries' columns are slots [start, start + T), so
+      # those columns of the old cache are masked out and read from the new block instead.
+      old = mask & (jnp.arange(s)[None, None, :] < start[:, None, None])  # [B,T,S]
+      new = jax.vmap(lambda m, st: jax.lax.dynamic_slice(m, (0, st), (t, t)))(mask, start)
+      full, w = jnp.concatenate([old, new], axis=-1), s + t  # [B,T,S+T]
+    qmask = jnp.broadcast_to(full[:, None, :, None, :], (b, 1, t, g, w)).reshape(b, 1, t * g, w)
     scores = jnp.where(qmask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    o = (jnp.einsum("bkqs,bksd->bkqd", probs[..., :s], layer_cache["v"])
-         + jnp.einsum("bkqt,bktd->bkqd", probs[..., s:], v_new.astype(layer_cache["v"].dtype)))
+    o = jnp.einsum("bkqt,bktd->bkqd", probs[..., w - t:], v_new.astype(layer_cache["v"].dtype))
+    if not empty_cache:
+      o = o + jnp.einsum("bkqs,bksd->bkqd", probs[..., :s], layer_cache["v"])
     # The write must come after the reads. XLA orders them only by data dependence: with none,
     # it copied every layer's K and V twice per decode step so that the read saw the old values
     # (measured: 120 full-cache copies per step). The write position is therefore made to depend
@@ -187,8 +191,8 @@ class Block(nnx.Module):
     self.mlp_norm = Norm(cfg, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
 
-  def __call__(self, x, rope, layer_cache, start, mask):
-    y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask)
+  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False):
+    y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask, empty_cache)
     x = x + y
     x = x + self.mlp(self.mlp_norm(x))
     return x, layer_cache
@@ -216,12 +220,13 @@ class Decoder(nnx.Module):
     return dense(h, self.lm_head[...], _packed(self, "head")).astype(jnp.float32)
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
-               logits_at: jax.Array | None = None):
+               logits_at: jax.Array | None = None, empty_cache: bool = False):
     """tokens, positions [B,T] int32; mask [B,T,S] bool.
 
     num_layers: run only the first k layers (layer-skip drafting); their cache entries are
     written, the rest are passed through. logits_at [B,N]: compute logits only at these of the
-    T positions (prefill needs one). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after
+    T positions (prefill needs one). empty_cache: the cache holds nothing yet (every length
+    is 0), so attention reads only the T new entries. Returns (logits [B,T or N,V] float32, hidden [B,T,E] after
     the final norm, cache).
     """
     n = self.cfg.num_layers if num_layers is None else num_layers
@@ -235,7 +240,7 @@ class Decoder(nnx.Module):
       rope = (jnp.cos(angles), jnp.sin(angles))
     layers = list(cache.layers)
     for i in range(n):
-      x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask)
+      x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache)
     hidden = self.final_norm(x)
     sel = hidden
     if logits_at is not None:
