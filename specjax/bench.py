@@ -21,6 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specjax import prompts as _prompts
+
 
 def median(xs: Sequence[float]) -> float:
   return float(statistics.median(xs)) if len(xs) else float("nan")
@@ -217,7 +219,7 @@ def _cpu_model() -> str:
 
 # ----------------------------------------------------------------------------- prompt sets
 
-PROMPT_SETS = ("mt_bench", "spec_bench", "humaneval", "gsm8k")
+PROMPT_SETS = tuple(_prompts.SETS)  # the named sets specjax.prompts.load reads
 # Spec-Bench's six categories; its "multi-turn conversation" is MT-Bench's 80 questions, stored
 # in spec_bench.jsonl under their eight MT-Bench categories, so "mt_bench" stands for all eight.
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")

@@ -150,7 +150,7 @@ class Attention(nnx.Module):
     layer_cache = kv.write_layer(layer_cache, k, v, start)
     # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
     # as an einsum made XLA transpose the weight on every step.
-    o = jnp.transpose(o.reshape(b, cfg.num_kv_heads, t, g, cfg.head_dim), (0, 2, 1, 3, 4))
+    o = jnp.transpose(o.reshape(b, kd, t, g, cfg.head_dim), (0, 2, 1, 3, 4))
     o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
     y = dense(o, self.wo[...].reshape(cfg.num_heads * cfg.head_dim, -1), _packed(self, "wo"))
     if cfg.out_bias:

@@ -48,12 +48,6 @@ QUICK = dict(FULL, depths="3,7", static_nodes="32", temps="0", prompts=1, new=64
 DEEPSEEK_V3_SECOND_TOKEN = (0.85, 0.90)  # DeepSeek-V3 technical report, section 5.4.3
 
 
-
-
-
-
-
-
 def resolve_heads(spec: str, kind: str, target, model_name: str, **init_kw):
   """--heads value -> (Heads, label). "auto": the shipped heads of this kind for `model_name`
   if their asset exists, else random; "random": `sj.init_heads(target, kind, seed=0)`; anything

@@ -48,12 +48,6 @@ FULL = dict(gammas="1,2,3,4,5,6,7,8", drafts=",".join(DRAFT_KINDS), exit_layers=
 QUICK = dict(FULL, gammas="1,3,6", exit_layers="0.8", prompts=1, new=64, temps="0", repeats=1)
 
 
-
-
-
-
-
-
 def expected_tau(alpha: float, gamma: int) -> float:
   """Leviathan's E[tokens per call] = (1 - a^(g+1)) / (1 - a) (g + 1 at a = 1)."""
   a = min(max(float(alpha), 0.0), 1.0)

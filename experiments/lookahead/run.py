@@ -43,12 +43,6 @@ FULL = dict(windows="1,2,4,8,16", ngrams="2,3,4,5,6", guess=None, sets="mt_bench
 QUICK = dict(FULL, windows="1,2,4,8", ngrams="3,5", prompts=1, new=64, repeats=1)
 
 
-
-
-
-
-
-
 def log_fit(tokens: list[int], tau: list[float]) -> dict:
   """Least squares tau = a + b log2(T) and its R^2 (None with fewer than two distinct T)."""
   x = np.log2(np.asarray(tokens, float))

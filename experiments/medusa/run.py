@@ -49,8 +49,6 @@ QUICK = dict(FULL, prompts=2, new=64, nodes="4,16", temps="0", cost_sizes="1,2,4
              repeats=1)
 
 
-
-
 def resolve_heads(spec: str, target, model_name: str):
   """--heads value -> (Heads, label): "auto" = the shipped Medusa heads for this model when their
   asset exists, else random; "random" = `sj.init_heads(target, "medusa")` (each head starts as

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, ROOT)
@@ -169,7 +170,7 @@ def main(argv=None):
     ap.error("--num-prompts, --max-new-tokens and --repeats must be >= 1")
   names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
 
-  info = bench.machine_info()
+  info, t_start = bench.machine_info(), time.time()
   print(f"{info['date']}, {info['processor']}, {info['cores']} cores, load average "
         f"{info['load_average']}, jax {info['jax']}")
   target = sj.load_model(args.model)
@@ -196,7 +197,7 @@ def main(argv=None):
                                     "prompt_tokens": [len(x) for x in rows]}))
   records = bench.run_cases(target, cases, methods, max_new_tokens=new, repeats=args.repeats,
                             desc="scaling", progress=not args.no_progress)
-  info["load_average_end"] = bench.machine_info()["load_average"]
+  bench.finish_machine_info(info, t_start)
   data = {"info": info, "args": vars(args), "model": args.model, "batch_sizes": batch_sizes,
           "lengths": lengths, "num_prompts": n, "max_new_tokens": new, "repeats": args.repeats,
           "methods": notes, "records": records}
