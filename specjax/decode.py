@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import cache as kv
+from specjax import malloc
 from specjax import sampling
 from specjax import sharding
 from specjax.errors import InputError
@@ -258,6 +259,7 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
   sj.sharding.DEFAULT_RULES unless already placed (load_model(..., mesh=)). Outputs are identical
   to one device. See docs/sharding.md.
   """
+  malloc.tune()
   method = Autoregressive() if method is None else method
   _check_number("max_new_tokens", max_new_tokens, lambda v: int(v) == v and v >= 1,
                 "must be an integer >= 1")

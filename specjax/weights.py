@@ -353,8 +353,10 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   """
   import jax.numpy as jnp
 
+  from specjax import malloc
   from specjax.model import Model, from_flat
 
+  malloc.tune()
   if not isinstance(name_or_path, (str, os.PathLike)):
     raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
   name_or_path = os.fspath(name_or_path)
