@@ -315,11 +315,32 @@ def cmd_train_draft(args) -> None:
                     max_minutes=args.max_minutes, seed=args.seed, init=args.init)
 
 
+def _num_heads_arg(text):
+  """--num-heads: "4" (one kind) or "medusa=4,mtp=2" (several kinds)."""
+  from specjax.errors import InputError
+
+  if text is None or "=" not in text:
+    try:
+      return None if text is None else int(text)
+    except ValueError:
+      raise InputError(f"--num-heads={text!r} is invalid: an integer, or kind=count pairs like "
+                       f"medusa=4,mtp=2") from None
+  out = {}
+  for part in text.split(","):
+    k, _, v = part.partition("=")
+    try:
+      out[k.strip()] = int(v)
+    except ValueError:
+      raise InputError(f"--num-heads={text!r} is invalid: kind=count pairs like medusa=4,mtp=2") from None
+  return out
+
+
 def cmd_train_heads(args) -> None:
   from specjax.training import heads
 
-  heads.train_heads(args.what, args.model, args.corpus, out_dir=args.out_dir, export=args.export,
-                      num_heads=args.num_heads, num_layers=args.num_layers,
+  what = args.kinds if args.what == "heads" else args.what
+  heads.train_heads(what, args.model, args.corpus, out_dir=args.out_dir, export=args.export,
+                      num_heads=_num_heads_arg(args.num_heads), num_layers=args.num_layers,
                       vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,
                       seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip,
@@ -426,15 +447,21 @@ def main(argv=None) -> None:
   td.set_defaults(fn=cmd_train_draft)
 
   helps = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE feature head",
-           "mtp": "multi-token-prediction modules (2 by default)"}
+           "mtp": "multi-token-prediction modules (2 by default)",
+           "heads": "several kinds of heads at once (--kinds), sharing one target forward per batch"}
   for kind, what in helps.items():
     tm = tsub.add_parser(kind, help=f"train {what} on a frozen target over a corpus (orbax "
                          f"checkpoints in --out-dir; rerun to resume)")
+    if kind == "heads":
+      tm.add_argument("--kinds", default="eagle,medusa,mtp", help="comma-separated heads kinds")
     tm.add_argument("--model", default=DEFAULT_MODEL)
     tm.add_argument("--corpus", required=True, help="a corpus directory (`specjax data generate`)")
-    tm.add_argument("--out-dir", default=f"runs/{kind}")
-    tm.add_argument("--export", default=None, help="write the heads (.npz) here when done")
-    tm.add_argument("--num-heads", type=int, default=None, help="default: 4 medusa, 1 eagle, 2 mtp")
+    tm.add_argument("--out-dir", default=None if kind == "heads" else f"runs/{kind}",
+                    help="default: runs/<kind> (several kinds: runs/<kind>+<kind>...)")
+    tm.add_argument("--export", default=None, help="write the heads (.npz) here when done; several "
+                    "kinds: a path with {kind}, e.g. heads-{kind}.npz")
+    tm.add_argument("--num-heads", default=None, help="default: 4 medusa, 1 eagle, 2 mtp; several "
+                    "kinds: kind=count pairs, e.g. medusa=5,mtp=3")
     tm.add_argument("--num-layers", type=int, default=1, help="Medusa: residual blocks per head")
     tm.add_argument("--vocab-size", type=int, default=8192,
                     help="heads score the corpus's most frequent next tokens (0: the full vocabulary)")

@@ -441,3 +441,58 @@ def test_train_feature_heads_on_a_corpus(tmp_path, self_distillation, kind):
   ref = sj.generate(target, prompts, max_new_tokens=12).tokens
   method = (sj.Eagle(back, depth=2, top_k=2, num_nodes=4) if kind == "eagle" else sj.MTP(back))
   assert sj.generate(target, prompts, method, max_new_tokens=12).tokens == ref
+
+
+def test_heads_trained_together_equal_heads_trained_alone(tmp_path, self_distillation):
+  """Several kinds share one target forward per batch; their params, losses, clipping and Adam
+  states are independent, so each kind ends where training it alone ends."""
+  from specjax import cli
+  from specjax.training import heads as heads_train
+
+  target, c = self_distillation
+  kw = dict(vocab_size=30, steps=12, batch_size=8, seq_len=48, lr=3e-3, warmup=3, held_out=0.2,
+            ckpt_every=6, eval_every=6, grad_clip=0.5, progress=False, log=lambda *_: None)
+  joint = heads_train.train_heads("eagle,medusa,mtp", target, c, out_dir=str(tmp_path / "j"),
+                                  num_heads={"medusa": 3}, export=str(tmp_path / "h-{kind}.npz"),
+                                  **kw)
+  assert sorted(joint) == ["eagle", "medusa", "mtp"]
+  assert joint["medusa"].config.num_heads == 3 and joint["mtp"].config.num_heads == 2
+  rows = trainer.read_log(str(tmp_path / "j"))
+  train_row = [r for r in rows if r["split"] == "train"][-1]
+  # clipping was active (norms above grad_clip), so equality below needs each kind clipped alone
+  assert max(r["mtp/grad_norm"] for r in rows if r["split"] == "train") > 0.5
+  assert {"eagle/grad_norm", "medusa/grad_norm", "mtp/grad_norm", "eagle/top1",
+          "medusa/top1_0", "mtp/top1_1"} <= set(train_row)
+  for kind in ("eagle", "medusa", "mtp"):
+    alone = heads_train.train_heads(kind, target, c, out_dir=str(tmp_path / kind),
+                                    num_heads=3 if kind == "medusa" else None, **kw)
+    for a, b in zip(jax.tree_util.tree_leaves(alone.params),
+                    jax.tree_util.tree_leaves(joint[kind].params)):
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 rtol=1e-4, atol=1e-5)
+    assert alone.meta["held_out"]["loss"] == pytest.approx(joint[kind].meta["held_out"]["loss"],
+                                                            rel=1e-4)
+    back = sj.load_heads(str(tmp_path / f"h-{kind}.npz"), target)
+    assert back.config.kind == kind and back.meta["trained_with"] == ["eagle", "medusa", "mtp"]
+  # resuming a finished joint run is a no-op that returns the same heads
+  again = heads_train.train_heads("eagle,medusa,mtp", target, c, out_dir=str(tmp_path / "j"),
+                                  num_heads={"medusa": 3}, **kw)
+  np.testing.assert_array_equal(np.asarray(again["mtp"].params["fc_w"]),
+                                np.asarray(joint["mtp"].params["fc_w"]))
+  for bad, match in ((dict(kind="eagle,eagle"), "distinct"), (dict(kind="eagle,nope"), "invalid"),
+                     (dict(kind="eagle,mtp", num_heads=2), "ambiguous"),
+                     (dict(kind="eagle,mtp", num_heads={"medusa": 2}), "not trained here"),
+                     (dict(kind="eagle,mtp", export="x.npz"), "{kind}")):
+    args = dict(kw, out_dir=str(tmp_path / "bad"))
+    args.update({k: v for k, v in bad.items() if k != "kind"})
+    with pytest.raises(InputError, match=match):
+      heads_train.train_heads(bad["kind"], target, c, **args)
+  seen = {}
+  orig = heads_train.train_heads
+  heads_train.train_heads = lambda kind, model, corpus, **kw: seen.update(kind=kind, **kw)
+  try:
+    cli.main(["train", "heads", "--kinds", "medusa,mtp", "--corpus", "/c", "--num-heads",
+              "medusa=5,mtp=3"])
+  finally:
+    heads_train.train_heads = orig
+  assert seen["kind"] == "medusa,mtp" and seen["num_heads"] == {"medusa": 5, "mtp": 3}

@@ -50,7 +50,9 @@ class TrainConfig:
   final_lr * lr at `steps`. weight_decay applies to tensors with >= 2 dims only (not to norms or
   biases). grad_clip: global-norm clipping threshold (0: off). max_minutes: stop early (with a
   checkpoint) after this much training time in this call (0: no limit). log_every: steps between
-  train lines in log.jsonl (the first and last step are always logged).
+  train lines in log.jsonl (the first and last step are always logged). clip_groups: params is a
+  dict of independent groups (several drafters trained at once) and grad_clip applies to each
+  group's gradients on its own; each group's norm is logged as "<group>/grad_norm".
   """
   out_dir: str
   steps: int = 1000
@@ -66,6 +68,7 @@ class TrainConfig:
   max_minutes: float = 0.0
   keep: int = 2
   progress: bool = True
+  clip_groups: bool = False
 
   def validate(self) -> None:
     """Raises InputError naming the first bad field."""
@@ -142,7 +145,7 @@ def optimizer(config: TrainConfig):
 
   decay_mask = lambda params: jax.tree_util.tree_map(lambda x: jnp.ndim(x) >= 2, params)
   adamw = optax.adamw(schedule(config), weight_decay=config.weight_decay, mask=decay_mask)
-  if config.grad_clip > 0:
+  if config.grad_clip > 0 and not config.clip_groups:  # groups are clipped in `train`
     return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
   return adamw
 
@@ -187,19 +190,25 @@ def plot(out_dir: str, title: str = "") -> str:
     if not rs:
       continue
     ax_loss.plot([r["step"] for r in rs], [r["loss"] for r in rs], label=split, **style)
-    names = sorted({k for r in rs for k in r if k not in _NOT_PLOTTED})
+    names = sorted({k for r in rs for k in r
+                    if k not in _NOT_PLOTTED and not k.endswith("/grad_norm")})
     for name in names:
       pts = [(r["step"], r[name]) for r in rs if name in r]
       ax_metric.plot(*zip(*pts), label=f"{name} ({split})", **style)
   ax_loss.set(xlabel="step", ylabel="loss", title="loss")
   ax_metric.set(xlabel="step", title="metrics")
   for ax in (ax_loss, ax_metric):
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend(fontsize=8)
+    n = len(ax.get_legend_handles_labels()[0])
+    if n:  # several drafters trained at once log many metrics: a smaller legend in columns
+      ax.legend(fontsize=8 if n <= 8 else 6, ncol=1 + n // 16)
     ax.grid(alpha=0.3)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
+  import warnings
+
+  with warnings.catch_warnings():  # a crowded legend may not fit: the plot is still written
+    warnings.simplefilter("ignore", UserWarning)
+    fig.tight_layout()
   path = os.path.join(out_dir, PLOT_FILE)
   fig.savefig(path, dpi=100)
   return path
@@ -271,6 +280,8 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   if not callable(batches):
     raise InputError(f"batches={batches!r} must be a function step -> batch")
   leaves = jax.tree_util.tree_leaves(params)
+  if config.clip_groups and not (isinstance(params, dict) and params):
+    raise InputError("clip_groups=True needs params as a dict of groups {name: pytree}")
   if not leaves or not all(jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
     raise InputError("params must be a non-empty pytree of floating-point arrays")
   held_out = list(held_out)
@@ -313,8 +324,16 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
     rng = jax.random.fold_in(key, step)
     args = () if frozen is None else (frozen,)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, *args)
-    updates, opt_state = opt.update(grads, opt_state, params)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+    if config.clip_groups:
+      grads = dict(grads)
+      for g, sub in grads.items():
+        norm = optax.tree.norm(sub)
+        metrics[f"{g}/grad_norm"] = norm
+        if config.grad_clip > 0:
+          scale = jnp.minimum(1.0, config.grad_clip / jnp.maximum(norm, 1e-12))
+          grads[g] = jax.tree_util.tree_map(lambda x: x * scale, sub)
+    updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, metrics
 
   update = jax.jit(update)
