@@ -311,6 +311,26 @@ def head_rows(config: ModelConfig, params, ids) -> jax.Array:
   return head[ids]
 
 
+def subset_head(model, ids) -> dict:
+  """{"vocab": ids [Vs], "head": head_rows [Vs,E]} for a drafter scoring a vocabulary subset, plus
+  "packed_head" (the rows packed for specjax.kernels) when the target runs on the CPU kernel:
+  drafters score 1-32 rows at a time (EAGLE-2's frontier, Medusa's heads), where XLA's GEMM path
+  is slowest."""
+  from specjax import kernels
+
+  ids = jnp.asarray(ids)
+  rows = head_rows(model.config, model.params, ids)
+  out = {"vocab": ids, "head": rows}
+  if kernels.is_packed(model) and kernels.available():
+    out["packed_head"] = jnp.asarray(kernels.pack_weight(np.asarray(rows), transposed=True))
+  return out
+
+
+def subset_logits(h: jax.Array, arrays: dict) -> jax.Array:
+  """h [...,E] (final-normed) -> logits [...,Vs] float32 over a `subset_head` vocabulary."""
+  return dense(h, arrays["head"], arrays.get("packed_head"), transposed=True).astype(jnp.float32)
+
+
 def from_flat(config: ModelConfig, flat: dict, *, dtype=jnp.float32, place=None, where: str = ""):
   """Flat numpy params in specjax layout -> (graphdef, params). Checks every key and shape.
 

@@ -40,7 +40,7 @@ from specjax import cache as kv
 from specjax import sampling
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
-from specjax.model import head_rows
+from specjax.model import subset_head, subset_logits
 
 
 def leviathan_speedup(alpha: float, gamma: float, c: float, verify: float = 1.0) -> float:
@@ -68,12 +68,6 @@ def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
     raise InputError(f"vocab must be distinct token ids in {bound} as a 1-D array, got "
                      f"shape {arr.shape} dtype {arr.dtype}")
   return arr.astype(np.int32)
-
-
-def _subset_arrays(model, ids: np.ndarray) -> dict:
-  """{"vocab": ids [Vs], "head": the matching LM-head rows [Vs,E]} of `model`."""
-  ids = jnp.asarray(ids)
-  return {"vocab": ids, "head": head_rows(model.config, model.params, ids)}
 
 
 class _Speculative:
@@ -295,7 +289,7 @@ class DraftModel(_Speculative):
   def arrays(self, model):
     out = {"draft": self.draft.params}
     if self.vocab is not None:
-      out.update(_subset_arrays(self.draft, self.vocab))  # [Vs], [Vs,E]
+      out.update(subset_head(self.draft, self.vocab))  # vocab [Vs], head [Vs,E]
     return out
 
   def init(self, prog, arrays, state, hidden):
@@ -333,7 +327,7 @@ class DraftModel(_Speculative):
     logits, hidden, dcache = model(tokens, pos, dcache, mask,
                                    logits_at=jnp.full((b, 1), t - 1, jnp.int32))
     if "head" in arrays:  # the full-vocabulary logits above are dead code and compiled away
-      return (hidden[:, -1] @ arrays["head"].T).astype(jnp.float32), dcache
+      return subset_logits(hidden[:, -1], arrays), dcache
     return logits[:, 0], dcache
 
 
@@ -369,7 +363,7 @@ class SelfSpeculative(_Speculative):
       _check_vocab(self.vocab, model.config.vocab_size)
 
   def arrays(self, model):
-    return {} if self.vocab is None else _subset_arrays(model, self.vocab)
+    return {} if self.vocab is None else subset_head(model, self.vocab)
 
   def init(self, prog, arrays, state, hidden):
     return self._init_stats(state.seq.shape[0])
@@ -388,7 +382,7 @@ class SelfSpeculative(_Speculative):
                                           num_layers=self.exit_layer,
                                           logits_at=jnp.full((b, 1), t - 1, jnp.int32))
     if "head" in arrays:  # as in DraftModel: the full-vocabulary logits are compiled away
-      return (hidden[:, -1] @ arrays["head"].T).astype(jnp.float32), dcache
+      return subset_logits(hidden[:, -1], arrays), dcache
     return logits[:, 0], dcache
 
 

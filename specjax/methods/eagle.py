@@ -53,7 +53,7 @@ from specjax import tree as trees
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, feature_module, module_arrays, top_k_ids
-from specjax.model import head_rows
+from specjax.model import subset_head, subset_logits
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
@@ -80,7 +80,7 @@ def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = Fa
   if final_norm:
     h = target.final_norm(h)
   if "head" in arrays:
-    return jnp.einsum("...e,ve->...v", h, arrays["head"]).astype(jnp.float32)
+    return subset_logits(h, arrays)
   return target.head(h)
 
 
@@ -133,8 +133,7 @@ def head_arrays(heads, model) -> dict:
   out = {"mods": [module_arrays(heads.params, k) for k in range(heads.config.num_heads)],
          "embed": model.params["embed"][...]}
   if heads.vocab is not None:
-    ids = jnp.asarray(heads.vocab)
-    out.update(vocab=ids, head=head_rows(model.config, model.params, ids))  # [Vs], [Vs,E]
+    out.update(subset_head(model, heads.vocab))  # vocab [Vs], head [Vs,E]
   return out
 
 

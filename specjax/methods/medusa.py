@@ -37,7 +37,7 @@ from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
-from specjax.model import head_rows
+from specjax.model import subset_head, subset_logits
 from specjax.tree import Tree, default_tree
 
 RULES = ("exact", "greedy", "typical")
@@ -119,8 +119,7 @@ class Medusa:
   def arrays(self, model):
     out = {"w": self.heads.params["w"], "b": self.heads.params["b"]}
     if self.heads.vocab is not None:
-      ids = jnp.asarray(self.heads.vocab)
-      out.update(vocab=ids, head=head_rows(model.config, model.params, ids))  # [Vs], [Vs,E]
+      out.update(subset_head(model, self.heads.vocab))  # vocab [Vs], head [Vs,E]
     return out
 
   def init(self, prog, arrays, state, hidden):
@@ -136,7 +135,7 @@ class Medusa:
     z = medusa_hidden(arrays, hidden)  # [B,K,E]
     r = self.tree.ranks_needed()
     if "head" in arrays:  # score only the subset's rows of the target's LM head
-      logits = jnp.einsum("bke,ve->bkv", z, arrays["head"]).astype(jnp.float32)
+      logits = subset_logits(z, arrays)  # [B,K,Vs]
       return arrays["vocab"][top_k_ids(logits, r)]
     return top_k_ids(nnx.merge(prog.graphdef, params).head(z), r)  # one [B*K,E] x [E,V] matmul
 
