@@ -27,6 +27,16 @@ DEFAULT_TOP_PAD = 64 << 20
 _result: bool | None = None
 
 
+def glibc():
+  """The process's C library through ctypes if it is glibc, else None (macOS, musl)."""
+  try:
+    libc = ctypes.CDLL(None)
+    libc.gnu_get_libc_version  # raises AttributeError where the C library is not glibc
+    return libc
+  except (OSError, AttributeError):
+    return None
+
+
 def tune(top_pad: int | None = None) -> bool:
   """Sets glibc's M_TOP_PAD (default DEFAULT_TOP_PAD, or $SPECJAX_MALLOC_TOP_PAD). Returns True if
   it was set, False if skipped (see the module docstring). Idempotent: only the first call acts."""
@@ -47,10 +57,7 @@ def tune(top_pad: int | None = None) -> bool:
   if top_pad <= 0 or "MALLOC_TOP_PAD_" in os.environ \
       or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
     return _result
-  try:
-    libc = ctypes.CDLL(None)
-    libc.gnu_get_libc_version  # raises AttributeError where the C library is not glibc
+  libc = glibc()
+  if libc is not None:
     _result = bool(libc.mallopt(M_TOP_PAD, ctypes.c_int(min(int(top_pad), 2**31 - 1))))
-  except (OSError, AttributeError):
-    pass
   return _result

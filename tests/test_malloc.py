@@ -44,12 +44,7 @@ def _churn(env_extra: dict) -> tuple[bool, int]:
   return out[1] == "True", int(out[3])
 
 
-def _is_glibc() -> bool:
-  import ctypes
-  return hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
-
-
-@pytest.mark.skipif(not _is_glibc(), reason="malloc tuning applies to glibc only")
+@pytest.mark.skipif(malloc.glibc() is None, reason="malloc tuning applies to glibc only")
 def test_tuning_stops_page_fault_churn():
   tuned, faults_tuned = _churn({})
   untuned, faults_default = _churn({"SPECJAX_MALLOC_TOP_PAD": "0"})

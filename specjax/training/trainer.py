@@ -325,14 +325,13 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
     args = () if frozen is None else (frozen,)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, *args)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-    if config.clip_groups:
+    if config.clip_groups:  # optax's clipping (stateless), applied to each group on its own
       grads = dict(grads)
+      clip = optax.clip_by_global_norm(config.grad_clip)
       for g, sub in grads.items():
-        norm = optax.tree.norm(sub)
-        metrics[f"{g}/grad_norm"] = norm
+        metrics[f"{g}/grad_norm"] = optax.tree.norm(sub)
         if config.grad_clip > 0:
-          scale = jnp.minimum(1.0, config.grad_clip / jnp.maximum(norm, 1e-12))
-          grads[g] = jax.tree_util.tree_map(lambda x: x * scale, sub)
+          grads[g], _ = clip.update(sub, clip.init(sub))
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, metrics
 
