@@ -287,7 +287,7 @@ def cmd_data_generate(args) -> None:
   corpus._check_out_dir(args.out)
   temps = [float(t) for t in args.temperatures.split(",")] if args.temperatures else []
   c = corpus.generate_corpus(args.model, args.out, tokens=tokens, batch_size=args.batch_size,
-                             max_new_tokens=args.max_new_tokens, temperatures=temps,
+                             micro_batch=args.micro_batch, max_new_tokens=args.max_new_tokens, temperatures=temps,
                              seed=args.seed, max_minutes=args.max_minutes or None)
   print(c)
 
@@ -402,7 +402,9 @@ def main(argv=None) -> None:
   dg.add_argument("--model", default=DEFAULT_MODEL)
   dg.add_argument("--out", required=True, help="corpus directory")
   dg.add_argument("--tokens", default="2M", help="response tokens to produce, e.g. 2M or 500k")
-  dg.add_argument("--batch-size", type=int, default=64)
+  dg.add_argument("--batch-size", type=int, default=64, help="rows per shard")
+  dg.add_argument("--micro-batch", type=int, default=16,
+                  help="rows per generate call (a shard's rows, sorted by prompt length)")
   dg.add_argument("--max-new-tokens", type=int, default=256)
   dg.add_argument("--temperatures", default="0,0.7,1.0,0.8",
                   help="comma-separated; shard i samples at the (i mod n)-th (0 = greedy)")

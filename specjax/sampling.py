@@ -67,9 +67,49 @@ def probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
   return jnp.where(t > 0, p, greedy)
 
 
+_BLOCK = 128  # tokens per block of the two-level inverse-CDF search in sample_probs
+
+
+def _first(mask: jax.Array, fallback: jax.Array) -> jax.Array:
+  """Index of the first True along the last axis of mask [N,M]; `fallback` [N] where none is."""
+  return jnp.where(jnp.any(mask, axis=-1), jnp.argmax(mask, axis=-1), fallback)
+
+
+def _last(mask: jax.Array) -> jax.Array:
+  """Index of the last True along the last axis of mask [N,M] (0 where none is)."""
+  m = mask.shape[-1]
+  return m - 1 - jnp.argmax(mask[:, ::-1], axis=-1)
+
+
 def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
-  """Draws one token per distribution. p [B,...,V] -> [B,...] int32."""
-  return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32)
+  """Draws one token per distribution. p [B,...,V] (non-negative, any positive total) -> [B,...] int32.
+
+  Inverse-CDF sampling with one uniform draw per distribution: the vocabulary is cut into blocks
+  of 128 tokens, the block is found on the cumulative block masses and the token on the chosen
+  block's own cumulative sum. Gumbel-max (jax.random.categorical) needs a random number per
+  token: at V = 49152 generating them cost 0.75 ms per row per step on the 2-core CPU, half
+  of what one row's 30-layer forward costs in a 16-row batch. A token with probability 0 is
+  never returned: at float rounding edges the search falls back to the nearest block / token
+  that has mass.
+  """
+  lead, v = p.shape[:-1], p.shape[-1]
+  c = min(_BLOCK, v)
+  nb = -(-v // c)
+  x = p.reshape(-1, v).astype(jnp.float32)
+  n = x.shape[0]
+  if nb * c != v:
+    x = jnp.pad(x, ((0, 0), (0, nb * c - v)))
+  blocks = x.reshape(n, nb, c)
+  mass = jnp.sum(blocks, axis=-1)  # [N,nb]
+  cum = jnp.cumsum(mass, axis=-1)
+  t = jax.random.uniform(key, (n,), jnp.float32) * cum[:, -1]
+  has = mass > 0
+  j = _first((cum > t[:, None]) & has, _last(has))  # the block holding the t-th unit of mass
+  base = jnp.where(j > 0, jnp.take_along_axis(cum, jnp.maximum(j - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+  blk = jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0]  # [N,c]
+  pos = blk > 0
+  k = _first((jnp.cumsum(blk, axis=-1) > (t - base)[:, None]) & pos, _last(pos))
+  return (j * c + k).astype(jnp.int32).reshape(lead)
 
 
 def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:

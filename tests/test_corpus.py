@@ -76,6 +76,24 @@ def test_interrupted_run_resumes_to_the_identical_corpus(tmp_path):
   assert toks[p:].tolist() == ref
 
 
+def test_micro_batches_keep_each_row_with_its_prompt(tmp_path):
+  """A shard decoded in length-sorted micro-batches: row j still holds pool prompt idx[j] and its
+  own continuation (greedy rows equal decoding that prompt alone), and the shard records mb."""
+  from specjax.decode import _encode
+
+  model = text_model()
+  pool = [{"text": "x" * (5 + 11 * ((7 * i) % 6)), "chat": False, "source": "test"}
+          for i in range(12)]  # prompt lengths 5..60, interleaved
+  c = make(model, tmp_path, tokens=1, batch_size=6, micro_batch=2, pool=pool,
+           temperatures=(0.0,))
+  assert len(c) == 6 and np.load(tmp_path / "shard-00000.npz")["micro_batch"] == 2
+  for j in range(6):
+    toks, p = c.sequence(j)
+    prompt = _encode(model, [pool[c.extra["pool_index"][j]]["text"]], False)[0]
+    assert toks[:p].tolist() == prompt
+    assert toks[p:].tolist() == sj.generate(model, [prompt], max_new_tokens=12).tokens[0]
+
+
 def test_resume_with_other_settings_raises(tmp_path):
   model = text_model()
   make(model, tmp_path, tokens=20)
@@ -85,7 +103,8 @@ def test_resume_with_other_settings_raises(tmp_path):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(tokens=0), "tokens=0"), (dict(tokens="lots"), "tokens='lots'"),
-    (dict(batch_size=0), "batch_size=0"), (dict(temperatures=(-1.0,)), "temperatures"),
+    (dict(batch_size=0), "batch_size=0"), (dict(micro_batch=0), "micro_batch=0"),
+    (dict(temperatures=(-1.0,)), "temperatures"),
 ])
 def test_bad_arguments(tmp_path, kw, match):
   with pytest.raises(InputError, match=match):

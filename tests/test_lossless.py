@@ -325,3 +325,29 @@ def test_sampling_check_detects_broken_dynamic_tree_rule():
   method = AcceptFirstChild(_feature_heads("eagle", False)(model), depth=3, top_k=3, num_nodes=8)
   tv, expected = tv_check(model, method, dict(temperature=1.0, top_k=0, top_p=1.0))
   assert tv > 2 * expected, f"broken dynamic tree rule passed: TV {tv:.4f} vs {expected:.4f}"
+
+
+@pytest.mark.parametrize("v", [5, 128, 300])  # one block, exactly one block, a padded last block
+def test_sample_probs_draws_the_given_distribution(v):
+  """sample_probs (two-level inverse CDF) against its input: unnormalised rows, zeros, mass only
+  at the first / last token; TV within twice its sampling error; a zero-mass token never drawn."""
+  rng = np.random.default_rng(v)
+  p = rng.dirichlet(np.full(v, 0.5), size=4).astype(np.float32)
+  p[:, 1::3] = 0
+  p[1] *= 13.0  # any positive total
+  p[2] = 0
+  p[2, v - 1] = 2.0  # all mass on the last (padded block's) token
+  p[3, 2:] = 0  # all mass on the first two tokens
+  n = 100_000
+  draws = np.asarray(jax.jit(sampling.sample_probs)(jax.random.key(v),
+                                                    np.broadcast_to(p, (n, 4, v))))
+  for r in range(4):
+    q = p[r] / p[r].sum()
+    freq = np.bincount(draws[:, r], minlength=v) / n
+    assert freq[q == 0].sum() == 0, f"row {r}: drew a token of probability 0"
+    tv = 0.5 * np.abs(freq - q).sum()
+    expected = 0.5 * np.sum(np.sqrt(2 * q * (1 - q) / (np.pi * n)))
+    assert tv <= 2 * expected + 1e-12, f"row {r}: TV {tv:.4f} vs expected {expected:.4f}"
+    if r == 0:  # the check has power: a slightly different distribution fails it
+      shifted = np.roll(q, 1)
+      assert 0.5 * np.abs(freq - shifted).sum() > 2 * expected

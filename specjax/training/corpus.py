@@ -91,12 +91,18 @@ def _check_out_dir(out_dir: str) -> None:
 
 
 def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 64,
-                    max_new_tokens: int = 256, temperatures=DEFAULT_TEMPERATURES, top_p: float = 1.0,
+                    micro_batch: int = 16, max_new_tokens: int = 256, temperatures=DEFAULT_TEMPERATURES, top_p: float = 1.0,
                     seed: int = 0, max_prompt_chars: int = 900, max_minutes: float | None = None,
                     progress: bool = True, on_shard=None, pool=None) -> "Corpus":
   """Generates shards until the corpus holds at least `tokens` response tokens (or max_minutes).
 
   model: a loaded specjax Model (with a tokenizer) or a name / path for `load_model`.
+  batch_size: rows per shard. micro_batch: rows per `generate` call; a shard's rows are sorted
+  by prompt length and decoded micro_batch at a time, so a call's KV cache is sized by prompts of
+  similar length (one 375-token prompt made a 64-row call attend 528 slots for every row) and a
+  call stops when its own rows are done. 16 is the fastest batch on the 2-core CPU (`specjax data
+  throughput`). It changes which tokens are sampled, not the settings a corpus is made with, and
+  each shard records the value it was made with.
   on_shard(i, shard_dict) is called after shard i is written (tests use it to interrupt a run).
   pool: the prompt list [{"text", "chat", "source"}] (default: `prompt_pool.build(seed)`).
   Rerunning with the same arguments resumes; different settings on an existing corpus raise.
@@ -107,6 +113,7 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
   if total < 1:
     raise InputError(f"tokens={tokens!r} is invalid: must be >= 1")
   check_int("batch_size", batch_size, 1, 4096)
+  check_int("micro_batch", micro_batch, 1, 4096)
   check_int("max_new_tokens", max_new_tokens, 1, 1 << 16)
   temps = tuple(float(t) for t in temperatures)
   if not temps or any(not np.isfinite(t) or t < 0 for t in temps):
@@ -165,7 +172,7 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
     if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
       break
     shard = _generate_shard(model, pool, i, batch_size, max_new_tokens, temps[i % len(temps)],
-                            top_p, seed, dtype)
+                            top_p, seed, dtype, micro_batch)
     _atomic_npz(_shard_path(out_dir, i), shard)
     n = _response_tokens(shard)
     have += n
@@ -179,27 +186,38 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
   return load(out_dir)
 
 
-def _generate_shard(model, pool, i, batch_size, max_new_tokens, temperature, top_p, seed, dtype):
+def _generate_shard(model, pool, i, batch_size, max_new_tokens, temperature, top_p, seed, dtype,
+                    micro_batch=None):
   from specjax.decode import _encode, generate
 
   idx = [(i * batch_size + j) % len(pool) for j in range(batch_size)]
   rows = []
-  for k in idx:  # chat and raw prompts are both token lists here: one generate call per shard
+  for k in idx:  # chat and raw prompts are both token lists here
     rows.append(_encode(model, [pool[k]["text"]], pool[k]["chat"])[0])
-  out = generate(model, rows, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                 seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0] >> 1))
+  mb = batch_size if micro_batch is None else min(micro_batch, batch_size)
+  order = sorted(range(batch_size), key=lambda j: (len(rows[j]), j))  # stable: deterministic
+  responses = [None] * batch_size
+  for c, lo in enumerate(range(0, batch_size, mb)):
+    part = order[lo:lo + mb]
+    call_seed = [seed, i] if mb == batch_size else [seed, i, c]  # whole-shard calls as before
+    out = generate(model, [rows[j] for j in part], max_new_tokens=max_new_tokens,
+                   temperature=temperature, top_p=top_p,
+                   seed=int(np.random.SeedSequence(call_seed).generate_state(1)[0] >> 1))
+    for j, t in zip(part, out.tokens):
+      responses[j] = t
   eos = set(model.config.eos_token_ids) | ({model.tokenizer.eos_token_id}
                                            if model.tokenizer.eos_token_id is not None else set())
-  seqs = [r + t for r, t in zip(rows, out.tokens)]
+  seqs = [r + t for r, t in zip(rows, responses)]
   offsets = np.zeros(len(seqs) + 1, np.int64)
   offsets[1:] = np.cumsum([len(s) for s in seqs])
   return {
       "tokens": np.concatenate([np.asarray(s, dtype) for s in seqs]),
       "offsets": offsets,
       "prompt_lens": np.asarray([len(r) for r in rows], np.int32),
-      "finished": np.asarray([bool(t) and t[-1] in eos for t in out.tokens]),
+      "finished": np.asarray([bool(t) and t[-1] in eos for t in responses]),
       "temperature": np.full(len(seqs), temperature, np.float32),
       "pool_index": np.asarray(idx, np.int64),
+      "micro_batch": np.asarray(mb, np.int32),
   }
 
 
