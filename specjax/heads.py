@@ -217,15 +217,10 @@ def medusa_hidden(params, hidden: jax.Array) -> jax.Array:
 
 
 def top_k_ids(logits: jax.Array, k: int) -> jax.Array:
-  """The k largest entries' indices [...,k] of logits [...,V], best first, by k argmax passes
-  (XLA's CPU top_k sorts each row on one thread: ~8x a SmolLM2 forward on 49k-wide rows)."""
-  out = []
-  x = logits
-  for _ in range(k):
-    i = jnp.argmax(x, axis=-1)
-    out.append(i)
-    x = jnp.where(jnp.arange(x.shape[-1]) == i[..., None], -jnp.inf, x)
-  return jnp.stack(out, axis=-1).astype(jnp.int32)
+  """The k largest entries' indices [...,k] of logits [...,V], best first (the lower index first
+  on ties). lax.top_k: XLA's CPU runtime selects per row without sorting it, 18-30x faster here
+  than k argmax passes (0.15 vs 2.8 ms for EAGLE-2's 8 frontier rows of 16384)."""
+  return jax.lax.top_k(logits, k)[1].astype(jnp.int32)
 
 
 # ----------------------------------------------------------------------------- EAGLE / MTP modules
@@ -333,6 +328,43 @@ def module_arrays(params: dict, k: int) -> dict:
   return out
 
 
+# The dense weights of one feature module, as (path in `module_arrays`' nested dict, weight -> the
+# [K, N] matrix `dense` multiplies by): the fc and the layer's four products, as kernels.pack does
+# for the target's layers.
+_DENSE = (
+    (("fc_w",), lambda w, e: w),
+    (("layer", "attn", "wqkv"), lambda w, e: w.reshape(e, -1)),
+    (("layer", "attn", "wo"), lambda w, e: w.reshape(-1, e)),
+    (("layer", "mlp", "w_in"), lambda w, e: w.reshape(e, -1)),
+    (("layer", "mlp", "w_out"), lambda w, e: w),
+)
+
+
+def _at(d: dict, path: tuple):
+  for p in path:
+    d = d[p]
+  return d
+
+
+def _at_attr(obj, names):
+  for n in names:
+    obj = getattr(obj, n)
+  return obj
+
+
+def pack_module(mod: dict) -> dict:
+  """`mod` (module_arrays) plus "packed": {path: packed copy} of its dense weights for
+  specjax.kernels, so the module's few-row products (EAGLE-2's frontier, a catch-up over the
+  accepted tokens) take the kernel's bandwidth path instead of XLA's 2-16-row GEMM path, as the
+  target's own layers do. Call only for a packed target (the kernel available, float32)."""
+  from specjax import kernels
+
+  e = mod["fc_w"].shape[-1]
+  packed = {".".join(path): jnp.asarray(kernels.pack_weight(np.asarray(f(_at(mod, path), e))))
+            for path, f in _DENSE}
+  return dict(mod, packed=packed)
+
+
 def _rms(x, scale, eps):
   h = x.astype(jnp.float32)
   h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
@@ -350,12 +382,15 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
   """
   from flax import nnx
 
+  from specjax.kernels import Packed, dense
   from specjax.model import path_key, rope_inv_freq
 
   if "norm_e" in mod:
     emb = _rms(emb, mod["norm_e"], config.norm_eps)
     feat = _rms(feat, mod["norm_h"], config.norm_eps)
-  x = jnp.concatenate([emb, feat.astype(emb.dtype)], axis=-1) @ mod["fc_w"] + mod["fc_b"]
+  packed = mod.get("packed", {})  # pack_module's copies, if the target runs on the kernel
+  x = dense(jnp.concatenate([emb, feat.astype(emb.dtype)], axis=-1), mod["fc_w"],
+            packed.get("fc_w")) + mod["fc_b"]
   graphdef, abstract = layer_template(config, jnp.dtype(mod["fc_w"].dtype).name)
 
   def leaf(path, _):
@@ -365,6 +400,10 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
     return d
 
   block = nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
+  for name, arr in packed.items():  # "layer.attn.wqkv" -> block.attn.packed_wqkv
+    parts = name.split(".")
+    if parts[0] == "layer":
+      setattr(_at_attr(block, parts[1:-1]), "packed_" + parts[-1], Packed(arr))
   rope = None
   if config.position == "rope":
     angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(config))

@@ -137,6 +137,36 @@ def test_model_uses_the_kernel_and_keeps_its_params():
   assert kernels.TARGET not in hlo(m, 4)
 
 
+@needs_kernel
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_feature_heads_use_the_kernel(kind):
+  """A packed target's EAGLE / MTP modules run their 5 dense products (fc, qkv, o, mlp in / out)
+  on the kernel for few-row inputs and match XLA's result; unpacked modules never call it."""
+  from specjax.heads import feature_module, init_heads, module_arrays, pack_module
+
+  m = tiny_model()
+  heads = init_heads(m, kind, seed=3, scale=0.5)
+  mod = module_arrays(heads.params, 0)
+  packed = pack_module(mod)
+  assert set(packed["packed"]) == {"fc_w", "layer.attn.wqkv", "layer.attn.wo", "layer.mlp.w_in",
+                                   "layer.mlp.w_out"}
+  cfg, e, t = m.config, m.config.hidden_size, 5
+  rng = np.random.default_rng(0)
+  emb, feat = (jnp.asarray(rng.normal(size=(2, t, e)), jnp.float32) for _ in range(2))
+  cache = m.init_cache(2, 16, num_layers=1)
+  pos = jnp.broadcast_to(jnp.arange(t), (2, t))
+  mask = kv.causal_mask(cache.lengths, t, 16)
+
+  def run(md):
+    return feature_module(cfg, md, emb, feat, pos, cache.layers[0], cache.lengths, mask)
+
+  lowered = [jax.jit(run).lower(md).as_text() for md in (mod, packed)]
+  assert kernels.TARGET not in lowered[0] and lowered[1].count(kernels.TARGET) == 5
+  (a, ca), (b, cb) = jax.jit(run)(mod), jax.jit(run)(packed)
+  np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(cb["k"]), np.asarray(ca["k"]), rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def target():
   return tiny_model(seed=0)
