@@ -35,7 +35,7 @@ def greedy_chain(draft: jax.Array, target_logits: jax.Array):
 
   The emitted tokens are draft[:, :n] followed by next_token (the target's argmax at n).
   """
-  best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B,G+1]
+  best = sampling.argmax(target_logits)  # [B,G+1]
   n = _leading_true(draft == best[:, :-1])
   return n, jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
 
@@ -90,7 +90,7 @@ def greedy_candidates(cands: jax.Array, target_logits: jax.Array):
   [pending, cands[:, n]]. Returns (best [B] the candidate with the longest accepted prefix, the
   first on ties; n_accepted [B]; next_token [B] the target's argmax after it).
   """
-  top = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B,N,G+1]
+  top = sampling.argmax(target_logits)  # [B,N,G+1]
   b, num, g = cands.shape
   acc = _leading_true((cands == top[:, :, :-1]).reshape(b * num, g)).reshape(b, num)
   best = jnp.argmax(acc, axis=1).astype(jnp.int32)
@@ -173,7 +173,7 @@ def greedy_tree(tokens: jax.Array, parents, ancestor, depth, target_logits: jax.
   target's own draw at the node it follows, so it is exact, with less acceptance than
   `multi_draft_tree` (a child is accepted only if the one draw equals it).
   """
-  top = jnp.argmax(target_logits, axis=-1).astype(jnp.int32) if choice is None else choice
+  top = sampling.argmax(target_logits) if choice is None else choice
   b = tokens.shape[0]
   ok = (tokens == _at_parent(top, parents)).at[:, 0].set(True)
   best = _deepest(ok, ancestor, depth)

@@ -28,6 +28,16 @@ class SamplingParams:
     )
 
 
+def argmax(x: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (the first maximum) as two plain reductions, a max and then a
+  min over the maxima's indices: XLA's CPU argmax is one scalar loop per row, 4-5x slower on
+  vocabulary-wide rows (1.28 vs 0.29 ms for a 9-token verification over 49152). int32 [...]."""
+  m = jnp.max(x, axis=-1, keepdims=True)
+  n = x.shape[-1]
+  i = jnp.min(jnp.where(x == m, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+  return jnp.minimum(i, n - 1)  # a NaN row (no element equals its max) -> the last index
+
+
 def _rows(x: jax.Array, ndim: int) -> jax.Array:
   """[B] -> [B, 1, ..., 1] to broadcast against an ndim-dimensional [B, ..., V] array."""
   return x.reshape(x.shape + (1,) * (ndim - 1))
@@ -63,7 +73,7 @@ def probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
   needs_filter = jnp.any((sp.top_k > 0) | (sp.top_p < 1.0))
   scaled = jax.lax.cond(needs_filter, lambda x: _filter(x, sp.top_k, sp.top_p), lambda x: x, scaled)
   p = jax.nn.softmax(scaled, axis=-1)
-  greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  greedy = jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
   return jnp.where(t > 0, p, greedy)
 
 
@@ -114,7 +124,7 @@ def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
 
 def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:
   """logits [B,...,V] -> tokens [B,...] int32. All-greedy batches skip the random draw."""
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  greedy = argmax(logits)
   return jax.lax.cond(
       jnp.all(sp.temperature == 0),
       lambda: greedy,

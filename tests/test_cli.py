@@ -46,3 +46,18 @@ def test_train_draft_arguments_reach_train_draft(monkeypatch):
             "--soft-top-k", "4", "--export", "d.npz"])
   assert seen["model"] == "m" and seen["corpus"] == "c/" and seen["steps"] == 7
   assert seen["out_dir"] == "/tmp/x" and seen["soft_top_k"] == 4 and seen["export"] == "d.npz"
+
+
+@pytest.mark.parametrize("sub,fn", [("generate", "cmd_generate"), ("bench", "cmd_bench")])
+@pytest.mark.parametrize("argv,nodes", [([], 32), (["--nodes", "8"], 8)])
+def test_eagle_nodes_option(monkeypatch, sub, fn, argv, nodes):
+  """--nodes reaches sj.Eagle from the generate and bench parsers; 0 keeps sj.Eagle's 32."""
+  import specjax as sj
+
+  seen = {}
+  monkeypatch.setattr(sj, "load_heads", lambda name, model: "heads")
+  monkeypatch.setattr(sj, "Eagle", lambda heads, **kw: seen.update(kw) or "eagle")
+  monkeypatch.setattr(cli, fn, lambda args: seen.setdefault(
+      "made", cli._method_factories()["eagle"](object(), args)))
+  cli.main([sub] + (["--prompt", "hi"] if sub == "generate" else []) + argv)
+  assert seen["made"] == "eagle" and seen["num_nodes"] == nodes

@@ -351,3 +351,14 @@ def test_sample_probs_draws_the_given_distribution(v):
     if r == 0:  # the check has power: a slightly different distribution fails it
       shifted = np.roll(q, 1)
       assert 0.5 * np.abs(freq - shifted).sum() > 2 * expected
+
+
+def test_argmax_is_jnp_argmax():
+  """sampling.argmax (two reductions) == jnp.argmax: first maximum on ties, all -inf rows, wide and
+  narrow rows, leading axes."""
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 4, size=(3, 5, 300)).astype(np.float32)  # many ties
+  x[0, 0] = -np.inf
+  x[1, 2, 7] = np.inf
+  for a in (x, x[..., :1], rng.normal(size=(2, 49152)).astype(np.float32)):
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(a)), np.argmax(a, axis=-1))

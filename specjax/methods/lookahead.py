@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import acceptance
+from specjax import acceptance, sampling
 from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
@@ -193,7 +193,7 @@ class Lookahead:
 
     # Lookahead branch: the top level's argmax completes one n-gram per column.
     top = 1 + (m - 1) * w_
-    new = jnp.argmax(logits[:, top:top + w_], axis=-1).astype(jnp.int32)  # [B,W]
+    new = sampling.argmax(logits[:, top:top + w_])  # [B,W]
     grams = jnp.concatenate([ms.window, new[:, None, :]], axis=1)  # [B,N,W]
     pool = ms.pool
     for w in range(w_):

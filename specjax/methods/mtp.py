@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specjax import acceptance
+from specjax import acceptance, sampling
 from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
@@ -108,8 +108,8 @@ class MTP:
     lengths = cache.lengths
 
     def draft_fn(out, k):  # module k's output at L - 1 -> d_{k+1}
-      return to_tokens(arrays, jnp.argmax(lm_logits(prog, params, arrays, out, final_norm=True),
-                                          axis=-1))
+      return to_tokens(arrays, sampling.argmax(lm_logits(prog, params, arrays, out,
+                                                         final_norm=True)))
 
     hcache, _, draft = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"],
                                 self.gamma, draft_fn)  # draft [B,G]
