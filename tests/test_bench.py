@@ -309,3 +309,22 @@ def test_cli_bench_vs_transformers_still_dispatches(tmp_path, capsys, monkeypatc
             "--json", path])
   assert seen == {"model": "m", "max_new_tokens": 8, "repeats": 1}
   assert "vs transformers" in capsys.readouterr().out and json.load(open(path))["ratio"] == 2.0
+
+
+def test_paired_discards_a_compiling_run():
+  """A run that compiled its program is a warm-up: repeated, never timed, for both sides."""
+  from types import SimpleNamespace
+
+  from specjax import bench
+
+  def runner(times):
+    it = iter(times)
+
+    def run():
+      wall, compiled = next(it)
+      return SimpleNamespace(stats={"wall_time_s": wall, "compile_time_s": compiled}, tokens=wall)
+    return run
+
+  out, wall, ar = bench.paired(runner([(9.0, 2.0), (1.0, 0.0), (1.2, 0.0)]),
+                               runner([(8.0, 1.5), (2.0, 0.0), (2.5, 0.0)]), 2)
+  assert (wall, ar, out.tokens) == (1.0, 2.0, 1.0)
