@@ -189,16 +189,13 @@ def main(argv=None):
       for i, (s, p, chat) in enumerate(ps):
         if s != kind:
           continue
-        base = sj.generate(target, [ids[i]], seed=i, temperature=temp, **kw)
         for n, m in methods.items():
-          # Method and autoregressive alternately; the fastest of each is the least disturbed.
-          walls, ar_walls = [], [base.stats["wall_time_s"]]
-          for _ in range(args.repeats):
-            out = sj.generate(target, [ids[i]], m, seed=i, temperature=temp, **kw)
-            walls.append(out.stats["wall_time_s"])
-            ar_walls.append(sj.generate(target, [ids[i]], seed=i, temperature=temp,
-                                        **kw).stats["wall_time_s"])
-          res[n].append((min(ar_walls) / min(walls), 1 + out.stats["accepted_per_step"],
+          # Method and autoregressive alternately, the fastest of each (the least disturbed);
+          # a run that compiled its program is a warm-up (bench.paired).
+          out, wall, ar_wall = bench.paired(
+              lambda: sj.generate(target, [ids[i]], m, seed=i, temperature=temp, **kw),
+              lambda: sj.generate(target, [ids[i]], seed=i, temperature=temp, **kw), args.repeats)
+          res[n].append((ar_wall / wall, 1 + out.stats["accepted_per_step"],
                          out.tokens[0] == greedy[i] if temp == 0 else None))
       for n in sizes:
         rs = res[n]
@@ -244,13 +241,15 @@ def typical_sweep(target, heads, tree, ps, ids, greedy, forcer, args) -> list[di
     prefix, walls, ar_t, same0 = [], [], [], []
     acc = rounds = 0
     for i in range(len(ps)):
-      out = sj.generate(target, [ids[i]], m, temperature=temp, seed=i, **kw)
-      toks = out.tokens[0]
-      walls.append(out.stats["wall_time_s"])
       # Autoregressive sampling on the same prompt right after: one load for both sides of the
       # ratio (for the autoregressive row itself, the ratio of two identical runs: the noise).
-      ar = sj.generate(target, [ids[i]], sj.Autoregressive(), temperature=temp, seed=i, **kw)
-      ar_t.append(ar.stats["wall_time_s"])
+      out, wall, ar_wall = bench.paired(
+          lambda: sj.generate(target, [ids[i]], m, temperature=temp, seed=i, **kw),
+          lambda: sj.generate(target, [ids[i]], sj.Autoregressive(), temperature=temp, seed=i,
+                              **kw), 1)
+      toks = out.tokens[0]
+      walls.append(wall)
+      ar_t.append(ar_wall)
       if not name.startswith("autoregressive"):
         acc += out.stats["accepted_tokens"]
         rounds += out.stats["draft_rounds"]

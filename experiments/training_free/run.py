@@ -83,6 +83,8 @@ def cost_curve(model, sizes, cache_len=512, filled=256, reps=5) -> dict[int, flo
 
 def run(model, prompt, chat, method, max_new):
   o = sj.generate(model, [prompt], method, max_new_tokens=max_new, chat=chat)
+  if o.stats["compile_time_s"] > 0:  # a fresh program's first run is slow: a warm-up
+    o = sj.generate(model, [prompt], method, max_new_tokens=max_new, chat=chat)
   return o.tokens[0], o.stats
 
 
