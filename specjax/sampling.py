@@ -86,7 +86,7 @@ def _first(mask: jax.Array, fallback: jax.Array) -> jax.Array:
 
 
 def _last(mask: jax.Array) -> jax.Array:
-  """Index of the last True along the last axis of mask [N,M] (0 where none is)."""
+  """Index of the last True along the last axis of mask [N,M] (M - 1 where none is)."""
   m = mask.shape[-1]
   return m - 1 - jnp.argmax(mask[:, ::-1], axis=-1)
 
@@ -97,8 +97,8 @@ def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
   Inverse-CDF sampling with one uniform draw per distribution: the vocabulary is cut into blocks
   of 128 tokens, the block is found on the cumulative block masses and the token on the chosen
   block's own cumulative sum. Gumbel-max (jax.random.categorical) needs a random number per
-  token: at V = 49152 generating them cost 0.75 ms per row per step on the 2-core CPU, half
-  of what one row's 30-layer forward costs in a 16-row batch. A token with probability 0 is
+  token: at V = 49152 generating them cost 0.75 ms per row per step on the 2-core CPU, a third
+  of a 16-row decode step (8.7 vs 0.31 ms for 16 rows). A token with probability 0 is
   never returned: at float rounding edges the search falls back to the nearest block / token
   that has mass.
   """
