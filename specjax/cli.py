@@ -67,8 +67,8 @@ def _add_method(p: argparse.ArgumentParser) -> None:
   p.add_argument("--exit-layer", type=int, default=0)
   p.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
   p.add_argument("--nodes", type=int, default=0,
-                 help="eagle: tree nodes verified per step (0 = sj.Eagle's default, 32; 8 was fastest "
-                 "on the 2-core CPU, where verifying more tokens costs more)")
+                 help="eagle: tree nodes verified per step (0 = sj.Eagle's default, 32; 8 was "
+                 "fastest on the 2-core CPU, where verifying more tokens costs more)")
 
 
 def _make_method(name: str, model, args):
@@ -291,7 +291,8 @@ def cmd_data_generate(args) -> None:
   corpus._check_out_dir(args.out)
   temps = [float(t) for t in args.temperatures.split(",")] if args.temperatures else []
   c = corpus.generate_corpus(args.model, args.out, tokens=tokens, batch_size=args.batch_size,
-                             micro_batch=args.micro_batch, max_new_tokens=args.max_new_tokens, temperatures=temps,
+                             micro_batch=args.micro_batch, max_new_tokens=args.max_new_tokens,
+                             temperatures=temps,
                              seed=args.seed, max_minutes=args.max_minutes or None)
   print(c)
 

@@ -92,7 +92,8 @@ def _last(mask: jax.Array) -> jax.Array:
 
 
 def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
-  """Draws one token per distribution. p [B,...,V] (non-negative, any positive total) -> [B,...] int32.
+  """Draws one token per distribution: p [B,...,V] (non-negative, any positive total) ->
+  [B,...] int32.
 
   Inverse-CDF sampling with one uniform draw per distribution: the vocabulary is cut into blocks
   of 128 tokens, the block is found on the cumulative block masses and the token on the chosen
@@ -115,7 +116,8 @@ def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
   t = jax.random.uniform(key, (n,), jnp.float32) * cum[:, -1]
   has = mass > 0
   j = _first((cum > t[:, None]) & has, _last(has))  # the block holding the t-th unit of mass
-  base = jnp.where(j > 0, jnp.take_along_axis(cum, jnp.maximum(j - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+  before = jnp.take_along_axis(cum, jnp.maximum(j - 1, 0)[:, None], axis=1)[:, 0]
+  base = jnp.where(j > 0, before, 0.0)  # the mass of the blocks ahead of j
   blk = jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0]  # [N,c]
   pos = blk > 0
   k = _first((jnp.cumsum(blk, axis=-1) > (t - base)[:, None]) & pos, _last(pos))

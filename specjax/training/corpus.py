@@ -91,7 +91,8 @@ def _check_out_dir(out_dir: str) -> None:
 
 
 def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 64,
-                    micro_batch: int = 16, max_new_tokens: int = 256, temperatures=DEFAULT_TEMPERATURES, top_p: float = 1.0,
+                    micro_batch: int = 16, max_new_tokens: int = 256,
+                    temperatures=DEFAULT_TEMPERATURES, top_p: float = 1.0,
                     seed: int = 0, max_prompt_chars: int = 900, max_minutes: float | None = None,
                     progress: bool = True, on_shard=None, pool=None) -> "Corpus":
   """Generates shards until the corpus holds at least `tokens` response tokens (or max_minutes).
@@ -187,14 +188,14 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
 
 
 def _generate_shard(model, pool, i, batch_size, max_new_tokens, temperature, top_p, seed, dtype,
-                    micro_batch=None):
+                    micro_batch):
   from specjax.decode import _encode, generate
 
   idx = [(i * batch_size + j) % len(pool) for j in range(batch_size)]
   rows = []
   for k in idx:  # chat and raw prompts are both token lists here
     rows.append(_encode(model, [pool[k]["text"]], pool[k]["chat"])[0])
-  mb = batch_size if micro_batch is None else min(micro_batch, batch_size)
+  mb = min(micro_batch, batch_size)
   order = sorted(range(batch_size), key=lambda j: (len(rows[j]), j))  # stable: deterministic
   responses = [None] * batch_size
   for c, lo in enumerate(range(0, batch_size, mb)):
