@@ -168,6 +168,29 @@ def test_vocab_subset_heads(memoryless):
   assert "vocab" in Eagle(heads).arrays(memoryless)
 
 
+def test_method_arrays_are_built_once_per_method_and_params(memoryless):
+  """generate reuses a method's arrays (packed heads, LM-head subset) while the method, the model
+  and model.params are the same objects, and rebuilds them when any of them changes."""
+  heads = init_heads(memoryless, "eagle", vocab=np.arange(0, 61, 2), seed=1, scale=0.3)
+  method = Eagle(heads, depth=2, top_k=2, num_nodes=4)
+  prompts = random_prompts(2, 61, seed=3)
+  other = sj.Model(memoryless.config, memoryless.graphdef,
+                   jax.tree.map(lambda x: x * 1.5, memoryless.params), memoryless.tokenizer)
+  ref_other = sj.generate(other, prompts, max_new_tokens=8).tokens
+  cache = decode.arrays_cache
+  n0 = cache.count
+  first = sj.generate(memoryless, prompts, method, max_new_tokens=8).tokens
+  assert sj.generate(memoryless, prompts, method, max_new_tokens=8).tokens == first
+  assert cache.count == n0 + 1
+  sj.generate(memoryless, prompts, Eagle(heads, depth=2, top_k=2, num_nodes=4), max_new_tokens=8)
+  assert cache.count == n0 + 2  # another method object
+  assert sj.generate(other, prompts, method, max_new_tokens=8).tokens == ref_other  # exact
+  assert cache.count == n0 + 3  # another model
+  other.params = memoryless.params  # the same model object, its params swapped
+  assert sj.generate(other, prompts, method, max_new_tokens=8).tokens == first
+  assert cache.count == n0 + 4
+
+
 def test_default_and_hash(tiny):
   heads = init_heads(tiny, "eagle")
   m = Eagle(heads)
