@@ -61,10 +61,16 @@ def _add_method(p: argparse.ArgumentParser) -> None:
   p.add_argument("--method", default="autoregressive",
                  help="autoregressive | draft | self-spec | prompt-lookup | lookahead | medusa | eagle | mtp "
                  "(the last three with shipped or --heads heads)")
-  p.add_argument("--draft", default="smollm2-135m-draft", help="draft model for --method draft")
+  _add_method_options(p)
+
+
+def _add_method_options(p: argparse.ArgumentParser) -> None:
+  """The methods' settings, shared by generate / demo (--method) and bench (--methods)."""
+  p.add_argument("--draft", default="smollm2-135m-draft", help="the draft model of method draft")
   p.add_argument("--gamma", type=int, default=3, help="draft / self-spec: tokens drafted per step "
                  "(3 measured best for the shipped draft on a CPU)")
-  p.add_argument("--exit-layer", type=int, default=0)
+  p.add_argument("--exit-layer", type=int, default=0, help="self-spec: layers of the drafter "
+                 "(0: a quarter of the model's)")
   p.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
   p.add_argument("--nodes", type=int, default=0,
                  help="eagle: tree nodes verified per step (0 = sj.Eagle's default, 32; 8 was "
@@ -392,14 +398,7 @@ def main(argv=None) -> None:
   b.add_argument("--json", default="", help="write the summary and per-call records here")
   b.add_argument("--csv", default="", help="write the summary table here")
   b.add_argument("--plot", default="", help="write a speedup bar chart here (.png)")
-  b.add_argument("--draft", default="smollm2-135m-draft", help="the draft model of method draft")
-  b.add_argument("--gamma", type=int, default=3, help="draft / self-spec: tokens drafted per step "
-                 "(3 measured best for the shipped draft on a CPU)")
-  b.add_argument("--exit-layer", type=int, default=0, help="self-spec: layers of the drafter "
-                 "(0: a quarter of the model's)")
-  b.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
-  b.add_argument("--nodes", type=int, default=0, help="eagle: tree nodes verified per step "
-                 "(0 = sj.Eagle's default, 32; 8 was fastest on the 2-core CPU)")
+  _add_method_options(b)
   b.set_defaults(fn=cmd_bench)
 
   da = sub.add_parser("data", help="build the self-distillation corpus drafters train on")
