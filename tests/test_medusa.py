@@ -214,3 +214,16 @@ def test_shipped_smollm2_heads(smollm2):
   out = sj.generate(smollm2, prompt, sj.Medusa(heads, tree=[(0,), (1,), (0, 0)]), max_new_tokens=24,
                     chat=True)
   assert out.tokens == ref
+
+
+def test_label_rank_is_the_position_in_top_k_ids():
+  """The training metrics' rank of the label (top-1: rank 0, top-5: rank < 5) is its position in
+  heads.top_k_ids' order, ties (lower index first) included."""
+  from specjax.heads import top_k_ids
+
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.integers(0, 6, size=(3, 7, 40)).astype(np.float32))  # many ties
+  labels = jnp.asarray(rng.integers(0, 40, size=(3, 7)))
+  order = np.asarray(top_k_ids(logits, 40))
+  want = np.argmax(order == np.asarray(labels)[..., None], axis=-1)
+  np.testing.assert_array_equal(np.asarray(tm.label_rank(logits, labels)), want)
