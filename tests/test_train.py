@@ -232,6 +232,17 @@ def test_teacher_features_are_the_target_forward():
     train.teacher_features(target, tokens, top_k=0)
 
 
+def test_top_k_by_passes_is_lax_top_k():
+  """The training step's top-k (k argmax passes) gives lax.top_k's ids and log-probabilities,
+  the lower index first on ties."""
+  rng = np.random.default_rng(0)
+  logits = rng.integers(0, 5, size=(3, 4, 50)).astype(np.float32)  # many ties
+  ids, lp = train.top_k(logits, 6)
+  ids2, lp2 = train.top_k(logits, 6, passes=True)
+  np.testing.assert_array_equal(np.asarray(ids2), np.asarray(ids))
+  np.testing.assert_allclose(np.asarray(lp2), np.asarray(lp), rtol=1e-6)
+
+
 def test_soft_loss_with_one_hot_labels_is_the_hard_loss():
   target = tiny_model(seed=0, num_layers=3)
   vocab = np.arange(0, 61, 2).astype(np.int32)
