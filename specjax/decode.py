@@ -274,9 +274,6 @@ class _ArraysCache:
     self._entries[key] = (*refs, arrays)
     return arrays
 
-  def clear(self):
-    self._entries.clear()
-
 
 arrays_cache = _ArraysCache()
 
