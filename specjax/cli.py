@@ -356,7 +356,8 @@ def cmd_train_heads(args) -> None:
                       seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                       held_out=args.held_out, ckpt_every=args.ckpt_every,
-                      eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed)
+                      eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed,
+                      unroll=args.unroll, init=args.init)
 
 
 def main(argv=None) -> None:
@@ -485,6 +486,10 @@ def main(argv=None) -> None:
     tm.add_argument("--eval-every", type=int, default=50)
     tm.add_argument("--max-minutes", type=float, default=0.0)
     tm.add_argument("--seed", type=int, default=0)
+    tm.add_argument("--unroll", type=int, default=1, help="EAGLE: also learn to draft this many "
+                    "steps ahead on its own features (training-time test; 1: next step only)")
+    tm.add_argument("--init", default=None, help="start from these heads (.npz or a shipped name; "
+                    "several kinds: with {kind}, e.g. smollm2-135m-{kind}) instead of fresh ones")
     tm.set_defaults(fn=cmd_train_heads)
 
   args = ap.parse_args(argv)

@@ -306,3 +306,59 @@ def test_loss_features_on_the_fly_and_batched(tiny):
   g = jax.jit(jax.grad(lambda p: loss_fn(p, {"tokens": jnp.asarray(toks)}, rng, frozen)[0]))(
       heads.params)
   assert float(jnp.abs(g["layer.mlp.w_out"]).sum()) > 0 and float(jnp.abs(g["fc_w"]).sum()) > 0
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_unrolled_passes_equal_chain_drafting(window):
+  """Training-time test: pass d's entry i is what drafting d+1 steps from prefix i computes at
+  inference (a cache of the true prefix, then one entry per drafted step on its own features)."""
+  from specjax import cache as kv
+  from specjax.heads import feature_module, module_arrays
+
+  target = sj.Model.random(tiny_config(sliding_window=window), seed=1, scale=0.3)
+  cfg = target.config
+  heads = init_heads(target, "eagle", seed=5)
+  mod = module_arrays(heads.params, 0)
+  toks = np.asarray(random_prompts(2, 61, seed=9, lo=12, hi=13))
+  feats = jnp.asarray(te.teacher_features(target, toks))
+  embed = target.params["embed"][...]
+  steps, t = 3, 12 - 3
+  embs = [embed[toks[:, 1 + d:1 + d + t]] for d in range(steps)]
+  outs = jax.jit(lambda e, f: te.run_unrolled(cfg, mod, e, f))(embs, feats[:, :t])
+  for i in (0, 3, t - 1):
+    s = i + steps
+    layer = kv.init(1, 2, s, cfg.num_kv_heads, cfg.head_dim, jnp.float32).layers[0]
+    zero = jnp.zeros((2,), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(i + 1), (2, i + 1))
+    x, layer = feature_module(cfg, mod, embed[toks[:, 1:i + 2]], feats[:, :i + 1], pos, layer,
+                              zero, kv.causal_mask(zero, i + 1, s, cfg.sliding_window))
+    x = x[:, -1:]
+    np.testing.assert_allclose(outs[0][:, i], x[:, 0], rtol=1e-5, atol=1e-5)
+    for d in range(1, steps):
+      at = jnp.full((2,), i + d, jnp.int32)
+      x, layer = feature_module(cfg, mod, embed[toks[:, i + 1 + d:i + 2 + d]], x,
+                                at[:, None], layer, at,
+                                kv.causal_mask(at, 1, s, cfg.sliding_window))
+      np.testing.assert_allclose(outs[d][:, i], x[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_unrolled_loss(tiny):
+  heads = init_heads(tiny, "eagle", seed=3)
+  toks = jnp.asarray(random_prompts(3, 61, seed=4, lo=12, hi=13))
+  frozen = te.frozen_arrays(tiny, heads)
+  rng = jax.random.PRNGKey(0)
+  one = jax.jit(te.make_loss(tiny, heads, noise=0.0))(heads.params, {"tokens": toks}, rng, frozen)
+  loss, m = jax.jit(te.make_loss(tiny, heads, noise=0.0, unroll=3, unroll_decay=0.5))(
+      heads.params, {"tokens": toks}, rng, frozen)
+  # Pass 1 is the one-step loss; pass d scores d-1 fewer positions; the total is the weighted mean.
+  for k in ("vloss", "ploss", "top1"):
+    np.testing.assert_allclose(m[k], one[1][k], rtol=1e-5)
+  parts = [m[f"vloss{s}"] + 0.1 * m[f"ploss{s}"] for s in ("", "_2", "_3")]
+  np.testing.assert_allclose(loss, (parts[0] + 0.5 * parts[1] + 0.25 * parts[2]) / 1.75, rtol=1e-5)
+  assert int(m["count"]) == 3 * 11 and not np.isclose(m["vloss_3"], m["vloss"])
+  g = jax.grad(lambda p: te.make_loss(tiny, heads, noise=0.0, unroll=2)(
+      p, {"tokens": toks}, rng, frozen)[0])(heads.params)
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
+  for kw, match in (({"unroll": 0}, "unroll"), ({"unroll_decay": 0.0}, "unroll_decay")):
+    with pytest.raises(InputError, match=match):
+      te.make_loss(tiny, heads, **kw)

@@ -454,6 +454,47 @@ def test_train_feature_heads_on_a_corpus(tmp_path, self_distillation, kind):
   assert sj.generate(target, prompts, method, max_new_tokens=12).tokens == ref
 
 
+def test_eagle_fine_tuned_from_init_with_unroll(tmp_path, self_distillation):
+  """init starts from trained heads (the fine-tune's step-0 held-out equals the run it came
+  from); unroll adds the depth-2 metrics and still gives heads that generate identically."""
+  from specjax import cli
+  from specjax.training import heads as heads_train
+
+  target, c = self_distillation
+  kw = dict(steps=20, batch_size=8, seq_len=48, lr=3e-3, warmup=3, held_out=0.2,
+            ckpt_every=10, eval_every=10, progress=False, log=lambda *_: None)
+  first = heads_train.train_heads("eagle", target, c, out_dir=str(tmp_path / "a"), vocab_size=30,
+                                  export=str(tmp_path / "e.npz"), **kw)
+  tuned = heads_train.train_heads("eagle", target, c, out_dir=str(tmp_path / "b"), unroll=2,
+                                  init=str(tmp_path / "e.npz"), export=str(tmp_path / "t.npz"), **kw)
+  held = [r for r in trainer.read_log(str(tmp_path / "b")) if r["split"] == "heldout"]
+  assert held[0]["step"] == 0 and held[0]["top1"] == pytest.approx(first.meta["held_out"]["top1"])
+  assert held[0]["vloss"] == pytest.approx(first.meta["held_out"]["vloss"], rel=1e-4)
+  assert "top1_2" in held[-1] and held[-1]["loss"] < held[0]["loss"]
+  np.testing.assert_array_equal(np.asarray(tuned.vocab), np.asarray(first.vocab))
+  back = sj.load_heads(str(tmp_path / "t.npz"), target)
+  assert back.meta["unroll"] == 2
+  prompts = random_prompts(2, 61, seed=5)
+  ref = sj.generate(target, prompts, max_new_tokens=12).tokens
+  assert sj.generate(target, prompts, sj.Eagle(back, depth=3, top_k=2, num_nodes=6),
+                     max_new_tokens=12).tokens == ref
+  for kind, bad, match in (("medusa", dict(unroll=2), "EAGLE heads only"),
+                           ("eagle", dict(unroll=0), "unroll=0"),
+                           ("mtp", dict(init=str(tmp_path / "e.npz")), "holds eagle heads"),
+                           ("eagle,mtp", dict(init=str(tmp_path / "e.npz")), "{kind}"),
+                           ("eagle", dict(init=str(tmp_path / "nope.npz")), "neither")):
+    with pytest.raises(sj.SpecJaxError, match=match):
+      heads_train.train_heads(kind, target, c, out_dir=str(tmp_path / "bad"), **dict(kw, **bad))
+  seen = {}
+  orig = heads_train.train_heads
+  heads_train.train_heads = lambda kind, model, corpus, **kw: seen.update(kind=kind, **kw)
+  try:
+    cli.main(["train", "eagle", "--corpus", "/c", "--unroll", "3", "--init", "x.npz"])
+  finally:
+    heads_train.train_heads = orig
+  assert seen["unroll"] == 3 and seen["init"] == "x.npz"
+
+
 def test_heads_trained_together_equal_heads_trained_alone(tmp_path, self_distillation):
   """Several kinds share one target forward per batch; their params, losses, clipping and Adam
   states are independent, so each kind ends where training it alone ends."""

@@ -29,11 +29,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import cache as kv
+from specjax.errors import InputError, check_int
 from specjax.heads import Heads, feature_module, module_arrays
 from specjax.model import head_rows
 
 CE_WEIGHT = 0.1
 NOISE = 0.1
+UNROLL_DECAY = 0.8  # training-time test: pass d weighs 0.8^(d-1) (SpecForge / EAGLE-3 use 0.8^i)
 
 
 def target_features(graphdef, params, tokens: jax.Array) -> jax.Array:
@@ -91,16 +93,52 @@ def _smooth_l1(d: jax.Array) -> jax.Array:
 
 def run_head(config, mod: dict, emb: jax.Array, feat: jax.Array) -> jax.Array:
   """A module over whole windows: emb, feat [B,T,E] at positions 0..T-1, causal -> [B,T,E]."""
-  b, t, _ = emb.shape
-  cache = kv.init(1, b, t, config.num_kv_heads, config.head_dim, emb.dtype)
-  start = jnp.zeros((b,), jnp.int32)
-  mask = kv.causal_mask(start, t, t, config.sliding_window)
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  out, _ = feature_module(config, mod, emb, feat, pos, cache.layers[0], start, mask)
+  return run_unrolled(config, mod, [emb], feat)[0]
+
+
+def unroll_masks(t: int, steps: int, window: int = 0) -> list[jax.Array]:
+  """The attention masks [T, steps*T] of each pass of `run_unrolled` over the cache slots
+  (pass d writes slots [d*T, (d+1)*T)). Pass 0's query i sees pass 0's entries j <= i (the
+  prefix, built from true features); pass d's query i sees those and, of every later pass, only
+  its own column i: entry i of pass e is the depth-e draft that hangs off prefix position i,
+  which is exactly what a depth-d draft attends at inference. window > 0 (sliding-window
+  attention): pass d's query sits at position i + d, so it sees prefix j > i + d - window."""
+  i = jnp.arange(t)
+  diag = i[:, None] == i[None, :]
+  none = jnp.zeros((t, t), bool)
+  out = []
+  for d in range(steps):
+    prefix = i[:, None] >= i[None, :]
+    if window:
+      prefix &= i[None, :] > i[:, None] + d - window
+    out.append(jnp.concatenate([prefix] + [diag] * d + [none] * (steps - 1 - d), axis=1))
   return out
 
 
-def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = CE_WEIGHT):
+def run_unrolled(config, mod: dict, embs: list, feat: jax.Array) -> list[jax.Array]:
+  """Training-time test: the module drafting len(embs) steps ahead from every position at once.
+
+  embs: [B,T,E] per pass (pass d at index i reads the embedding of token x_{i+1+d}); feat [B,T,E]
+  the input features of pass 0 (the target's, f_i). Pass d >= 1 reads pass d-1's outputs (its
+  own predicted features) at positions i + d, and attends as at inference (`unroll_masks`).
+  Returns each pass's outputs [B,T,E]: pass d's entry i predicts f_{i+1+d}."""
+  b, t, _ = feat.shape
+  steps = len(embs)
+  cache = kv.init(1, b, steps * t, config.num_kv_heads, config.head_dim, embs[0].dtype)
+  layer = cache.layers[0]
+  masks = unroll_masks(t, steps, config.sliding_window)
+  outs, x = [], feat
+  for d in range(steps):
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + d, (b, t))
+    start = jnp.full((b,), d * t, jnp.int32)
+    mask = jnp.broadcast_to(masks[d], (b, t, steps * t))
+    x, layer = feature_module(config, mod, embs[d], x, pos, layer, start, mask)
+    outs.append(x)
+  return outs
+
+
+def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = CE_WEIGHT,
+              unroll: int = 1, unroll_decay: float = UNROLL_DECAY):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for EAGLE heads on `target`.
 
   batch: {"tokens" [B,T] int32, optional "mask" [B,T] bool (True: position t's next token counts),
@@ -108,7 +146,18 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
   and predicts f_{i+1}; it counts where mask[:, i + 1] (the token it scores, x_{i+2}, is one to
   learn). loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
   metrics: vloss, ploss, top1 (the head's argmax is the target's), count.
+
+  unroll > 1 (training-time test, as EAGLE-3 and HASS train): the head also drafts d = 2..unroll
+  steps ahead on its own predicted features (`run_unrolled`): pass d's entry i reads
+  (emb(x_{i+d}), its pass d-1 output) and predicts f_{i+d}, attending the true prefix and its own
+  earlier drafts only, as at inference. Each pass's loss is weighted unroll_decay^(d-1) and the
+  total divided by the weights' sum (so one pass or several keep one scale). metrics add
+  top1_d / ploss_d for d >= 2: held-out top1_d estimates the acceptance at depth d given the
+  draft so far was right (tokens are teacher-forced).
   """
+  check_int("unroll", unroll, 1)
+  if not unroll_decay > 0:
+    raise InputError(f"unroll_decay={unroll_decay!r} must be > 0")
   cfg, graphdef = target.config, target.graphdef
 
   def loss_fn(params, batch, rng, frozen):
@@ -119,25 +168,38 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
       feats = target_features(graphdef, frozen["target"], tokens)
     feats = jax.lax.stop_gradient(feats)
     valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
-    valid = valid[:, 1:]  # [B,T-1]
-    emb = frozen["target"]["embed"][...][tokens[:, 1:]]  # [B,T-1,E]
-    inp = feats[:, :-1]
+    extra = unroll - 1  # pad the far end so every pass has T-1 entries (the padding never counts)
+    if extra:
+      tokens = jnp.concatenate([tokens, jnp.zeros((b, extra), tokens.dtype)], axis=1)
+      feats = jnp.concatenate([feats, jnp.zeros((b, extra, feats.shape[-1]), feats.dtype)], 1)
+      valid = jnp.concatenate([valid, jnp.zeros((b, extra), bool)], axis=1)
+    embed = frozen["target"]["embed"][...]
+    embs = [embed[tokens[:, 1 + d:t + d]] for d in range(unroll)]  # [B,T-1,E] each
+    inp = feats[:, :t - 1]
     if noise:
       inp = inp + jax.random.uniform(rng, inp.shape, inp.dtype, -noise, noise)
-    pred = run_head(cfg, module_arrays(params, 0), emb, inp)  # [B,T-1,E] f^_{i+1}
-    tgt = feats[:, 1:]
-    n = jnp.maximum(jnp.sum(valid), 1)
-    vloss = jnp.sum(jnp.where(valid, jnp.mean(_smooth_l1(pred - tgt), axis=-1), 0.0)) / n
+    preds = run_unrolled(cfg, module_arrays(params, 0), embs, inp)  # pass d: f^_{i+1+d}
     head = frozen["head"]
-    q_logits = jnp.einsum("bte,ve->btv", pred, head).astype(jnp.float32)
-    p_logits = jnp.einsum("bte,ve->btv", tgt, head).astype(jnp.float32)
-    p = jax.nn.softmax(p_logits, axis=-1)
-    ce = -jnp.sum(p * jax.nn.log_softmax(q_logits, axis=-1), axis=-1)
-    ploss = jnp.sum(jnp.where(valid, ce, 0.0)) / n
-    top1 = jnp.sum(valid & (jnp.argmax(q_logits, -1) == jnp.argmax(p_logits, -1))) / n
-    loss = vloss + ce_weight * ploss
-    return loss, {"loss": loss, "vloss": vloss, "ploss": ploss, "top1": top1,
-                  "count": jnp.sum(valid)}
+    p_all = jnp.einsum("bte,ve->btv", feats[:, 1:], head).astype(jnp.float32)  # [B,T-1+extra,V]
+    p_prob = jax.nn.softmax(p_all, axis=-1)
+    p_top = jnp.argmax(p_all, -1)
+    loss, wsum, metrics = 0.0, 0.0, {}
+    for d, pred in enumerate(preds):
+      ok = valid[:, 1 + d:t + d]  # [B,T-1]
+      tgt = feats[:, 1 + d:t + d]
+      n = jnp.maximum(jnp.sum(ok), 1)
+      vloss = jnp.sum(jnp.where(ok, jnp.mean(_smooth_l1(pred - tgt), axis=-1), 0.0)) / n
+      q_logits = jnp.einsum("bte,ve->btv", pred, head).astype(jnp.float32)
+      ce = -jnp.sum(p_prob[:, d:d + t - 1] * jax.nn.log_softmax(q_logits, axis=-1), axis=-1)
+      ploss = jnp.sum(jnp.where(ok, ce, 0.0)) / n
+      top1 = jnp.sum(ok & (jnp.argmax(q_logits, -1) == p_top[:, d:d + t - 1])) / n
+      w = unroll_decay ** d
+      loss, wsum = loss + w * (vloss + ce_weight * ploss), wsum + w
+      sfx = "" if d == 0 else f"_{d + 1}"
+      metrics.update({f"vloss{sfx}": vloss, f"ploss{sfx}": ploss, f"top1{sfx}": top1})
+    loss = loss / wsum
+    metrics.update(loss=loss, count=jnp.sum(valid[:, 1:t]))
+    return loss, metrics
 
   return loss_fn
 

@@ -10,6 +10,8 @@ evaluation, log and plot) are shared.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,7 +50,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                 lr: float = 1e-3, warmup: int = 40, weight_decay: float = 0.0,
                 grad_clip: float = 1.0, held_out: float = 0.02, max_held_out_windows: int = 32,
                 ckpt_every: int = 50, eval_every: int = 50, max_minutes: float = 0.0,
-                seed: int = 0, progress: bool = True, log=print):
+                seed: int = 0, unroll: int = 1, init: str | None = None, progress: bool = True,
+                log=print):
   """Trains `kind` heads ("medusa", "eagle", "mtp") on a frozen target over a self-distillation
   corpus with the shared trainer; resumable (rerun the same call).
 
@@ -70,6 +73,12 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   proposing several times cheaper on a CPU; 0: the full vocabulary. Held-out metrics per head:
   loss, top-1 and top-5 accuracy (`accuracy_table`). Returns the trained Heads (held-out metrics
   in `heads.meta`); export: write them (save_heads).
+
+  unroll > 1 (EAGLE only): training-time test, the head also learns to draft unroll - 1 further
+  steps on its own predicted features (training/eagle.py make_loss; held-out top1_d per depth).
+  init: start from trained heads instead of fresh ones (fine-tuning, e.g. with unroll): a file or
+  shipped name, with "{kind}" standing for each kind (e.g. "smollm2-135m-{kind}"); their head
+  count and vocabulary subset are kept (vocab_size is then ignored).
   """
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1
@@ -102,8 +111,33 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                      ("seq_len", seq_len, max(per_kind.values()) + 3),
                      ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
+  check_int("unroll", unroll, 1)
+  if unroll > 1 and "eagle" not in kinds:
+    raise InputError(f"unroll={unroll} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
+  if unroll + 2 > seq_len:
+    raise InputError(f"unroll={unroll} needs seq_len >= unroll + 2 (got {seq_len})")
+  inits = {}
+  if init is not None:
+    from specjax.heads import load_heads
+
+    if joint and "{kind}" not in str(init):
+      raise InputError(f"init={init!r} must contain '{{kind}}' when training several kinds")
+    for k in kinds:
+      h = load_heads(str(init).replace("{kind}", k))  # fit to the target is checked below
+      if h.config.kind != k:
+        raise InputError(f"init {str(init).replace('{kind}', k)!r} holds {h.config.kind} heads, "
+                         f"not {k}")
+      if h.config.num_heads != per_kind[k] and (num_heads is not None):
+        raise InputError(f"init {k} heads have {h.config.num_heads} heads, num_heads asks "
+                         f"{per_kind[k]}")
+      per_kind[k] = h.config.num_heads
+      inits[k] = h
+    vocabs = {None if h.vocab is None else tuple(np.asarray(h.vocab).tolist())
+              for h in inits.values()}
+    if len(vocabs) > 1:
+      raise InputError("init heads score different vocabularies; joint training needs one")
   config, corpus, target, target_name = setup_run(
-      target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps, lr=lr,
+      target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir, steps=steps, lr=lr,
       warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
       eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
       clip_groups=joint)
@@ -119,11 +153,22 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   log(f"data: {len(tok)} training windows ({int(mask.sum())} response positions), "
       f"{len(vtok)} held-out windows")
   vocab = None
-  if vocab_size:
-    nxt = tok[:, 1:][mask[:, :-1]]
-    vocab = vocab_subset(np.bincount(nxt, minlength=cfg.vocab_size), vocab_size)
-  heads_by = {k: init_heads(target, k, num_heads=per_kind[k], num_layers=num_layers, seed=seed,
-                            vocab=vocab) for k in kinds}
+  if inits:
+    from specjax.heads import check_fits
+
+    for k, h in inits.items():
+      check_fits(h, target)
+    vocab = inits[kinds[0]].vocab
+    heads_by = {k: dataclasses.replace(h, params=jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x, target.dtype), h.params)) for k, h in inits.items()}
+    log(f"init: {init} ({', '.join(f'{k}: {h.config.num_heads}' for k, h in inits.items())} "
+        f"heads, Vs={'all' if vocab is None else len(vocab)})")
+  else:
+    if vocab_size:
+      nxt = tok[:, 1:][mask[:, :-1]]
+      vocab = vocab_subset(np.bincount(nxt, minlength=cfg.vocab_size), vocab_size)
+    heads_by = {k: init_heads(target, k, num_heads=per_kind[k], num_layers=num_layers, seed=seed,
+                              vocab=vocab) for k in kinds}
   vocab_j = None if vocab is None else jnp.asarray(vocab)
   # One frozen set for every kind: the target's params and the LM-head rows the heads score.
   frozen = eagle_train.frozen_arrays(target, heads_by[kinds[0]])
@@ -133,7 +178,9 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
       hcfg = heads_by[k].config
       return lambda p, b, rng, frozen: medusa_loss(p, hcfg, b["feats"], b["tokens"],
                                                    frozen["head"], vocab_j, b["valid"])
-    return (eagle_train if k == "eagle" else mtp_train).make_loss(target, heads_by[k])
+    if k == "eagle":
+      return eagle_train.make_loss(target, heads_by[k], unroll=unroll)
+    return mtp_train.make_loss(target, heads_by[k])
 
   losses = {k: kind_loss(k) for k in kinds}
 
@@ -172,8 +219,6 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   res = trainer.train(params, loss_fn, batches, config, held_out=held, frozen=frozen, log=log,
                       title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
                       + f", Vs={'all' if vocab is None else len(vocab)}")
-  import dataclasses
-
   held_all = {k: float(v) for k, v in (res.held_out or {}).items()}
   out = {}
   for k in kinds:
@@ -192,7 +237,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
       path = export.replace("{kind}", k)
       save_heads(h, path, meta={"target": target_name, "kind": k, "steps": res.step, "lr": lr,
                                 "batch_size": batch_size, "seq_len": seq_len,
-                                "trained_with": list(kinds),
+                                "trained_with": list(kinds), "unroll": unroll,
+                                "init": None if init is None else str(init),
                                 "corpus": {c: corpus.meta[c] for c in ("model", "vocab_size",
                                            "weights_sha256") if c in corpus.meta}})
       log(f"export: wrote {path}")
