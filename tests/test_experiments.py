@@ -129,3 +129,30 @@ def test_eagle(tiny_dir, prompt_file, tmp_path):
   assert len(mtp["depth_acceptance"]) == 2  # two random MTP modules: depths 1 and 2
   assert "random eagle heads" in data["heads"]["eagle"] and "DeepSeek-V3" in md
   rerenders(mod, tmp_path, md)
+
+
+def test_eagle_tau_compares_heads_files(tiny_dir, prompt_file, tmp_path):
+  """experiments/eagle/tau.py: acceptance only, several heads files on the same prompts."""
+  import importlib.util
+
+  import specjax as sj
+  from specjax.heads import save_heads
+
+  path = os.path.join(ROOT, "experiments", "eagle", "tau.py")
+  spec = importlib.util.spec_from_file_location("experiment_eagle_tau", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  target = sj.load_model(tiny_dir)
+  files = []
+  for seed in (0, 1):
+    files.append(str(tmp_path / f"h{seed}.npz"))
+    save_heads(sj.init_heads(target, "eagle", seed=seed), files[-1])
+  rows = mod.main(["--model", tiny_dir, "--heads", ",".join(files), "--nodes", "4", "--depth",
+                   "2", "--top-k", "2", "--sets", prompt_file, "--prompts", "1", "--new", "12",
+                   "--json", str(tmp_path / "tau.json")])
+  assert [r["heads"] for r in rows] == files and all(r["identical"] for r in rows)
+  assert all(r["tau"] >= 1 and len(r["depth_acceptance"]) == 2 for r in rows)
+  with open(tmp_path / "tau.json") as f:
+    assert [r["tau"] for r in json.load(f)["rows"]] == [r["tau"] for r in rows]
+  with pytest.raises(sj.SpecJaxError):
+    mod.main(["--model", tiny_dir, "--heads", str(tmp_path / "missing.npz")])
