@@ -214,6 +214,14 @@ def test_shipped_smollm2_heads(smollm2):
   out = sj.generate(smollm2, prompt, sj.Medusa(heads, tree=[(0,), (1,), (0, 0)]), max_new_tokens=24,
                     chat=True)
   assert out.tokens == ref
+  # EAGLE's and MTP's shipped heads fit too (loading checks width and vocabulary) and carry the
+  # held-out record of the run that made them; their decoding is Medusa's tree machinery above.
+  eagle = load_heads("smollm2-135m-eagle", smollm2)
+  assert eagle.config.kind == "eagle" and eagle.config.vocab_subset == 8192
+  e = eagle.meta["held_out"]
+  assert e["top1"] > e["top1_2"] > 0.2 and eagle.meta["unroll"] == 3  # training-time test
+  mtp = load_heads("smollm2-135m-mtp", smollm2)
+  assert mtp.config.num_heads == 2 and mtp.meta["held_out"]["top1_0"] > 0.2
 
 
 def test_label_rank_is_the_position_in_top_k_ids():

@@ -1,7 +1,7 @@
 """Acceptance only: tau and acceptance per depth of several heads files on the same prompts.
 
     python experiments/eagle/tau.py --heads smollm2-135m-eagle,runs/heads4-eagle.npz \
-        [--kind eagle|mtp] [--nodes 8,16,32] [--depth 5] [--sets mt_bench,humaneval]
+        [--kind eagle|medusa|mtp] [--nodes 8,16,32] [--depth 5] [--sets mt_bench,humaneval]
         [--prompts 8] [--new 128] [--json out.json]
 
 Greedy decoding is deterministic, so tau (1 + accepted draft tokens / target calls) and the
@@ -24,6 +24,7 @@ import numpy as np
 
 import specjax as sj
 from specjax import bench
+from specjax import tree as trees
 
 _spec = importlib.util.spec_from_file_location(
     "eagle_experiment_run", os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py"))
@@ -35,6 +36,11 @@ depth_acceptance = _run.depth_acceptance  # P(depth d | depth d-1) from an accep
 def method_for(heads, kind: str, nodes: int, depth: int, top_k: int):
   if kind == "eagle":
     return sj.Eagle(heads, tree="dynamic", depth=depth, top_k=min(top_k, nodes), num_nodes=nodes)
+  if kind == "medusa":  # the tree experiments/medusa/run.py grows from the heads' own accuracies
+    k = heads.config.num_heads
+    acc = trees.per_rank_accuracy(heads.meta, k)
+    acc = trees.prior_accuracies(k, 5) if acc is None else acc
+    return sj.Medusa(heads, tree=trees.build_tree(acc, nodes), top_k=5)
   return sj.MTP(heads)
 
 
@@ -42,8 +48,8 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--model", default="smollm2-135m")
   ap.add_argument("--heads", required=True, help="comma-separated heads (.npz or shipped names)")
-  ap.add_argument("--kind", default="eagle", choices=("eagle", "mtp"))
-  ap.add_argument("--nodes", default="8,16,32", help="EAGLE-2 tree sizes")
+  ap.add_argument("--kind", default="eagle", choices=("eagle", "medusa", "mtp"))
+  ap.add_argument("--nodes", default="8,16,32", help="EAGLE-2 / Medusa tree sizes")
   ap.add_argument("--depth", type=int, default=5)
   ap.add_argument("--top-k", type=int, default=8)
   ap.add_argument("--sets", default="mt_bench,humaneval")
@@ -55,7 +61,7 @@ def main(argv=None):
   target = sj.load_model(args.model)
   names = [h.strip() for h in args.heads.split(",") if h.strip()]
   heads = {n: sj.load_heads(n, target) for n in names}  # bad names fail before any decoding
-  nodes = [int(x) for x in args.nodes.split(",")] if args.kind == "eagle" else [0]
+  nodes = [int(x) for x in args.nodes.split(",")] if args.kind != "mtp" else [0]
   ps = bench.load_prompt_sets(args.sets, args.prompts)
   kw = dict(max_new_tokens=args.new, stop_at_eos=False)
   ref = [sj.generate(target, [p], **kw, chat=chat).tokens[0] for _, p, chat in ps]
