@@ -127,7 +127,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
       if h.config.kind != k:
         raise InputError(f"init {str(init).replace('{kind}', k)!r} holds {h.config.kind} heads, "
                          f"not {k}")
-      if h.config.num_heads != per_kind[k] and (num_heads is not None):
+      if num_heads is not None and h.config.num_heads != per_kind[k]:
         raise InputError(f"init {k} heads have {h.config.num_heads} heads, num_heads asks "
                          f"{per_kind[k]}")
       per_kind[k] = h.config.num_heads
@@ -137,8 +137,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     if len(vocabs) > 1:
       raise InputError("init heads score different vocabularies; joint training needs one")
   config, corpus, target, target_name = setup_run(
-      target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir, steps=steps, lr=lr,
-      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
+      target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
+      steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
       eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
       clip_groups=joint)
   cfg = target.config
