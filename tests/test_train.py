@@ -482,7 +482,9 @@ def test_eagle_fine_tuned_from_init_with_unroll(tmp_path, self_distillation):
                            ("eagle", dict(unroll=0), "unroll=0"),
                            ("mtp", dict(init=str(tmp_path / "e.npz")), "holds eagle heads"),
                            ("eagle,mtp", dict(init=str(tmp_path / "e.npz")), "{kind}"),
-                           ("eagle", dict(init=str(tmp_path / "nope.npz")), "neither")):
+                           ("eagle", dict(init=str(tmp_path / "nope.npz")), "neither"),
+                           ("eagle", dict(init=str(tmp_path / "e.npz"), num_heads=2),
+                            "num_heads asks 2")):
     with pytest.raises(sj.SpecJaxError, match=match):
       heads_train.train_heads(kind, target, c, out_dir=str(tmp_path / "bad"), **dict(kw, **bad))
   seen = {}

@@ -72,6 +72,14 @@ def depth_acceptance(hist) -> list[float]:
           for d in range(1, len(h))]
 
 
+def pooled(outs) -> tuple[float, np.ndarray]:
+  """Outputs of one configuration over several prompts -> (tau = 1 + accepted / rounds, their
+  summed accepted-depth histogram)."""
+  acc = sum(o.stats["accepted_tokens"] for o in outs)
+  rounds = sum(o.stats["draft_rounds"] for o in outs)
+  return 1 + acc / max(1, rounds), np.sum([o.stats["accepted_depth_hist"] for o in outs], axis=0)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--model", default="smollm2-135m", help="a model name or local HF dir / .gguf")
@@ -160,10 +168,7 @@ def main(argv=None):
                                 chat=chat, **kw), args.repeats)
         outs.append(out)
         ratios.append(ar_wall / wall)
-      acc = sum(o.stats["accepted_tokens"] for o in outs)
-      rounds = sum(o.stats["draft_rounds"] for o in outs)
-      hist = np.sum([o.stats["accepted_depth_hist"] for o in outs], axis=0)
-      tau = 1 + acc / max(1, rounds)
+      tau, hist = pooled(outs)
       c = curve[fields["nodes"] + 1]
       rows.append(dict(fields, method=label, temperature=t, tau=tau,
                        tau_incl_prefill=statistics.median(o.stats["mean_accepted"] for o in outs),

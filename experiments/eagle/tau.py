@@ -14,13 +14,10 @@ token-identical to autoregressive. Batch 1, chat template for MT-Bench, raw Huma
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
-
-import importlib.util
-
-import numpy as np
 
 import specjax as sj
 from specjax import bench
@@ -30,7 +27,7 @@ _spec = importlib.util.spec_from_file_location(
     "eagle_experiment_run", os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py"))
 _run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_run)
-depth_acceptance = _run.depth_acceptance  # P(depth d | depth d-1) from an accepted-depth histogram
+depth_acceptance, pooled = _run.depth_acceptance, _run.pooled
 
 
 def method_for(heads, kind: str, nodes: int, depth: int, top_k: int):
@@ -70,14 +67,11 @@ def main(argv=None):
     for n in nodes:
       m = method_for(h, args.kind, n, args.depth, args.top_k)
       for s in dict.fromkeys(s for s, _, _ in ps):
-        outs = [(sj.generate(target, [p], m, **kw, chat=chat), i)
-                for i, (s2, p, chat) in enumerate(ps) if s2 == s]
-        acc = sum(o.stats["accepted_tokens"] for o, _ in outs)
-        rounds = sum(o.stats["draft_rounds"] for o, _ in outs)
-        hist = np.sum([o.stats["accepted_depth_hist"] for o, _ in outs], axis=0)
-        row = dict(heads=name, set=s, nodes=n, tau=1 + acc / max(1, rounds),
-                   depth_acceptance=depth_acceptance(hist),
-                   identical=all(o.tokens[0] == ref[i] for o, i in outs))
+        idx = [i for i, (s2, _, _) in enumerate(ps) if s2 == s]
+        outs = [sj.generate(target, [ps[i][1]], m, **kw, chat=ps[i][2]) for i in idx]
+        tau, hist = pooled(outs)
+        row = dict(heads=name, set=s, nodes=n, tau=tau, depth_acceptance=depth_acceptance(hist),
+                   identical=all(o.tokens[0] == ref[i] for o, i in zip(outs, idx)))
         rows.append(row)
         print(f"{name} {s} N={n}: tau {row['tau']:.3f} by depth "
               + "/".join(f"{x:.2f}" for x in row["depth_acceptance"])

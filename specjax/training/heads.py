@@ -123,13 +123,13 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     if joint and "{kind}" not in str(init):
       raise InputError(f"init={init!r} must contain '{{kind}}' when training several kinds")
     for k in kinds:
-      h = load_heads(str(init).replace("{kind}", k))  # fit to the target is checked below
+      path = str(init).replace("{kind}", k)
+      h = load_heads(path)  # fit to the target is checked below
       if h.config.kind != k:
-        raise InputError(f"init {str(init).replace('{kind}', k)!r} holds {h.config.kind} heads, "
-                         f"not {k}")
-      if num_heads is not None and h.config.num_heads != per_kind[k]:
-        raise InputError(f"init {k} heads have {h.config.num_heads} heads, num_heads asks "
-                         f"{per_kind[k]}")
+        raise InputError(f"init {path!r} holds {h.config.kind} heads, not {k}")
+      asked = num_heads.get(k) if isinstance(num_heads, dict) else num_heads
+      if asked is not None and h.config.num_heads != asked:
+        raise InputError(f"init {k} heads have {h.config.num_heads} heads, num_heads asks {asked}")
       per_kind[k] = h.config.num_heads
       inits[k] = h
     vocabs = {None if h.vocab is None else tuple(np.asarray(h.vocab).tolist())
@@ -138,8 +138,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
       raise InputError("init heads score different vocabularies; joint training needs one")
   config, corpus, target, target_name = setup_run(
       target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
-      steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
-      eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
+      steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+      ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
       clip_groups=joint)
   cfg = target.config
   tok, mask = corpus.windows(seq_len, "train", held_out, seed)
