@@ -433,7 +433,8 @@ def main(argv=None) -> None:
   td.add_argument("--out-dir", default="runs/draft",
                   help="checkpoints, log.jsonl and train.png; rerunning resumes from here")
   td.add_argument("--export", default=None, help="write the draft asset (.npz) here when done")
-  td.add_argument("--num-layers", type=int, default=2)
+  td.add_argument("--num-layers", type=int, default=None, help="the draft's layers (default 2; with "
+                  "--init the asset's, and more grows it: new layers start as identities)")
   td.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary subset size")
   td.add_argument("--steps", type=int, default=2000)
   td.add_argument("--batch-size", type=int, default=8)

@@ -46,6 +46,9 @@ def test_train_draft_arguments_reach_train_draft(monkeypatch):
             "--soft-top-k", "4", "--export", "d.npz"])
   assert seen["model"] == "m" and seen["corpus"] == "c/" and seen["steps"] == 7
   assert seen["out_dir"] == "/tmp/x" and seen["soft_top_k"] == 4 and seen["export"] == "d.npz"
+  assert seen["num_layers"] is None  # train_draft's default: 2, or an --init asset's own count
+  cli.main(["train", "draft", "--corpus", "c/", "--num-layers", "3", "--init", "a.npz"])
+  assert seen["num_layers"] == 3 and seen["init"] == "a.npz"
 
 
 @pytest.mark.parametrize("sub,fn", [("generate", "cmd_generate"), ("bench", "cmd_bench")])

@@ -148,6 +148,43 @@ def test_train_draft_init_from_an_exported_draft(tmp_path, self_distillation):
   assert np.array_equal(tuned.vocab_subset, first.vocab_subset)
 
 
+def test_train_draft_grows_an_exported_draft(tmp_path, self_distillation):
+  """init= with more num_layers grows the asset: the new layers start as identities, so the grown
+  draft's logits equal the asset's (and its step-0 held-out top-1 the asset's), then they train;
+  asking for fewer layers than the asset has raises before anything runs."""
+  from specjax import cache as kv
+
+  target, c = self_distillation
+  kw = dict(_DRAFT_KW, vocab_size=40, num_layers=1)
+  first = train.train_draft(target, c, out_dir=str(tmp_path / "a"), steps=40,
+                            export=str(tmp_path / "a.npz"), log=lambda *_: None, **kw)
+  base = registry.load_draft_asset(str(tmp_path / "a.npz"), target)
+  own = train.grown_params(target, {k: np.asarray(v) for k, v in registry.own_params(base).items()},
+                           1, 2)
+  grown = train.draft_from_target(target, 2, base.vocab_subset, own=own)
+  assert not np.any(own["layers_1_attn_wo"]) and not np.any(own["layers_1_mlp_w_out"])
+  assert np.any(own["layers_1_attn_wqkv"])  # the target's layer 1, so the new layer can learn
+  tokens = np.asarray(c.sequence(0)[0][:12], np.int32)[None]
+  pos = np.arange(12, dtype=np.int32)[None]
+
+  def logits(m):
+    cache = m.init_cache(1, 12)
+    return np.asarray(m.apply(m.params, tokens, pos, cache, kv.causal_mask(cache.lengths, 12, 12))[0])
+
+  np.testing.assert_allclose(logits(grown), logits(base), atol=1e-5)
+  assert not np.allclose(logits(grown), logits(train.draft_from_target(target, 2)), atol=1e-3)
+  logs = []
+  d = train.train_draft(target, c, out_dir=str(tmp_path / "b"), steps=10, init=str(tmp_path / "a.npz"),
+                        export=str(tmp_path / "b.npz"), log=logs.append, **dict(kw, num_layers=2))
+  assert d.config.num_layers == 2 and any("grown to 2" in str(m) for m in logs)
+  held = [r for r in trainer.read_log(str(tmp_path / "b")) if r["split"] == "heldout"]
+  assert held[0]["step"] == 0 and held[0]["top1"] == pytest.approx(first.held_out_top1, abs=1e-6)
+  assert np.any(np.asarray(registry.own_params(d)["layers_1_attn_wo"]))  # the new layer trained
+  with pytest.raises(InputError, match="fewer than the 2 layers"):
+    train.train_draft(target, c, out_dir=str(tmp_path / "c"), steps=5, log=lambda *_: None,
+                      init=str(tmp_path / "b.npz"), **kw)
+
+
 def test_draft_distillation_with_soft_labels(tmp_path, self_distillation):
   """Soft labels (the target's top-k, one target forward per step) train as well."""
   target, c = self_distillation

@@ -219,8 +219,28 @@ def setup_run(target, corpus, *, held_out: float, vocab_size: int, **train_kw):
   return config, corpus, target, target_name
 
 
+def grown_params(target: Model, own: dict, have: int, num_layers: int) -> dict:
+  """A `have`-layer draft's own tensors (flat name -> array) extended to `num_layers` layers: layer
+  i >= have is the target's layer i with the tensors that write into the residual stream (the
+  attention output and MLP output projections, and their biases) zeroed, so each new layer passes
+  its input through unchanged and the grown draft computes what the `have`-layer one did."""
+  if num_layers == have:
+    return own
+  template = own_params(draft_from_target(target, num_layers))
+  out = dict(own)
+  for k, v in template.items():
+    if k in out:
+      continue
+    layer = int(k.split("_")[1])  # layers_<i>_...
+    if not have <= layer < num_layers:
+      raise InputError(f"draft tensor {k} is missing from the asset")
+    zero = k.endswith(("_attn_wo", "_attn_bo", "_mlp_w_out", "_mlp_b_out"))
+    out[k] = np.zeros(v.shape, np.float32) if zero else np.asarray(v, np.float32)
+  return out
+
+
 def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: str = "runs/draft",
-                export: str | None = None, num_layers: int = 2, vocab_size: int = 8192,
+                export: str | None = None, num_layers: int | None = None, vocab_size: int = 8192,
                 steps: int = 2000, batch_size: int = 8, seq_len: int = 256, lr: float = 1e-3,
                 warmup: int = 100, weight_decay: float = 0.0, grad_clip: float = 1.0,
                 soft_top_k: int = 0, held_out: float = 0.02, max_held_out_windows: int = 64,
@@ -234,11 +254,15 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
   (one target forward per step) instead of the corpus's next token. held_out: the fraction of
   corpus sequences held out; at most max_held_out_windows of their windows are evaluated.
   export: the .npz asset to write at the end (registry format). init: a draft asset (.npz path or
-  registered name) to start from instead of the target's first layers; its layer count and
-  vocabulary subset are kept (fine-tuning a shipped draft on a new corpus). Returns the draft Model, with
+  registered name) to start from instead of the target's first layers; its vocabulary subset is
+  kept, and its layer count unless num_layers asks for more: the draft then grows, each new layer
+  on top starting as the target's layer of that index with its attention output and MLP output
+  projections zeroed, an identity on the residual stream, so the grown draft starts out computing
+  exactly what the asset does (fine-tuning a shipped draft on a new corpus, or deepening it).
+  num_layers: the draft's layers (default 2 without init; with init, the asset's count). Returns the draft Model, with
   `train_step` and `held_out_top1` (agreement with the target's greedy next token) set.
   """
-  for arg, v, lo in (("num_layers", num_layers, 1), ("vocab_size", vocab_size, 2),
+  for arg, v, lo in (("num_layers", 2 if num_layers is None else num_layers, 1), ("vocab_size", vocab_size, 2),
                      ("batch_size", batch_size, 1), ("seq_len", seq_len, 2),
                      ("soft_top_k", soft_top_k, 0), ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
@@ -247,7 +271,7 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
       warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
       eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress)
   cfg = target.config
-  if not num_layers <= cfg.num_layers:
+  if num_layers is not None and not num_layers <= cfg.num_layers:
     raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's layers)")
   if soft_top_k > cfg.vocab_size:
     raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary ({cfg.vocab_size})")
@@ -269,11 +293,18 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
 
     path = registry.get(init).path if init in registry.DRAFTERS else init
     base = registry.load_draft_asset(path, target)
-    num_layers, vocab = base.config.num_layers, np.asarray(base.vocab_subset)
-    draft = draft_from_target(target, num_layers, vocab, name=name,
-                              own={k: np.asarray(v, np.float32) for k, v in own_params(base).items()})
-    log(f"init: {path} ({num_layers} layers, Vs={len(vocab)})")
+    have, vocab = base.config.num_layers, np.asarray(base.vocab_subset)
+    if num_layers is not None and num_layers < have:
+      raise InputError(f"num_layers={num_layers} is fewer than the {have} layers of init {path}: "
+                       f"a draft can be grown from an asset, not cut")
+    num_layers = have if num_layers is None else num_layers
+    own = grown_params(target, {k: np.asarray(v, np.float32) for k, v in own_params(base).items()},
+                       have, num_layers)
+    draft = draft_from_target(target, num_layers, vocab, name=name, own=own)
+    log(f"init: {path} ({have} layers{f', grown to {num_layers}' if num_layers > have else ''}, "
+        f"Vs={len(vocab)})")
   else:
+    num_layers = 2 if num_layers is None else num_layers
     vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=cfg.vocab_size), vocab_size)
     draft = draft_from_target(target, num_layers, vocab, name=name)
   vocab_j = jnp.asarray(vocab)
