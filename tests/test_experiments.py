@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 
 from tinyhf import save_tiny_hf
@@ -22,10 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def load_script(name: str):
-  """experiments/<name>/run.py as a module (experiments/ is not a package)."""
-  path = os.path.join(ROOT, "experiments", name, "run.py")
-  spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
+def load_script(name: str, script: str = "run.py"):
+  """experiments/<name>/<script> as a module (experiments/ is not a package)."""
+  path = os.path.join(ROOT, "experiments", name, script)
+  spec = importlib.util.spec_from_file_location(f"experiment_{name}_{script[:-3]}", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod
@@ -156,3 +157,22 @@ def test_eagle_tau_compares_heads_files(tiny_dir, prompt_file, tmp_path):
     assert [r["tau"] for r in json.load(f)["rows"]] == [r["tau"] for r in rows]
   with pytest.raises(sj.SpecJaxError):
     mod.main(["--model", tiny_dir, "--heads", str(tmp_path / "missing.npz")])
+
+
+def test_medusa_ceiling(tmp_path):
+  """ceiling.py on the shipped heads' header: the predicted tau never falls with more nodes, the
+  scale it reports brings the best tree to the goal (and no smaller scale does), and a goal the
+  heads already meet needs no scale."""
+  mod = load_script("medusa", "ceiling.py")
+  out = mod.main(["--nodes", "4,8,16,64", "--goal", "2.3", "--at", "16", "--json", str(tmp_path / "c.json")])
+  r = out["measured"]
+  taus = list(r["predicted_tau"].values())
+  assert taus == sorted(taus) and 1.0 < taus[0]
+  acc = np.asarray(r["per_rank_accuracy"])
+  s = r["needed_scale"]
+  assert 1.0 < s < 64
+  assert mod.predicted_tau(np.minimum(acc * s * (1 + 1e-9), 1), 16) >= 2.3 - 1e-6
+  assert mod.predicted_tau(np.minimum(acc * s * 0.99, 1), 16) < 2.3
+  assert mod.needed_scale(acc, taus[0] - 0.01, 4) == 1.0
+  assert mod.needed_scale(acc, 100.0, 4) == float("inf")  # 4 nodes accept at most 4 tokens
+  assert json.load(open(tmp_path / "c.json"))["measured"]["needed_scale"] == s
