@@ -226,16 +226,11 @@ def grown_params(target: Model, own: dict, have: int, num_layers: int) -> dict:
   its input through unchanged and the grown draft computes what the `have`-layer one did."""
   if num_layers == have:
     return own
-  template = own_params(draft_from_target(target, num_layers))
   out = dict(own)
-  for k, v in template.items():
-    if k in out:
-      continue
-    layer = int(k.split("_")[1])  # layers_<i>_...
-    if not have <= layer < num_layers:
-      raise InputError(f"draft tensor {k} is missing from the asset")
-    zero = k.endswith(("_attn_wo", "_attn_bo", "_mlp_w_out", "_mlp_b_out"))
-    out[k] = np.zeros(v.shape, np.float32) if zero else np.asarray(v, np.float32)
+  for k, v in own_params(draft_from_target(target, num_layers)).items():
+    if k not in out:  # a tensor of a new layer (the asset's own were checked when it loaded)
+      zero = k.endswith(("_attn_wo", "_attn_bo", "_mlp_w_out", "_mlp_b_out"))
+      out[k] = np.zeros(v.shape, np.float32) if zero else np.asarray(v, np.float32)
   return out
 
 
@@ -262,7 +257,9 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
   num_layers: the draft's layers (default 2 without init; with init, the asset's count). Returns the draft Model, with
   `train_step` and `held_out_top1` (agreement with the target's greedy next token) set.
   """
-  for arg, v, lo in (("num_layers", 2 if num_layers is None else num_layers, 1), ("vocab_size", vocab_size, 2),
+  if num_layers is not None:
+    check_int("num_layers", num_layers, 1)
+  for arg, v, lo in (("vocab_size", vocab_size, 2),
                      ("batch_size", batch_size, 1), ("seq_len", seq_len, 2),
                      ("soft_top_k", soft_top_k, 0), ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
