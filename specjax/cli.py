@@ -357,7 +357,7 @@ def cmd_train_heads(args) -> None:
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                       held_out=args.held_out, ckpt_every=args.ckpt_every,
                       eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed,
-                      unroll=args.unroll, init=args.init)
+                      unroll=args.unroll, init=args.init, taps=args.taps or ())
 
 
 def main(argv=None) -> None:
@@ -491,6 +491,9 @@ def main(argv=None) -> None:
                     "steps ahead on its own features (training-time test; 1: next step only)")
     tm.add_argument("--init", default=None, help="start from these heads (.npz or a shipped name; "
                     "several kinds: with {kind}, e.g. smollm2-135m-{kind}) instead of fresh ones")
+    tm.add_argument("--taps", default=None, help="EAGLE: fused features, the outputs of these "
+                    "target layers beside the last (e.g. 2,15; 'auto': a low and a middle layer); "
+                    "with --init from an unfused head, grows it")
     tm.set_defaults(fn=cmd_train_heads)
 
   args = ap.parse_args(argv)

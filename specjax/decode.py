@@ -95,8 +95,13 @@ class Program:
     return sharding.constrain_state(self.mesh, tree, batch)
 
   def forward(self, params, tokens, positions, cache, mask, **kw):
+    """The target's forward. A method with `taps` (EAGLE with fused features) gets, as hidden,
+    those layers' outputs beside the final feature (model.Decoder)."""
     from flax import nnx
 
+    taps = getattr(self.method, "taps", ())
+    if taps and kw.get("num_layers") is None:
+      kw.setdefault("taps", taps)
     return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
 
   def causal_mask(self, lengths, num_new):

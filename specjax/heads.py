@@ -24,6 +24,16 @@ of one decoder layer each (EAGLE: K = 1), see `feature_module`. Their params are
 tensor with a leading [K]: "fc_w" [K,2E,E], "fc_b" [K,E], for MTP also "norm_e" and "norm_h"
 [K,E], and the layer's tensors under "layer." + the target Block's own path, e.g.
 "layer.attn.wqkv" [K,E,Kv,G+2,D], so a head's layer has exactly the target's layer type.
+
+Fused features (EAGLE-3's idea, Li et al. 2025: a low, a middle and the high layer's states rather
+than the last one alone): an EAGLE head with `taps` = (i, j, ...) reads, instead of the target's
+final-normed feature f_t, g_t = fuse_w^T [r_i(t); r_j(t); ...; f_t] + fuse_b, where r_i is the
+residual stream after the target's first i layers, RMS-normalised without a scale (so a middle
+layer's large activations enter on the same scale as f). "fuse_w" [1,(n+1)E,E], "fuse_b" [1,E].
+Initialised (and grown from an unfused head, `add_taps`) as the identity on f and zero on the taps,
+so such a head starts out computing exactly what the unfused one does. Only the first draft depth
+reads g; deeper ones read the head's own outputs, as before. The target runs with
+`Decoder(..., taps=)`, which returns the taps beside f.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ class HeadsConfig:
   vocab_size: int  # V of the target
   target: str = ""  # the target's name when known (informational)
   vocab_subset: int = 0  # Vs, the size of the scored subset (0: the full vocabulary)
+  taps: tuple = ()  # EAGLE with fused features: the target layers whose outputs are fused (below)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,6 +83,7 @@ class Heads:
   def __repr__(self):
     c = self.config
     sub = f", vocab subset {c.vocab_subset}" if c.vocab_subset else ""
+    sub += f", fused taps {list(c.taps)}" if c.taps else ""
     return (f"Heads({c.kind}: K={c.num_heads} x {c.num_layers} block(s), E={c.hidden_size}, "
             f"V={c.vocab_size}{sub}{', for ' + c.target if c.target else ''})")
 
@@ -88,16 +100,18 @@ def _check_vocab_ids(vocab, vocab_size: int) -> np.ndarray | None:
 
 
 def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, num_layers: int = 1,
-               seed: int = 0, scale: float = 0.0, vocab=None) -> Heads:
+               seed: int = 0, scale: float = 0.0, vocab=None, taps=()) -> Heads:
   """Fresh heads for `target` (a specjax Model). Medusa (num_heads default 4): scale 0 (Medusa's
   init) makes every head the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and
   b ~ N(0, scale^2) (tests). EAGLE (one module) and MTP (num_heads modules, default 2): see
-  `init_feature_heads`."""
+  `init_feature_heads` (EAGLE also takes `taps`, fused features: see the module docstring)."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
   if kind in FEATURE_KINDS:
     return init_feature_heads(target, kind, num_heads=num_heads, num_layers=num_layers, seed=seed,
-                              scale=scale, vocab=vocab)
+                              scale=scale, vocab=vocab, taps=taps)
+  if taps:
+    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
   num_heads = 4 if num_heads is None else num_heads
   check_int("num_heads", num_heads, 1, 16)
   check_int("num_layers", num_layers, 1, 8)
@@ -123,8 +137,11 @@ def check_fits(heads: Heads, target) -> None:
         f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
         f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
         f"{t.vocab_size}: load or train heads for this model")
+  if c.taps and max(c.taps) >= t.num_layers:
+    raise InputError(f"heads {heads!r} fuse the outputs of target layers {list(c.taps)}, but this "
+                     f"target has {t.num_layers} layers: load or train heads for this model")
   if c.kind in FEATURE_KINDS:
-    want = feature_shapes(c.kind, c.num_heads, target)
+    want = feature_shapes(c.kind, c.num_heads, target, c.taps)
     got = {k: tuple(np.shape(v)) for k, v in heads.params.items()}
     if got != want:
       bad = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
@@ -158,13 +175,16 @@ def _read(path: str, dtype) -> Heads:
     raise WeightsError(f"{path}: not a heads file written by specjax save_heads ({e})") from e
   fields = {f.name for f in dataclasses.fields(HeadsConfig)}
   try:
-    cfg = HeadsConfig(**{k: header[k] for k in fields if k in header})
+    cfg = HeadsConfig(**{k: tuple(header[k]) if k == "taps" else header[k]
+                         for k in fields if k in header})
   except TypeError as e:
     raise WeightsError(f"{path}: heads header is missing fields ({e})") from e
   k, l, e = cfg.num_heads, cfg.num_layers, cfg.hidden_size
   want = {"w": (k, l, e, e), "b": (k, l, e)}
   if cfg.kind in FEATURE_KINDS:  # the layer's shapes are checked against a target (check_fits)
     want = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
+    if cfg.taps:
+      want.update(fuse_w=(k, (len(cfg.taps) + 1) * e, e), fuse_b=(k, e))
     if not any(n.startswith("layer.") for n in params):
       raise WeightsError(f"{path}: {cfg.kind} heads file has no layer tensors")
   for name, shape in want.items():
@@ -259,22 +279,93 @@ def _layer_keys(config) -> dict:
           for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
 
 
-def feature_shapes(kind: str, num_heads: int, target) -> dict:
+def feature_shapes(kind: str, num_heads: int, target, taps=()) -> dict:
   """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`."""
   c = target.config
   e, k = c.hidden_size, num_heads
   out = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
+  if taps:
+    out.update(fuse_w=(k, (len(taps) + 1) * e, e), fuse_b=(k, e))
   if kind == "mtp":
     out.update(norm_e=(k, e), norm_h=(k, e))
   out.update({name: (k,) + shape for name, shape in _layer_keys(c).items()})
   return out
 
 
+def check_taps(taps, num_layers: int | None = None) -> tuple:
+  """taps -> a tuple of distinct increasing ints in [1, num_layers): the target layers whose outputs
+  an EAGLE head fuses ("after the first i layers"); "auto" = (2, num_layers // 2), a low and a
+  middle layer beside the last (EAGLE-3's choice)."""
+  if isinstance(taps, str):
+    if taps != "auto":
+      try:
+        taps = tuple(int(x) for x in taps.split(",") if x.strip())
+      except ValueError:
+        raise InputError(f"taps={taps!r} is invalid: give layer counts such as '2,15' or 'auto'")
+    elif num_layers is None:
+      raise InputError("taps='auto' needs the target's layer count")
+    else:
+      taps = (min(2, num_layers - 1), num_layers // 2)
+  try:
+    taps = tuple(taps)
+  except TypeError:
+    raise InputError(f"taps={taps!r} is invalid: a sequence of layer counts such as (2, 15)")
+  if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in taps):
+    raise InputError(f"taps={taps!r} is invalid: layer counts must be integers")
+  taps = tuple(int(i) for i in taps)
+  hi = num_layers - 1 if num_layers is not None else None
+  if (any(i < 1 for i in taps) or list(taps) != sorted(set(taps))
+      or (hi is not None and any(i > hi for i in taps))):
+    raise InputError(f"taps={taps!r} is invalid: distinct increasing layer counts in [1, "
+                     f"{hi if hi is not None else 'num_layers - 1'}] (the residual stream after "
+                     f"that many of the target's layers; the last layer's feature is always read)")
+  return taps
+
+
+def _fuse_identity(e: int, n: int, key=None, mult: float = 0.0) -> jax.Array:
+  """fuse_w [(n+1)E,E]: zero on the n taps and the identity on the final feature; mult > 0 adds a
+  N(0, mult^2 / ((n+1)E)) draw everywhere (tests: taps that matter)."""
+  w = jnp.concatenate([jnp.zeros((n * e, e), jnp.float32), jnp.eye(e, dtype=jnp.float32)])
+  if mult:
+    w = w + mult * jax.random.normal(key, w.shape, jnp.float32) / np.sqrt((n + 1) * e)
+  return w
+
+
+def add_taps(heads: "Heads", taps, target) -> "Heads":
+  """An unfused EAGLE head -> the same head reading fused features from `taps`, with fuse_w the
+  identity on the final feature (so its drafts are unchanged until the fuse is trained)."""
+  c = heads.config
+  if c.kind != "eagle":
+    raise InputError(f"taps: fused features are for EAGLE heads, not {c.kind}")
+  taps = check_taps(taps, target.config.num_layers)
+  if c.taps:
+    if c.taps == taps:
+      return heads
+    raise InputError(f"these EAGLE heads already fuse taps {list(c.taps)}; asked for {list(taps)}")
+  if not taps:
+    return heads
+  e = c.hidden_size
+  dtype = heads.params["fc_w"].dtype
+  params = dict(heads.params, fuse_w=_fuse_identity(e, len(taps))[None].astype(dtype),
+                fuse_b=jnp.zeros((1, e), dtype))
+  return dataclasses.replace(heads, config=dataclasses.replace(c, taps=taps), params=params)
+
+
+def fuse_features(mod: dict, feats: jax.Array) -> jax.Array:
+  """feats [...,(n+1)E] (the taps, then the final feature; Decoder(..., taps=)) -> the fused
+  feature [...,E] an EAGLE head reads; feats unchanged for heads without taps."""
+  if "fuse_w" not in mod:
+    return feats
+  w = mod["fuse_w"]
+  return (jnp.dot(feats.astype(w.dtype), w) + mod["fuse_b"]).astype(feats.dtype)
+
+
 def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_layers: int = 1,
-                       seed: int = 0, scale: float = 0.0, vocab=None) -> Heads:
+                       seed: int = 0, scale: float = 0.0, vocab=None, taps=()) -> Heads:
   """EAGLE (num_heads 1) or MTP (num_heads modules, default 2) heads for `target`: fc ~
   N(0, 1 / 2E), the layer as a fresh target Block (N(0, 0.02^2) weights, unit norms), MTP norms at
-  one. scale > 0 multiplies every random weight by scale / 0.02 (tests)."""
+  one; EAGLE with taps: fuse_w the identity on the final feature (`add_taps`). scale > 0
+  multiplies every random weight by scale / 0.02 (tests), and then also draws fuse_w's taps."""
   from flax import nnx
 
   from specjax.model import Block, path_key
@@ -286,6 +377,9 @@ def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_l
     num_heads = 2 if num_heads is None else num_heads
     check_int("num_heads", num_heads, 1, 16)
   check_int("num_layers", num_layers, 1, 1, f" ({kind} modules have one decoder layer)")
+  if taps and kind != "eagle":
+    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
+  taps = check_taps(taps, target.config.num_layers)
   if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
     raise InputError(f"scale={scale!r} is invalid: must be a number >= 0")
   c = target.config
@@ -306,11 +400,15 @@ def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_l
            "fc_b": jnp.zeros((e,), jnp.float32)}
     if kind == "mtp":
       mod.update(norm_e=jnp.ones((e,), jnp.float32), norm_h=jnp.ones((e,), jnp.float32))
+    if taps:
+      mod.update(fuse_w=_fuse_identity(e, len(taps), jax.random.fold_in(kf, 1),
+                                       mult if scale > 0 else 0.0),
+                 fuse_b=jnp.zeros((e,), jnp.float32))
     mod.update(layer)
     mods.append(mod)
   params = {n: jnp.stack([m[n] for m in mods]).astype(dtype) for n in mods[0]}
   cfg = HeadsConfig(kind, num_heads, 1, e, c.vocab_size, getattr(target, "name", ""),
-                    0 if ids is None else int(ids.size))
+                    0 if ids is None else int(ids.size), taps)
   return Heads(cfg, params, ids)
 
 

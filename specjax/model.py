@@ -69,6 +69,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return out.astype(x.dtype)
 
 
+def rms_unit(x: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) over the last axis, no scale (computed in float32, returned in x's dtype)."""
+  h = x.astype(jnp.float32)
+  return (h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 def _param(rngs, shape, dtype, scale=0.02):
   return nnx.Param(scale * jax.random.normal(rngs.params(), shape, dtype))
 
@@ -220,14 +226,16 @@ class Decoder(nnx.Module):
     return dense(h, self.lm_head[...], _packed(self, "head")).astype(jnp.float32)
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
-               logits_at: jax.Array | None = None, empty_cache: bool = False):
+               logits_at: jax.Array | None = None, empty_cache: bool = False, taps: tuple = ()):
     """tokens, positions [B,T] int32; mask [B,T,S] bool.
 
     num_layers: run only the first k layers (layer-skip drafting); their cache entries are
     written, the rest are passed through. logits_at [B,N]: compute logits only at these of the
     T positions (prefill needs one). empty_cache: the cache holds nothing yet (every length
-    is 0), so attention reads only the T new entries. Returns (logits [B,T or N,V] float32, hidden [B,T,E] after
-    the final norm, cache).
+    is 0), so attention reads only the T new entries. taps (i, j, ...): also return the residual
+    stream after the first i, j, ... layers, each RMS-normalised without a scale (fused EAGLE
+    features, specjax/heads.py). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after the
+    final norm (with taps: [B,T,(n+1)E], the n taps then that), cache).
     """
     n = self.cfg.num_layers if num_layers is None else num_layers
     x = self.embed[...][tokens]  # [B,T,E]
@@ -239,12 +247,19 @@ class Decoder(nnx.Module):
       angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,D/2]
       rope = (jnp.cos(angles), jnp.sin(angles))
     layers = list(cache.layers)
+    tapped = []
     for i in range(n):
       x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache)
+      if i + 1 in taps:
+        tapped.append(rms_unit(x, self.cfg.norm_eps))
+    if len(tapped) != len(taps):
+      raise ValueError(f"taps {taps} must be layer counts in [1, {n - 1}]")
     hidden = self.final_norm(x)
     sel = hidden
     if logits_at is not None:
       sel = jnp.take_along_axis(hidden, logits_at[..., None], axis=1)  # [B,N,E]
+    if tapped:
+      hidden = jnp.concatenate(tapped + [hidden], axis=-1)
     return self.head(sel), hidden, cache.replace(layers=tuple(layers))
 
 

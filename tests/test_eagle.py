@@ -362,3 +362,126 @@ def test_unrolled_loss(tiny):
   for kw, match in (({"unroll": 0}, "unroll"), ({"unroll_decay": 0.0}, "unroll_decay")):
     with pytest.raises(InputError, match=match):
       te.make_loss(tiny, heads, **kw)
+
+
+# ----------------------------------------------------------------------------- fused features
+
+
+def test_decoder_taps_are_the_normalised_residual_stream(tiny):
+  """Decoder(..., taps=(1,)) returns the residual stream after layer 1, RMS-normalised, beside the
+  unchanged final feature; the logits do not move."""
+  from specjax.model import rms_unit
+
+  cfg = tiny.config
+  toks = jnp.asarray(random_prompts(2, 61, seed=3, lo=9, hi=10))
+  pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+
+  def run(**kw):
+    from specjax import cache as kv
+    cache = tiny.init_cache(2, 16)
+    return tiny.apply(tiny.params, toks, pos, cache, kv.causal_mask(cache.lengths, 9, 16), **kw)
+
+  plain_logits, plain, _ = run()
+  logits, both, _ = run(taps=(1,))
+  assert both.shape == (2, 9, 2 * cfg.hidden_size)
+  np.testing.assert_array_equal(np.asarray(both[..., cfg.hidden_size:]), np.asarray(plain))
+  np.testing.assert_array_equal(np.asarray(logits), np.asarray(plain_logits))
+  # After one layer: the one-layer forward's final-normed output, its norm scale divided out.
+  _, one, _ = run(num_layers=1)
+  scale = np.asarray(tiny.params["final_norm"]["scale"][...])
+  np.testing.assert_allclose(np.asarray(both[..., :cfg.hidden_size]), np.asarray(one) / scale,
+                             rtol=1e-5, atol=1e-5)
+  x = np.asarray(both[..., :cfg.hidden_size])
+  np.testing.assert_allclose(np.sqrt((x * x).mean(-1)), 1.0, rtol=1e-3)
+  np.testing.assert_allclose(np.asarray(rms_unit(jnp.asarray(x) * 3.0, 1e-9)), x, rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_taps_grown_head_drafts_exactly_as_before(memoryless, fitted):
+  """add_taps makes fuse_w the identity on the final feature: the grown head's drafts (hence its
+  acceptance histogram) equal the unfused head's, bit for bit."""
+  from specjax.heads import add_taps
+
+  heads, _ = fitted
+  grown = add_taps(heads, (1,), memoryless)
+  assert grown.config.taps == (1,) and grown.params["fuse_w"].shape == (1, 64, 32)
+  assert heads.config.taps == () and "fuse_w" not in heads.params  # the caller's heads intact
+  assert add_taps(grown, "1", memoryless) is grown
+  prompts = random_prompts(4, 61, seed=9)
+  ref = sj.generate(memoryless, prompts, max_new_tokens=24)
+  a = sj.generate(memoryless, prompts, Eagle(heads, depth=4, top_k=3, num_nodes=10),
+                  max_new_tokens=24)
+  b = sj.generate(memoryless, prompts, Eagle(grown, depth=4, top_k=3, num_nodes=10),
+                  max_new_tokens=24)
+  assert a.tokens == b.tokens == ref.tokens
+  assert a.stats["accepted_depth_hist"] == b.stats["accepted_depth_hist"]
+  assert a.stats["mean_accepted"] > 1.5
+  with pytest.raises(InputError, match="already fuse taps"):
+    add_taps(grown, (2,), stand_in(num_layers=3))
+
+
+def test_taps_heads_train_read_the_taps_and_stay_exact(tiny):
+  """A fused head's loss reads the taps (gradients reach fuse_w's tap block from its zero start;
+  precomputed features under "full" give the on-the-fly loss), fitting lowers it, and the
+  fitted head generates exactly the autoregressive tokens."""
+  heads = init_heads(tiny, "eagle", seed=3, taps=(1,))
+  assert heads.config.taps == (1,)
+  np.testing.assert_array_equal(np.asarray(heads.params["fuse_w"][0, :32]), 0.0)
+  toks = np.asarray(random_prompts(5, 61, seed=4, lo=12, hi=13))
+  full = te.teacher_features(tiny, toks, batch_size=2, taps=(1,))
+  assert full.shape == (5, 12, 64)
+  np.testing.assert_allclose(full[..., 32:], te.teacher_features(tiny, toks, batch_size=2),
+                             rtol=1e-6, atol=1e-6)
+  loss_fn = jax.jit(te.make_loss(tiny, heads, noise=0.0))
+  frozen = te.frozen_arrays(tiny, heads)
+  rng = jax.random.PRNGKey(0)
+  a, _ = loss_fn(heads.params, {"tokens": jnp.asarray(toks)}, rng, frozen)
+  b, _ = loss_fn(heads.params, {"tokens": jnp.asarray(toks), "feats": jnp.asarray(full[..., 32:]),
+                                "full": jnp.asarray(full)}, rng, frozen)
+  np.testing.assert_allclose(a, b, rtol=1e-4)
+  # At the identity start the fused head's loss is the unfused one's.
+  plain = dict(heads.params)
+  plain.pop("fuse_w"), plain.pop("fuse_b")
+  import dataclasses
+  unfused = dataclasses.replace(heads, params=plain,
+                                config=dataclasses.replace(heads.config, taps=()))
+  c, _ = jax.jit(te.make_loss(tiny, unfused, noise=0.0))(plain, {"tokens": jnp.asarray(toks)},
+                                                        rng, frozen)
+  np.testing.assert_allclose(a, c, rtol=1e-5)
+  g = jax.grad(lambda p: loss_fn(p, {"tokens": jnp.asarray(toks)}, rng, frozen)[0])(heads.params)
+  assert float(jnp.abs(g["fuse_w"][0, :32]).sum()) > 0  # the taps' block learns
+  fitted, losses = te.fit(tiny, heads, own_text(tiny, n=16), steps=60, lr=3e-3)
+  assert losses[-1] < 0.7 * losses[0]
+  assert float(jnp.abs(fitted.params["fuse_w"][0, :32]).max()) > 1e-3
+  prompts = random_prompts(4, 61, seed=6)
+  ref = sj.generate(tiny, prompts, max_new_tokens=16).tokens
+  assert sj.generate(tiny, prompts, Eagle(fitted, depth=3, top_k=2, num_nodes=6),
+                     max_new_tokens=16).tokens == ref
+
+
+def test_taps_save_load_and_bad_taps(tmp_path, tiny):
+  heads = init_heads(tiny, "eagle", seed=2, taps=(1,), scale=0.3)
+  path = save_heads(heads, str(tmp_path / "f.npz"))
+  back = load_heads(path, tiny)
+  assert back.config == heads.config and back.config.taps == (1,)
+  np.testing.assert_allclose(back.params["fuse_w"], heads.params["fuse_w"], rtol=2e-3, atol=2e-3)
+  assert "fused taps [1]" in repr(back)
+  with pytest.raises(InputError, match="fuse the outputs of target layers"):
+    load_heads(path, stand_in(num_layers=1))
+  n = decode.compile_cache.count
+  for taps, match in (((0,), "taps"), ((2,), r"\[1, 1\]"), ((1, 1), "distinct"), ("1,x", "taps"),
+                      ((1.5,), "integers")):
+    with pytest.raises(InputError, match=match):
+      init_heads(tiny, "eagle", taps=taps)
+  with pytest.raises(InputError, match="EAGLE heads, not mtp"):
+    init_heads(tiny, "mtp", taps=(1,))
+  with pytest.raises(InputError, match="EAGLE heads, not medusa"):
+    init_heads(tiny, "medusa", taps=(1,))
+  # A fused head on a shallower target: refused before compiling.
+  shallow = sj.Model.random(tiny_config(num_layers=1), seed=0, scale=0.3)
+  with pytest.raises(InputError, match="has 1 layers"):
+    sj.generate(shallow, [[1, 2, 3]], Eagle(heads, depth=2, top_k=2, num_nodes=4),
+                max_new_tokens=4)
+  assert decode.compile_cache.count == n
+  from specjax.heads import check_taps
+  assert check_taps("auto", 30) == (2, 15) and check_taps("2,15", 30) == (2, 15)

@@ -156,14 +156,21 @@ def _mtp(fitted, num_heads=2, **kw):
   return lambda target: sj.MTP(_feature_heads("mtp", fitted, num_heads=num_heads)(target), **kw)
 
 
+def _eagle_taps(**kw):
+  """EAGLE with fused features (the target's layer-1 output beside the last, random fuse)."""
+  return lambda target: sj.Eagle(_feature_heads("eagle", False, taps=(1,))(target), **kw)
+
+
 GREEDY_METHODS += [
     ("eagle_static_random", _eagle(False, tree=_EAGLE_TREE)),
+    ("eagle_dynamic_taps_random", _eagle_taps(depth=3, top_k=3, num_nodes=8)),
     ("eagle_dynamic_fitted", _eagle(True, depth=4, top_k=3, num_nodes=12)),
     ("mtp_fitted", _mtp(True, num_heads=3)),
 ]
 SAMPLING_METHODS += [
     ("eagle_static_exact", _eagle(False, tree=_EAGLE_TREE)),
     ("eagle_dynamic_exact", _eagle(False, depth=3, top_k=3, num_nodes=8)),
+    ("eagle_dynamic_taps_exact", _eagle_taps(depth=3, top_k=3, num_nodes=8)),
     ("mtp_exact", _mtp(False)),
 ]
 

@@ -515,7 +515,22 @@ def test_eagle_fine_tuned_from_init_with_unroll(tmp_path, self_distillation):
   ref = sj.generate(target, prompts, max_new_tokens=12).tokens
   assert sj.generate(target, prompts, sj.Eagle(back, depth=3, top_k=2, num_nodes=6),
                      max_new_tokens=12).tokens == ref
+  # --taps grows the exported head into a fused one: its step 0 is the head it grew from.
+  fused = heads_train.train_heads("eagle", target, c, out_dir=str(tmp_path / "f"), taps="1",
+                                  init=str(tmp_path / "e.npz"), export=str(tmp_path / "f.npz"),
+                                  **dict(kw, steps=10, ckpt_every=5, eval_every=5))
+  held = [r for r in trainer.read_log(str(tmp_path / "f")) if r["split"] == "heldout"]
+  assert held[0]["top1"] == pytest.approx(first.meta["held_out"]["top1"])
+  assert held[0]["vloss"] == pytest.approx(first.meta["held_out"]["vloss"], rel=1e-4)
+  back = sj.load_heads(str(tmp_path / "f.npz"), target)
+  assert fused.config.taps == back.config.taps == (1,) and "fuse_w" in back.params
+  assert not np.allclose(np.asarray(back.params["fuse_w"][0, :32]), 0.0)  # the taps trained
+  assert sj.generate(target, prompts, sj.Eagle(back, depth=3, top_k=2, num_nodes=6),
+                     max_new_tokens=12).tokens == ref
   for kind, bad, match in (("medusa", dict(unroll=2), "EAGLE heads only"),
+                           ("medusa", dict(taps=(1,)), "EAGLE heads only"),
+                           ("eagle", dict(taps=(5,), init=str(tmp_path / "e.npz")), r"taps=\(5,\) is invalid"),
+                           ("eagle", dict(taps="2,x"), "layer counts"),
                            ("eagle", dict(unroll=0), "unroll=0"),
                            ("mtp", dict(init=str(tmp_path / "e.npz")), "holds eagle heads"),
                            ("eagle,mtp", dict(init=str(tmp_path / "e.npz")), "{kind}"),
@@ -529,9 +544,11 @@ def test_eagle_fine_tuned_from_init_with_unroll(tmp_path, self_distillation):
   heads_train.train_heads = lambda kind, model, corpus, **kw: seen.update(kind=kind, **kw)
   try:
     cli.main(["train", "eagle", "--corpus", "/c", "--unroll", "3", "--init", "x.npz"])
+    assert seen["unroll"] == 3 and seen["init"] == "x.npz" and seen["taps"] == ()
+    cli.main(["train", "eagle", "--corpus", "/c", "--taps", "auto"])
+    assert seen["taps"] == "auto"
   finally:
     heads_train.train_heads = orig
-  assert seen["unroll"] == 3 and seen["init"] == "x.npz"
 
 
 def test_heads_trained_together_equal_heads_trained_alone(tmp_path, self_distillation):

@@ -52,8 +52,8 @@ from specjax import cache as kv
 from specjax import tree as trees
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
-from specjax.heads import (Heads, check_fits, feature_module, module_arrays, pack_module,
-                           top_k_ids)
+from specjax.heads import (Heads, check_fits, feature_module, fuse_features, module_arrays,
+                           pack_module, top_k_ids)
 from specjax.model import subset_head, subset_logits
 
 RULES = ("exact", "greedy", "typical")
@@ -242,6 +242,11 @@ class Eagle:
     return isinstance(self.tree, str)
 
   @property
+  def taps(self) -> tuple:
+    """The target layers a fused-feature head reads (the program's forwards return them)."""
+    return self.heads.config.taps
+
+  @property
   def lossless(self) -> bool:
     return self.acceptance != "typical"
 
@@ -281,6 +286,7 @@ class Eagle:
     c = prog.config
     s_h = prog.max_len + self.window + self._frontier_slots()
     cache = kv.init(1, b, s_h, c.num_kv_heads, c.head_dim, hidden.dtype)
+    hidden = fuse_features(arrays["mods"][0], hidden)  # taps + final -> the fused feature
     cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
     z = jnp.zeros((b,), jnp.int32)
     return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, self.window),
@@ -404,6 +410,7 @@ class Eagle:
     state = emit(state.replace(cache=cache, key=key), out, n + 1)
 
     new = jnp.take_along_axis(hidden, keep[..., None], axis=1)  # [B,D+1,E] f_L .. f_{L+n}
+    new = fuse_features(arrays["mods"][0], new)  # (fused from the taps, for such heads)
     a = active.astype(jnp.int32)
     upd = dict(hcache=hcache, feats=shift_in(m["feats"], new, c), rounds=m["rounds"] + a,
                accepted=m["accepted"] + a * n,

@@ -30,7 +30,7 @@ import numpy as np
 
 from specjax import cache as kv
 from specjax.errors import InputError, check_int
-from specjax.heads import Heads, feature_module, module_arrays
+from specjax.heads import Heads, feature_module, fuse_features, module_arrays
 from specjax.model import head_rows
 
 CE_WEIGHT = 0.1
@@ -38,9 +38,10 @@ NOISE = 0.1
 UNROLL_DECAY = 0.8  # training-time test: pass d weighs 0.8^(d-1) (SpecForge / EAGLE-3 use 0.8^i)
 
 
-def target_features(graphdef, params, tokens: jax.Array) -> jax.Array:
-  """tokens [B,T] (from position 0) -> the target's features [B,T,E] (final-normed hidden states),
-  one causal forward with no LM head; no gradients flow into the target."""
+def target_features(graphdef, params, tokens: jax.Array, taps: tuple = ()) -> jax.Array:
+  """tokens [B,T] (from position 0) -> the target's features [B,T,E] (final-normed hidden states;
+  with taps [B,T,(n+1)E]: those layers' normalised outputs, then the feature), one causal forward
+  with no LM head; no gradients flow into the target."""
   from flax import nnx
 
   b, t = tokens.shape
@@ -50,18 +51,20 @@ def target_features(graphdef, params, tokens: jax.Array) -> jax.Array:
                   jax.tree_util.tree_leaves(params)[0].dtype)
   mask = kv.causal_mask(cache.lengths, t, t, c.sliding_window)
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  _, hidden, _ = model(tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
+  _, hidden, _ = model(tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32),
+                       taps=tuple(taps))
   return jax.lax.stop_gradient(hidden)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _features_jit(graphdef, params, tokens):
-  return target_features(graphdef, params, tokens)
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _features_jit(graphdef, params, tokens, taps):
+  return target_features(graphdef, params, tokens, taps)
 
 
-def teacher_features(target, tokens, batch_size: int = 8) -> np.ndarray:
-  """tokens [N,T] -> features [N,T,E] (numpy, float32), computed `batch_size` windows at a time
-  (the last batch padded, so one compiled forward serves every batch)."""
+def teacher_features(target, tokens, batch_size: int = 8, taps: tuple = ()) -> np.ndarray:
+  """tokens [N,T] -> features [N,T,E] (with taps [N,T,(n+1)E], see `target_features`; numpy,
+  float32), computed `batch_size` windows at a time (the last batch padded, so one compiled
+  forward serves every batch)."""
   tokens = np.asarray(tokens, np.int32)
   n, t = tokens.shape
   out = []
@@ -70,9 +73,11 @@ def teacher_features(target, tokens, batch_size: int = 8) -> np.ndarray:
     pad = batch_size - len(x)
     if pad:
       x = np.concatenate([x, np.zeros((pad, t), np.int32)])
-    f = np.asarray(_features_jit(target.graphdef, target.params, jnp.asarray(x)), np.float32)
+    f = np.asarray(_features_jit(target.graphdef, target.params, jnp.asarray(x), tuple(taps)),
+                   np.float32)
     out.append(f[:batch_size - pad])
-  return np.concatenate(out) if out else np.zeros((0, t, target.config.hidden_size), np.float32)
+  width = (len(taps) + 1) * target.config.hidden_size
+  return np.concatenate(out) if out else np.zeros((0, t, width), np.float32)
 
 
 def frozen_arrays(target, heads: Heads) -> dict:
@@ -142,8 +147,10 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for EAGLE heads on `target`.
 
   batch: {"tokens" [B,T] int32, optional "mask" [B,T] bool (True: position t's next token counts),
-  optional "feats" [B,T,E]}. Entry i (i = 0..T-2) reads (emb(x_{i+1}), f_i + U(-noise, noise))
-  and predicts f_{i+1}; it counts where mask[:, i + 1] (the token it scores, x_{i+2}, is one to
+  optional "feats" [B,T,E] (heads with taps: [B,T,(n+1)E] as `target_features` gives them, or
+  those under "full" beside the plain "feats")}. Entry i (i = 0..T-2) reads (emb(x_{i+1}),
+  f_i + U(-noise, noise)) and predicts f_{i+1} (a head with taps reads the fused feature g_i,
+  heads.fuse_features, trained with the head, in place of f_i; the targets stay f); it counts where mask[:, i + 1] (the token it scores, x_{i+2}, is one to
   learn). loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
   metrics: vloss, ploss, top1 (the head's argmax is the target's), count.
 
@@ -159,14 +166,18 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
   if not unroll_decay > 0:
     raise InputError(f"unroll_decay={unroll_decay!r} must be > 0")
   cfg, graphdef = target.config, target.graphdef
+  taps = tuple(heads.config.taps)
 
   def loss_fn(params, batch, rng, frozen):
     tokens = batch["tokens"]
     b, t = tokens.shape
-    feats = batch.get("feats")
+    e = cfg.hidden_size
+    feats = batch.get("full") if taps else None
     if feats is None:
-      feats = target_features(graphdef, frozen["target"], tokens)
-    feats = jax.lax.stop_gradient(feats)
+      feats = batch.get("feats")
+    if feats is None or feats.shape[-1] != (len(taps) + 1) * e:
+      feats = target_features(graphdef, frozen["target"], tokens, taps)
+    feats = jax.lax.stop_gradient(feats)  # [B,T,(n+1)E]: the taps (if any), then f
     valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
     extra = unroll - 1  # pad the far end so every pass has T-1 entries (the padding never counts)
     if extra:
@@ -175,10 +186,12 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
       valid = jnp.concatenate([valid, jnp.zeros((b, extra), bool)], axis=1)
     embed = frozen["target"]["embed"][...]
     embs = [embed[tokens[:, 1 + d:t + d]] for d in range(unroll)]  # [B,T-1,E] each
-    inp = feats[:, :t - 1]
+    mod = module_arrays(params, 0)
+    inp = fuse_features(mod, feats[:, :t - 1])  # g_i (f_i for a head without taps)
+    feats = feats[..., -e:]  # f: the targets
     if noise:
       inp = inp + jax.random.uniform(rng, inp.shape, inp.dtype, -noise, noise)
-    preds = run_unrolled(cfg, module_arrays(params, 0), embs, inp)  # pass d: f^_{i+1+d}
+    preds = run_unrolled(cfg, mod, embs, inp)  # pass d: f^_{i+1+d}
     head = frozen["head"]
     p_all = jnp.einsum("bte,ve->btv", feats[:, 1:], head).astype(jnp.float32)  # [B,T-1+extra,V]
     p_prob = jax.nn.softmax(p_all, axis=-1)
@@ -211,7 +224,8 @@ def fit(target, heads: Heads, tokens, *, steps: int = 200, lr: float = 3e-3, see
   import optax
 
   tokens = jnp.asarray(tokens, jnp.int32)
-  batch = {"tokens": tokens, "feats": jnp.asarray(teacher_features(target, tokens))}
+  batch = {"tokens": tokens,
+           "feats": jnp.asarray(teacher_features(target, tokens, taps=heads.config.taps))}
   loss_fn = make(target, heads, **loss_kw)
   frozen = frozen_arrays(target, heads)
   opt = optax.adam(lr)

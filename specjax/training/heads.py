@@ -50,8 +50,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                 lr: float = 1e-3, warmup: int = 40, weight_decay: float = 0.0,
                 grad_clip: float = 1.0, held_out: float = 0.02, max_held_out_windows: int = 32,
                 ckpt_every: int = 50, eval_every: int = 50, max_minutes: float = 0.0,
-                seed: int = 0, unroll: int = 1, init: str | None = None, progress: bool = True,
-                log=print):
+                seed: int = 0, unroll: int = 1, init: str | None = None, taps=(),
+                progress: bool = True, log=print):
   """Trains `kind` heads ("medusa", "eagle", "mtp") on a frozen target over a self-distillation
   corpus with the shared trainer; resumable (rerun the same call).
 
@@ -79,7 +79,13 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   init: start from trained heads instead of fresh ones (fine-tuning, e.g. with unroll): a file or
   shipped name, with "{kind}" standing for each kind (e.g. "smollm2-135m-{kind}"); their head
   count and vocabulary subset are kept (vocab_size is then ignored).
+
+  taps (EAGLE only): fused features from these target layers (heads.py; "auto" = a low and a
+  middle layer); with init from an unfused EAGLE head, the head is grown (`add_taps`: it starts
+  out drafting exactly as before and learns to use the taps).
   """
+  from specjax.heads import add_taps, check_taps, init_heads, save_heads
+
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1
   out_dir = out_dir or f"runs/{'+'.join(kinds)}"
@@ -98,7 +104,6 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   if export is not None and joint and "{kind}" not in export:
     raise InputError(f"export={export!r} must contain '{{kind}}' when training several kinds "
                      f"(one file per kind, e.g. 'heads-{{kind}}.npz')")
-  from specjax.heads import init_heads, save_heads
   from specjax.training import eagle as eagle_train
   from specjax.training import mtp as mtp_train
   from specjax.training import trainer
@@ -114,6 +119,10 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   check_int("unroll", unroll, 1)
   if unroll > 1 and "eagle" not in kinds:
     raise InputError(f"unroll={unroll} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
+  if taps and "eagle" not in kinds:
+    raise InputError(f"taps={taps!r} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
+  if taps and taps != "auto":
+    check_taps(taps)  # the format now; the range once the target is loaded
   if unroll + 2 > seq_len:
     raise InputError(f"unroll={unroll} needs seq_len >= unroll + 2 (got {seq_len})")
   inits = {}
@@ -142,6 +151,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
       ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
       clip_groups=joint)
   cfg = target.config
+  taps = check_taps(taps, cfg.num_layers) if taps else ()
   tok, mask = corpus.windows(seq_len, "train", held_out, seed)
   if not mask.any():
     raise InputError(f"corpus {getattr(corpus, 'path', '')}: no training windows with response "
@@ -161,6 +171,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     vocab = inits[kinds[0]].vocab
     heads_by = {k: dataclasses.replace(h, params=jax.tree_util.tree_map(
         lambda x: jnp.asarray(x, target.dtype), h.params)) for k, h in inits.items()}
+    if taps:
+      heads_by["eagle"] = add_taps(heads_by["eagle"], taps, target)
     log(f"init: {init} ({', '.join(f'{k}: {h.config.num_heads}' for k, h in inits.items())} "
         f"heads, Vs={'all' if vocab is None else len(vocab)})")
   else:
@@ -168,7 +180,11 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
       nxt = tok[:, 1:][mask[:, :-1]]
       vocab = vocab_subset(np.bincount(nxt, minlength=cfg.vocab_size), vocab_size)
     heads_by = {k: init_heads(target, k, num_heads=per_kind[k], num_layers=num_layers, seed=seed,
-                              vocab=vocab) for k in kinds}
+                              vocab=vocab, taps=taps if k == "eagle" else ())
+                for k in kinds}
+  if "eagle" in heads_by and heads_by["eagle"].config.taps:
+    log(f"eagle: fused features from the outputs of layers {list(heads_by['eagle'].config.taps)} "
+        f"and the last")
   vocab_j = None if vocab is None else jnp.asarray(vocab)
   # One frozen set for every kind: the target's params and the LM-head rows the heads score.
   frozen = eagle_train.frozen_arrays(target, heads_by[kinds[0]])
@@ -183,11 +199,13 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     return mtp_train.make_loss(target, heads_by[k])
 
   losses = {k: kind_loss(k) for k in kinds}
+  eagle_taps = heads_by["eagle"].config.taps if "eagle" in heads_by else ()
 
   def loss_fn(params, batch, rng, frozen):
     tokens, ok, m = batch
-    feats = eagle_train.target_features(target.graphdef, frozen["target"], tokens)
-    b = {"tokens": tokens, "valid": ok, "mask": m, "feats": feats}
+    full = eagle_train.target_features(target.graphdef, frozen["target"], tokens, eagle_taps)
+    b = {"tokens": tokens, "valid": ok, "mask": m, "feats": full[..., -cfg.hidden_size:],
+         "full": full}
     if not joint:
       return losses[kinds[0]](params, b, rng, frozen)
     total, metrics = 0.0, {}
