@@ -176,3 +176,35 @@ def test_medusa_ceiling(tmp_path):
   assert mod.needed_scale(acc, taus[0] - 0.01, 4) == 1.0
   assert mod.needed_scale(acc, 100.0, 4) == float("inf")  # 4 nodes accept at most 4 tokens
   assert json.load(open(tmp_path / "c.json"))["measured"]["needed_scale"] == s
+
+
+def test_eagle_taps_ablation(tiny):
+  """taps.py: the held-out top-1 per depth it computes is make_loss's (one batch, so the same
+  positions), and zeroing a fitted fused head's tap block changes what the head drafts."""
+  import jax
+  import jax.numpy as jnp
+
+  from specjax.heads import init_heads
+  from specjax.training import eagle as te
+
+  from conftest import random_prompts
+
+  import specjax as sj
+
+  mod = load_script("eagle", "taps.py")
+  ps = random_prompts(12, 61, seed=4, lo=3, hi=8)
+  gen = sj.generate(tiny, ps, max_new_tokens=24, stop_at_eos=False).tokens
+  toks = np.array([(p + g)[:24] for p, g in zip(ps, gen)])  # the target's own text
+  mask = np.ones(toks.shape, bool)
+  heads, _ = te.fit(tiny, init_heads(tiny, "eagle", seed=3, taps=(1,), scale=0.3), toks, steps=80,
+                    lr=3e-3)
+  got = mod.held_out_top1(tiny, heads, toks, mask, unroll=2)
+  _, m = jax.jit(te.make_loss(tiny, heads, noise=0.0, unroll=2))(
+      heads.params, {"tokens": jnp.asarray(toks)}, jax.random.PRNGKey(0), te.frozen_arrays(tiny, heads))
+  np.testing.assert_allclose(got, [float(m["top1"]), float(m["top1_2"])], rtol=1e-5)
+  zeroed = mod.ablated(heads, [0])
+  np.testing.assert_array_equal(np.asarray(zeroed.params["fuse_w"][0, :32]), 0.0)
+  np.testing.assert_array_equal(np.asarray(zeroed.params["fuse_w"][0, 32:]),
+                                np.asarray(heads.params["fuse_w"][0, 32:]))
+  assert np.abs(np.asarray(heads.params["fuse_w"][0, :32])).max() > 0  # the original is intact
+  assert mod.held_out_top1(tiny, zeroed, toks, mask, unroll=2) != got
