@@ -42,7 +42,7 @@ _hidden = _features_jit
 def teacher_hidden(target, tokens) -> jax.Array:
   """tokens [B,T] int32 (whole windows from position 0) -> the target's final-normed hidden
   states [B,T,E] (one causal forward; the full-vocabulary logits are not computed)."""
-  return _hidden(target.graphdef, target.params, jnp.asarray(tokens, jnp.int32))
+  return _hidden(target.graphdef, target.params, jnp.asarray(tokens, jnp.int32), ())
 
 
 def medusa_loss(params, cfg: HeadsConfig, hidden: jax.Array, tokens: jax.Array, head: jax.Array,
