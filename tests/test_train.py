@@ -378,6 +378,43 @@ def test_trainer_resumes_after_a_kill_to_the_same_parameters(tmp_path):
   assert res2.resumed_from == 7
   for k in params:
     assert np.array_equal(np.asarray(res2.params[k]), np.asarray(ref.params[k])), k
+
+  # SIGTERM (kill PID, a scheduler's stop) at step 5: the same, and the handler is put back.
+  import signal
+  before = signal.getsignal(signal.SIGTERM)
+
+  def term_at(k):
+    def cb(step, p, m):
+      if step == k:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return cb
+
+  run3 = tmp_path / "terminated"
+  logs = []
+  with pytest.raises(trainer.Terminated) as stopped:
+    trainer.train(params, loss_fn, batches, _cfg(run3), held_out=held, log=logs.append,
+                  callback=term_at(5))
+  assert stopped.value.code == 128 + signal.SIGTERM
+  assert signal.getsignal(signal.SIGTERM) == before
+  assert any("stopped at step 5" in l for l in logs), logs
+  res3 = trainer.train(params, loss_fn, batches, _cfg(run3), held_out=held, log=quiet)
+  assert res3.resumed_from == 5
+  for k in params:
+    assert np.array_equal(np.asarray(res3.params[k]), np.asarray(ref.params[k])), k
+  # SIGINT where it is ignored (a shell's background job: `cmd &` then kill -INT): it stops too.
+  old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    def int_at(step, p, m):
+      if step == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(trainer.Terminated) as stopped:
+      trainer.train(params, loss_fn, batches, _cfg(tmp_path / "bg"), held_out=held, log=quiet,
+                    callback=int_at)
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert sorted(int(d) for d in os.listdir(tmp_path / "bg" / "ckpt") if d.isdigit()) == [3]
+  finally:
+    signal.signal(signal.SIGINT, old_int)
   # A finished run called again does nothing more and returns the same parameters.
   res3 = trainer.train(params, loss_fn, batches, _cfg(run2), held_out=held, log=quiet)
   assert res3.resumed_from == 12 and np.array_equal(res3.params["w"], ref.params["w"])

@@ -10,8 +10,9 @@ A drafter trainer supplies three things and gets the rest from `train`:
 `train` runs optax AdamW (linear warmup, cosine decay to `final_lr` x lr, global-norm gradient
 clipping) with one jitted update step, evaluates on fixed held-out batches every `eval_every`
 steps, saves orbax checkpoints (params, optimizer state, step, seed) every `ckpt_every` steps, at
-the end and when interrupted, and resumes from the latest one when called again with the same
-out_dir. Per run, out_dir holds:
+the end and when interrupted (Ctrl-C, or SIGTERM: `kill PID`, a job scheduler's stop; also SIGINT
+in a background job, where the shell ignores it), and resumes from the latest one when called
+again with the same out_dir. Per run, out_dir holds:
 
     ckpt/         orbax checkpoints (the latest `keep`)
     log.jsonl     one line per logged step: {"step", "split": "train" | "heldout", "loss", "lr",
@@ -25,11 +26,14 @@ The random key handed to loss_fn at step s is fold_in(key(seed), s), also a pure
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
 import os
+import signal
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -232,6 +236,34 @@ def prepare_out_dir(out_dir: str) -> str:
   return out_dir
 
 
+class Terminated(SystemExit):
+  """SIGTERM (or an otherwise ignored SIGINT) arrived during `train`: it saved a checkpoint at the
+  step it had reached and stopped (exit status 128 + the signal's number)."""
+
+
+@contextlib.contextmanager
+def _stop_signals():
+  """While training, SIGTERM, and SIGINT where it is ignored (a shell's background job), raise
+  Terminated in the loop, which saves a checkpoint on its way out (Ctrl-C already raises
+  KeyboardInterrupt). Handlers can only be set from the main thread; elsewhere nothing changes."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def stop(signum, frame):
+    raise Terminated(128 + signum)
+
+  old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  signal.signal(signal.SIGTERM, stop)
+  if old[signal.SIGINT] == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, stop)
+  try:
+    yield
+  finally:
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
+
+
 def _mean_metrics(per_batch: list[tuple[float, dict]]) -> dict:
   """Batch metrics averaged with weights metrics['count'] (default 1): a batch's metrics are
   means over its `count` positions, so padding rows (count 0) weigh nothing."""
@@ -359,6 +391,8 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   last_saved, val, val_step, t0 = step, None, None, time.time()
   bar = tqdm(total=config.steps, initial=step, disable=not config.progress, desc="train",
              dynamic_ncols=True)
+  stops = _stop_signals()
+  stops.__enter__()
   try:
     if held_out and resumed_from is None:  # the starting point, for the plot and comparisons
       val, val_step = held_out_metrics(), 0
@@ -389,8 +423,10 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
         callback(step, params, metrics)
   finally:
     bar.close()
+    stops.__exit__(None, None, None)  # a second signal now acts as it would have before
     if step != last_saved:
-      save(step)  # on an exception or Ctrl-C too: rerunning resumes here
+      save(step)  # on an exception, Ctrl-C or SIGTERM too: rerunning resumes here
+      log(f"train: stopped at step {step}, checkpoint saved; rerun to resume")
     logf.close()
   if held_out and val_step != step:  # resumed at the end, or stopped early
     val = held_out_metrics()
