@@ -220,6 +220,9 @@ def test_shipped_smollm2_heads(smollm2):
   assert eagle.config.kind == "eagle" and eagle.config.vocab_subset == 8192
   e = eagle.meta["held_out"]
   assert e["top1"] > e["top1_2"] > 0.2 and eagle.meta["unroll"] == 4  # training-time test
+  assert eagle.config.taps == (2, 15)  # fused features: layers 2 and 15 beside the last
+  assert sj.generate(smollm2, prompt, sj.Eagle(eagle, depth=3, top_k=3, num_nodes=6),
+                     max_new_tokens=24, chat=True).tokens == ref
   mtp = load_heads("smollm2-135m-mtp", smollm2)
   assert mtp.config.num_heads == 2 and mtp.meta["held_out"]["top1_0"] > 0.2
 
