@@ -107,11 +107,11 @@ def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, nu
   `init_feature_heads` (EAGLE also takes `taps`, fused features: see the module docstring)."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
+  if taps and kind != "eagle":
+    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
   if kind in FEATURE_KINDS:
     return init_feature_heads(target, kind, num_heads=num_heads, num_layers=num_layers, seed=seed,
                               scale=scale, vocab=vocab, taps=taps)
-  if taps:
-    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
   num_heads = 4 if num_heads is None else num_heads
   check_int("num_heads", num_heads, 1, 16)
   check_int("num_layers", num_layers, 1, 8)
@@ -377,9 +377,7 @@ def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_l
     num_heads = 2 if num_heads is None else num_heads
     check_int("num_heads", num_heads, 1, 16)
   check_int("num_layers", num_layers, 1, 1, f" ({kind} modules have one decoder layer)")
-  if taps and kind != "eagle":
-    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
-  taps = check_taps(taps, target.config.num_layers)
+  taps = check_taps(taps, target.config.num_layers)  # (EAGLE only: init_heads checked)
   if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
     raise InputError(f"scale={scale!r} is invalid: must be a number >= 0")
   c = target.config
@@ -464,9 +462,9 @@ def pack_module(mod: dict) -> dict:
 
 
 def _rms(x, scale, eps):
-  h = x.astype(jnp.float32)
-  h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
-  return (scale * h).astype(x.dtype)
+  from specjax.model import rms_unit
+
+  return (scale * rms_unit(x, eps)).astype(x.dtype)
 
 
 def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions: jax.Array,

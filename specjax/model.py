@@ -70,9 +70,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def rms_unit(x: jax.Array, eps: float) -> jax.Array:
-  """x / rms(x) over the last axis, no scale (computed in float32, returned in x's dtype)."""
+  """x / rms(x) over the last axis, no scale, in float32 (callers cast back): the core of RMSNorm
+  and LayerNorm (`Norm`), of MTP's norms and of fused EAGLE features' taps."""
   h = x.astype(jnp.float32)
-  return (h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+  return h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
 
 
 def _param(rngs, shape, dtype, scale=0.02):
@@ -88,13 +89,11 @@ class Norm(nnx.Module):
       self.bias = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
 
   def __call__(self, x):  # [..., E]
-    h = x.astype(jnp.float32)
     if self.kind == "layer":
-      h = h - jnp.mean(h, axis=-1, keepdims=True)
-      h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+      h = x.astype(jnp.float32)
+      h = rms_unit(h - jnp.mean(h, axis=-1, keepdims=True), self.eps)
       return (h.astype(x.dtype) * self.scale[...] + self.bias[...]).astype(x.dtype)
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-    return self.scale[...] * h.astype(x.dtype)
+    return self.scale[...] * rms_unit(x, self.eps).astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -251,7 +250,7 @@ class Decoder(nnx.Module):
     for i in range(n):
       x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache)
       if i + 1 in taps:
-        tapped.append(rms_unit(x, self.cfg.norm_eps))
+        tapped.append(rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
     if len(tapped) != len(taps):
       raise ValueError(f"taps {taps} must be layer counts in [1, {n - 1}]")
     hidden = self.final_norm(x)

@@ -150,8 +150,8 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
   optional "feats" [B,T,E] (heads with taps: [B,T,(n+1)E] as `target_features` gives them, or
   those under "full" beside the plain "feats")}. Entry i (i = 0..T-2) reads (emb(x_{i+1}),
   f_i + U(-noise, noise)) and predicts f_{i+1} (a head with taps reads the fused feature g_i,
-  heads.fuse_features, trained with the head, in place of f_i; the targets stay f); it counts where mask[:, i + 1] (the token it scores, x_{i+2}, is one to
-  learn). loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
+  heads.fuse_features, trained with the head, in place of f_i; the targets stay f); it counts
+  where mask[:, i + 1] (the token it scores, x_{i+2}, is one to learn). loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
   metrics: vloss, ploss, top1 (the head's argmax is the target's), count.
 
   unroll > 1 (training-time test, as EAGLE-3 and HASS train): the head also drafts d = 2..unroll

@@ -26,7 +26,6 @@ The random key handed to loss_fn at step s is fold_in(key(seed), s), also a pure
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -241,14 +240,13 @@ class Terminated(SystemExit):
   step it had reached and stopped (exit status 128 + the signal's number)."""
 
 
-@contextlib.contextmanager
-def _stop_signals():
+def _catch_stop_signals() -> Callable[[], None]:
   """While training, SIGTERM, and SIGINT where it is ignored (a shell's background job), raise
   Terminated in the loop, which saves a checkpoint on its way out (Ctrl-C already raises
-  KeyboardInterrupt). Handlers can only be set from the main thread; elsewhere nothing changes."""
+  KeyboardInterrupt). Returns the function that puts the previous handlers back. Handlers can
+  only be set from the main thread; elsewhere nothing changes."""
   if threading.current_thread() is not threading.main_thread():
-    yield
-    return
+    return lambda: None
 
   def stop(signum, frame):
     raise Terminated(128 + signum)
@@ -257,11 +255,7 @@ def _stop_signals():
   signal.signal(signal.SIGTERM, stop)
   if old[signal.SIGINT] == signal.SIG_IGN:
     signal.signal(signal.SIGINT, stop)
-  try:
-    yield
-  finally:
-    for sig, handler in old.items():
-      signal.signal(sig, handler)
+  return lambda: [signal.signal(sig, handler) for sig, handler in old.items()]
 
 
 def _mean_metrics(per_batch: list[tuple[float, dict]]) -> dict:
@@ -391,8 +385,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   last_saved, val, val_step, t0 = step, None, None, time.time()
   bar = tqdm(total=config.steps, initial=step, disable=not config.progress, desc="train",
              dynamic_ncols=True)
-  stops = _stop_signals()
-  stops.__enter__()
+  restore_signals = _catch_stop_signals()
   try:
     if held_out and resumed_from is None:  # the starting point, for the plot and comparisons
       val, val_step = held_out_metrics(), 0
@@ -423,7 +416,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
         callback(step, params, metrics)
   finally:
     bar.close()
-    stops.__exit__(None, None, None)  # a second signal now acts as it would have before
+    restore_signals()  # a second signal now acts as it would have before
     if step != last_saved:
       save(step)  # on an exception, Ctrl-C or SIGTERM too: rerunning resumes here
       log(f"train: stopped at step {step}, checkpoint saved; rerun to resume")
