@@ -159,7 +159,34 @@ def machine_info() -> dict:
   return {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
           "processor": platform.processor() or _cpu_model(), "cores": os.cpu_count(),
           "load_average": [round(x, 2) for x in load], "jax": jax.__version__,
-          "device": str(jax.devices()[0].device_kind)}
+          "device": str(jax.devices()[0].device_kind), "command": command_line()}
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+  """The command that is running, as a reader would retype it from the repository root: "python"
+  and the script's path relative to the root (paths under the root made relative too), so a
+  results file says how it was made without naming the machine's directories."""
+  import shlex
+  import sys
+
+  argv = list(sys.argv if argv is None else argv)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def rel(a: str) -> str:
+    key, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
+    if os.path.isabs(value) and os.path.abspath(value).startswith(root + os.sep):
+      value = os.path.relpath(value, root)
+    return key + eq + value
+
+  script, rest = (argv[0] if argv else ""), [rel(a) for a in argv[1:]]
+  if script == "-c":
+    return shlex.join(["python", "-c"] + rest)
+  if not script.endswith(".py"):  # a console script: `specjax demo`
+    return shlex.join([os.path.basename(script)] + rest)
+  script = rel(script)
+  if script.startswith("specjax" + os.sep):  # run with python -m
+    return shlex.join(["python", "-m", script[:-3].replace(os.sep, ".")] + rest)
+  return shlex.join(["python", script] + rest)
 
 
 def machine_summary(m: dict) -> str:

@@ -1,0 +1,174 @@
+"""README.md's results table, generated from the experiments' results files, never edited by hand.
+
+    python -m specjax.report           # rewrite the block between the markers in README.md
+    python -m specjax.report --check   # exit 1 (and say so) when README.md's block is stale
+
+The block between `<!-- results:begin -->` and `<!-- results:end -->` is rebuilt from the files in
+`SOURCES`: per file, a table of speedup over autoregressive decoding and tau (new tokens per
+target call) for each method on each prompt set, then where the numbers come from, read from the
+file's own metadata: date, machine, load average, how long the run took and the command that
+wrote it (a file made before runs recorded their command says so instead). Every figure the
+README quotes about speed therefore comes from a file this script reads, and a test runs
+`--check` on the real README, so a hand edit fails CI.
+
+Today's source is the quick Spec-Bench run (experiments/spec_bench): the one run that times every
+method on the same prompts in one process, so its rows compare with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+# Relative to the repository root.
+SOURCES = ("experiments/spec_bench/results_quick.json",)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SET_TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
+              "qa": "QA", "math_reasoning": "Math", "rag": "RAG", "humaneval": "HumanEval",
+              "overall": "all sets"}
+NO_COMMAND = "not recorded in the file (written before runs recorded their command)"
+
+
+class ReportError(ValueError):
+  """A results file or README that the report cannot read: names the file and what is wrong."""
+
+
+def load_source(path: str, name: str | None = None) -> dict:
+  """A Spec-Bench-layout results file -> {name, sets, methods, cells, notes, meta}.
+
+  cells[method][set] = (speedup, tau, identical); sets are the file's prompt sets in its own
+  order plus "overall" (every prompt pooled) when the file has it. `name` is how the report
+  cites the file (default: `path`)."""
+  with open(path) as f:
+    data = json.load(f)
+  missing = [k for k in ("summary", "categories", "info") if k not in data]
+  if missing:
+    raise ReportError(f"{path}: no {', '.join(missing)}; expected the layout that "
+                      f"experiments/spec_bench/run.py writes (summary, categories, info)")
+  summary = data["summary"]
+  sets = [s for s in data["categories"] if any(s in cell for cell in summary.values())]
+  if any("overall" in cell for cell in summary.values()):
+    sets.append("overall")
+  cells = {m: {s: (c["speedup"], c["tau"], c.get("identical")) for s, c in by_set.items()
+               if s in sets} for m, by_set in summary.items()}
+  return {"name": name or path, "sets": sets, "methods": list(summary), "cells": cells,
+          "notes": data.get("methods", {}), "meta": _meta(data)}
+
+
+def _meta(data: dict) -> dict:
+  info = data["info"]
+  return {"date": info.get("date"), "cpu": info.get("processor") or info.get("machine"),
+          "cores": info.get("cores"), "device": info.get("device"),
+          "load": info.get("load_average"), "load_end": info.get("load_average_end"),
+          "run_s": info.get("run_s"), "command": info.get("command"), "jax": info.get("jax"),
+          "model": data.get("model"), "prompts": data.get("num_prompts"),
+          "new_tokens": data.get("max_new_tokens"), "repeats": data.get("repeats")}
+
+
+def render_source(src: dict, baseline: str = "autoregressive") -> str:
+  """One source's table (methods x prompt sets, each cell "speedup x (tau)") and its notes."""
+  sets = src["sets"]
+  head = "| method | " + " | ".join(SET_TITLES.get(s, s) for s in sets) + " |"
+  lines = [head, "|---" * (len(sets) + 1) + "|"]
+  for m in src["methods"]:
+    if m == baseline:
+      continue
+    lines.append(f"| {m} | " + " | ".join(_cell(src["cells"][m].get(s)) for s in sets) + " |")
+  lines += ["", _source_line(src), "", _settings_line(src, baseline), "", _identity_line(src)]
+  return "\n".join(lines)
+
+
+def _cell(c) -> str:
+  if c is None:
+    return "-"
+  speedup, tau, _ = c
+  text = f"{speedup:.2f}x ({tau:.2f})"
+  return f"**{text}**" if speedup >= 1.0 else text
+
+
+def _source_line(src: dict) -> str:
+  m = src["meta"]
+  load = _load(m["load"])
+  load += f" at start, {_load(m['load_end'])} at end" if m["load_end"] is not None else " at start"
+  run = f"; run {m['run_s']:.0f} s" if m["run_s"] is not None else ""
+  cmd = f"`{m['command']}`" if m["command"] else NO_COMMAND
+  return (f"Source: `{src['name']}`, {m['date'] or 'date not recorded'}; {m['cpu']}, "
+          f"{m['cores']} cores ({m['device']}, jax {m['jax']}); load average {load}{run}. "
+          f"Command: {cmd}.")
+
+
+def _load(x) -> str:
+  return "not recorded" if x is None else f"{x[0]:.1f}" if isinstance(x, list) else str(x)
+
+
+def _settings_line(src: dict, baseline: str) -> str:
+  m = src["meta"]
+  notes = "; ".join(f"{name}: {note}" for name, note in src["notes"].items() if name != baseline)
+  return (f"Cells: speedup over {baseline} decoding (median over prompts of the per-prompt time "
+          f"ratio) and, in brackets, tau (new tokens per target forward, prefill included). "
+          f"{m['model']}, greedy, batch 1, {m['prompts']} prompt(s) per set, {m['new_tokens']} new "
+          f"tokens, {m['repeats']} timed run(s) per prompt. Methods: {notes}.")
+
+
+def _identity_line(src: dict) -> str:
+  differ = [f"{m} on {SET_TITLES.get(s, s)}" for m, by_set in src["cells"].items()
+            for s, c in by_set.items() if c[2] is False]
+  if differ:
+    return "Greedy output NOT token-identical to autoregressive: " + ", ".join(differ) + "."
+  return "Every greedy output was token-identical to autoregressive decoding."
+
+
+def render(sources: list[dict]) -> str:
+  """The whole block, markers included."""
+  body = "\n\n".join(render_source(s) for s in sources)
+  note = "<!-- generated by `python -m specjax.report` from the files named below; do not edit -->"
+  return f"{BEGIN}\n{note}\n\n{body}\n\n{END}"
+
+
+def splice(readme: str, block: str, path: str = "README.md") -> str:
+  """`readme` with the text from BEGIN to END (inclusive) replaced by `block`."""
+  start, end = readme.find(BEGIN), readme.find(END)
+  if start < 0 or end < start:
+    raise ReportError(f"{path}: needs the markers {BEGIN} and {END}, in that order, around the "
+                      f"results block")
+  return readme[:start] + block + readme[end + len(END):]
+
+
+def build(root: str = ROOT, sources=SOURCES) -> str:
+  """The block from `sources` (paths relative to `root`)."""
+  return render([load_source(os.path.join(root, p), name=p) for p in sources])
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--check", action="store_true",
+                  help="write nothing; exit 1 when the README's block differs from the sources'")
+  ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+  ap.add_argument("--root", default=ROOT, help="where the source paths start (the repository)")
+  args = ap.parse_args(argv)
+  with open(args.readme) as f:
+    old = f.read()
+  new = splice(old, build(args.root), args.readme)
+  if args.check:
+    if new != old:
+      print(f"{args.readme}: the results block is stale or was edited by hand; "
+            f"run `python -m specjax.report` to regenerate it", file=sys.stderr)
+      return 1
+    print(f"{args.readme}: the results block matches its sources")
+    return 0
+  if new != old:
+    tmp = args.readme + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(new)
+    os.replace(tmp, args.readme)
+  print(f"{args.readme}: results block {'rewritten' if new != old else 'already current'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
