@@ -50,6 +50,7 @@ import numpy as np
 
 from specjax import registry
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
+from specjax.packing import LAYER_SITES
 
 KINDS = ("medusa", "eagle", "mtp")
 FEATURE_KINDS = ("eagle", "mtp")  # one-decoder-layer modules on the target's features
@@ -425,15 +426,8 @@ def module_arrays(params: dict, k: int) -> dict:
 
 
 # The dense weights of one feature module, as (path in `module_arrays`' nested dict, weight -> the
-# [K, N] matrix `dense` multiplies by): the fc and the layer's four products, as kernels.pack does
-# for the target's layers.
-_DENSE = (
-    (("fc_w",), lambda w, e: w),
-    (("layer", "attn", "wqkv"), lambda w, e: w.reshape(e, -1)),
-    (("layer", "attn", "wo"), lambda w, e: w.reshape(-1, e)),
-    (("layer", "mlp", "w_in"), lambda w, e: w.reshape(e, -1)),
-    (("layer", "mlp", "w_out"), lambda w, e: w),
-)
+# [K, N] matrix `dense` multiplies by): its fc, then its layer's products, which are the target's.
+_DENSE = ((("fc_w",), lambda w, e: w),) + tuple((("layer",) + p, f) for p, f in LAYER_SITES)
 
 
 def _at(d: dict, path: tuple):
@@ -478,8 +472,9 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
   """
   from flax import nnx
 
-  from specjax.kernels import Packed, dense
+  from specjax.kernels import dense
   from specjax.model import path_key, rope_inv_freq
+  from specjax.packing import PREFIX, Packed
 
   if "norm_e" in mod:
     emb = _rms(emb, mod["norm_e"], config.norm_eps)
@@ -499,7 +494,7 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
   for name, arr in packed.items():  # "layer.attn.wqkv" -> block.attn.packed_wqkv
     parts = name.split(".")
     if parts[0] == "layer":
-      setattr(_at_attr(block, parts[1:-1]), "packed_" + parts[-1], Packed(arr))
+      setattr(_at_attr(block, parts[1:-1]), PREFIX + parts[-1], Packed(arr))
   rope = None
   if config.position == "rope":
     angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(config))

@@ -13,7 +13,8 @@ copied the carried caches and ran ~2x slower), Q/K/V are one fused matmul with w
 [E, K, G+2, D] grouped by kv head (so splitting axis K over a mesh keeps each query head with its
 kv head), and gate/up are one matmul [E, 2, F]. Every matmul goes through `kernels.dense`: XLA's
 dot, or, for a model packed at load (`load_model(kernels=...)`), a weight-streaming CPU kernel over
-packed copies carried in params as `packed_*` variables (see specjax/kernels/__init__.py).
+packed copies carried in params as `packed_*` variables (which weights, and how: specjax/packing.py;
+the kernel: specjax/kernels/matmul.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from specjax.kernels import dense
 
 
 def _packed(module, name):
-  """The load-time packed copy of a dense weight for specjax.kernels, or None (unpacked model)."""
+  """The load-time packed copy of a dense weight for the kernel (specjax/packing.py), or None."""
   v = getattr(module, "packed_" + name, None)
   return None if v is None else v[...]
 
@@ -325,23 +326,9 @@ def head_rows(config: ModelConfig, params, ids) -> jax.Array:
   return head[ids]
 
 
-def subset_head(model, ids) -> dict:
-  """{"vocab": ids [Vs], "head": head_rows [Vs,E]} for a drafter scoring a vocabulary subset, plus
-  "packed_head" (the rows packed for specjax.kernels) when the target runs on the CPU kernel:
-  drafters score 1-32 rows at a time (EAGLE-2's frontier, Medusa's heads), where XLA's GEMM path
-  is slowest."""
-  from specjax import kernels
-
-  ids = jnp.asarray(ids)
-  rows = head_rows(model.config, model.params, ids)
-  out = {"vocab": ids, "head": rows}
-  if kernels.is_packed(model) and kernels.available():
-    out["packed_head"] = jnp.asarray(kernels.pack_weight(np.asarray(rows), transposed=True))
-  return out
-
-
 def subset_logits(h: jax.Array, arrays: dict) -> jax.Array:
-  """h [...,E] (final-normed) -> logits [...,Vs] float32 over a `subset_head` vocabulary."""
+  """h [...,E] (final-normed) -> logits [...,Vs] float32 over a vocabulary subset. arrays:
+  `packing.subset_head`'s {"head": rows [Vs,E]}, with "packed_head" when the target is packed."""
   return dense(h, arrays["head"], arrays.get("packed_head"), transposed=True).astype(jnp.float32)
 
 

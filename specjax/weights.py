@@ -395,9 +395,9 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   tok = load_tokenizer(path) if tokenizer else None
   model = Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
   if mesh is None and place is None:
-    from specjax import kernels as kernels_lib
+    from specjax.packing import maybe_pack
 
-    model = kernels_lib.maybe_pack(model, kernels)
+    model = maybe_pack(model, kernels)
   return model
 
 
@@ -408,6 +408,6 @@ def load_named_draft(name: str, **kw):
   """Builds a shipped drafter (specjax.registry.DRAFTERS) around its target's shared tensors,
   loading the target by name (kw as for load_model). The draft borrows only the target's
   embeddings, and a draft built from a target's tensors has no packed copies (see
-  specjax/kernels): packing this private target copy would be wasted work."""
+  specjax/packing.py): packing this private target copy would be wasted work."""
   kw = dict(kw, kernels=False)
   return registry.build(name, load_model(registry.get(name).target, **kw))

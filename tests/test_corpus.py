@@ -134,10 +134,10 @@ def test_corpus_from_another_vocabulary(tmp_path):
   c.check_compatible(text_model())
   import warnings
 
-  from specjax import kernels
+  from specjax import packing
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # the kernel's packed copies are not other weights
-    c.check_compatible(kernels.pack(text_model(), warn=False))
+    c.check_compatible(packing.pack(text_model(), warn=False))
   with pytest.raises(InputError, match="vocab_size=300.*vocab_size=61"):
     c.check_compatible(tiny_model())
   with pytest.warns(UserWarning, match="other weights"):

@@ -1,5 +1,6 @@
-"""specjax.kernels: the CPU matmul kernel against XLA's dot, inside the model and every method, and
-its fallbacks (no compiler, an unsupported CPU, the switch off), which must give the same tokens.
+"""specjax.kernels: the CPU matmul kernel against XLA's dot, inside the model (packed by
+specjax.packing) and every method, and its fallbacks (no compiler, an unsupported CPU, the switch
+off), which must give the same tokens.
 
 The kernel is built once per machine into the user cache (a few seconds the first time); the
 fallback tests build nothing (a missing compiler fails before compiling).
@@ -17,7 +18,7 @@ import pytest
 
 import specjax as sj
 from specjax import cache as kv
-from specjax import kernels
+from specjax import kernels, packing
 
 from conftest import random_prompts, tiny_model
 from test_lossless import GREEDY_METHODS
@@ -118,13 +119,13 @@ def test_leading_dims_while_loop_grad_vmap():
 @needs_kernel
 def test_model_uses_the_kernel_and_keeps_its_params():
   m = tiny_model()
-  packed = kernels.pack(m)
-  assert kernels.is_packed(packed) and not kernels.is_packed(m)
+  packed = packing.pack(m)
+  assert packing.is_packed(packed) and not packing.is_packed(m)
   assert packed.num_param_bytes == m.num_param_bytes  # the packed copies are not parameters
   for key in ("embed", "lm_head"):
     assert packed.params[key][...] is m.params[key][...]  # shared, not copied
   assert tuple(packed.params["layers"][0]["attn"]["wqkv"][...].shape) == (32, 2, 4, 8)
-  assert not kernels.is_packed(kernels.unpack(packed))
+  assert not packing.is_packed(packing.unpack(packed))
 
   def hlo(model, t):
     cache = model.init_cache(1, 64)
@@ -202,7 +203,7 @@ METHODS = _one_per_method()
 def test_every_method_identical_with_kernel(name, factory, target, batch, reference):
   """Every method of the lossless suite, with the kernel on, gives XLA's autoregressive tokens
   (batch of 4, mixed prompt lengths)."""
-  packed = kernels.pack(target)
+  packed = packing.pack(target)
   out = sj.generate(packed, batch, factory(packed), max_new_tokens=24)
   assert out.tokens == reference, f"{name} with the kernel differs from autoregressive without"
 
@@ -223,11 +224,11 @@ def fresh_load(monkeypatch, tmp_path):
 def _falls_back_once(target, batch, reference):
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    a = kernels.pack(target)
-    b = kernels.maybe_pack(target, True)
+    a = packing.pack(target)
+    b = packing.maybe_pack(target, True)
   fallbacks = [w for w in caught if issubclass(w.category, kernels.KernelFallbackWarning)]
   assert len(fallbacks) == 1, [str(w.message) for w in caught]
-  assert not kernels.is_packed(a) and not kernels.is_packed(b)
+  assert not packing.is_packed(a) and not packing.is_packed(b)
   assert not kernels.available()
   assert sj.generate(a, batch, max_new_tokens=24).tokens == reference
   return str(fallbacks[0].message)
@@ -245,7 +246,7 @@ def test_fallback_on_unsupported_cpu(fresh_load, target, batch, reference):
     fresh_load.delenv("SPECJAX_CACHE")
   else:
     fresh_load.setenv("SPECJAX_CACHE", _USER_CACHE)
-  fresh_load.setattr(kernels, "_detect_isa", lambda lib: kernels.ISAS["scalar"])
+  fresh_load.setattr(kernels.matmul, "_detect_isa", lambda lib: kernels.ISAS["scalar"])
   assert "AVX" in _falls_back_once(target, batch, reference)
 
 
@@ -254,8 +255,8 @@ def test_switch_off(monkeypatch, target, batch, reference):
   monkeypatch.setenv("SPECJAX_KERNELS", "0")
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    m = kernels.maybe_pack(target, None)
-    assert not kernels.is_packed(m) and not kernels.is_packed(kernels.maybe_pack(target, False))
+    m = packing.maybe_pack(target, None)
+    assert not packing.is_packed(m) and not packing.is_packed(packing.maybe_pack(target, False))
   assert sj.generate(m, batch, max_new_tokens=24).tokens == reference
 
 
@@ -267,8 +268,8 @@ def test_switch_off(monkeypatch, target, batch, reference):
 def test_smollm2_every_method_identical_on_and_off(smollm2):
   """load_model packs by default here; every method with the kernel gives the tokens of XLA's
   autoregressive decoding (kernels=False and the switch)."""
-  assert kernels.is_packed(smollm2)
-  xla = kernels.unpack(smollm2)
+  assert packing.is_packed(smollm2)
+  xla = packing.unpack(smollm2)
   prompts = ["def fibonacci(n):", "The capital of France is"]
   ref = sj.generate(xla, prompts, max_new_tokens=32).tokens
   draft = sj.load_model("smollm2-135m-draft", target=smollm2)

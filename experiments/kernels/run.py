@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import specjax as sj  # noqa: E402
 from specjax import cache as kv  # noqa: E402
-from specjax import kernels  # noqa: E402
+from specjax import kernels, packing  # noqa: E402
 
 
 def bandwidth_probe(gb: float = 1.0, reps: int = 5) -> dict[str, float]:
@@ -163,8 +163,8 @@ def main(argv=None):
   sizes = [1, 2, 4, 8, 16]
 
   xla = sj.load_model("smollm2-135m", kernels=False)
-  ker = kernels.pack(xla)
-  if not kernels.is_packed(ker):
+  ker = packing.pack(xla)
+  if not packing.is_packed(ker):
     sys.exit("the kernel is unavailable here (see the warning above)")
   print(f"{time.strftime('%Y-%m-%d')}, jax {jax.__version__}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}); kernel path {kernels.isa()}, "

@@ -40,7 +40,8 @@ from specjax import cache as kv
 from specjax import sampling
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
-from specjax.model import subset_head, subset_logits
+from specjax.model import subset_logits
+from specjax.packing import subset_head
 
 
 def leviathan_speedup(alpha: float, gamma: float, c: float, verify: float = 1.0) -> float:

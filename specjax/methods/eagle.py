@@ -54,7 +54,8 @@ from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
 from specjax.heads import (Heads, check_fits, feature_module, fuse_features, module_arrays,
                            pack_module, top_k_ids)
-from specjax.model import subset_head, subset_logits
+from specjax.model import subset_logits
+from specjax.packing import on_kernel, subset_head
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
@@ -131,11 +132,8 @@ def prompt_pass(prog: Program, arrays, seq, hidden, head_cache):
 def head_arrays(heads, model) -> dict:
   """The device arrays EAGLE / MTP read: the modules, the target's embedding (shared, not a copy)
   and, for a vocabulary subset, its ids and LM-head rows."""
-  from specjax import kernels
-
   mods = [module_arrays(heads.params, k) for k in range(heads.config.num_heads)]
-  if kernels.is_packed(model) and kernels.available() and all(
-      m["fc_w"].dtype == jnp.float32 for m in mods):
+  if on_kernel(model) and all(m["fc_w"].dtype == jnp.float32 for m in mods):
     mods = [pack_module(m) for m in mods]  # the modules' products on the kernel, as the target's
   out = {"mods": mods, "embed": model.params["embed"][...]}
   if heads.vocab is not None:

@@ -37,7 +37,8 @@ from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
-from specjax.model import subset_head, subset_logits
+from specjax.model import subset_logits
+from specjax.packing import subset_head
 from specjax.tree import Tree, default_tree
 
 RULES = ("exact", "greedy", "typical")

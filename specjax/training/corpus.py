@@ -44,7 +44,7 @@ def weights_sha256(model) -> str:
   Load-time copies (the CPU kernel's packed weights) are derived data and not hashed."""
   import jax
 
-  from specjax.kernels import unpack
+  from specjax.packing import unpack
 
   h = hashlib.sha256()
   for x in jax.tree_util.tree_leaves(unpack(model).params):

@@ -1,0 +1,158 @@
+"""Packed copies of a model's dense weights for the CPU matmul kernel (specjax/kernels/matmul.py).
+
+Which weights. `LAYER_SITES` lists the dense products of one decoder layer (model.Block) and how
+each weight becomes the [K, N] matrix `kernels.dense` multiplies by. A target packs them in every
+layer plus its LM head (`pack`); an EAGLE / MTP module packs them in its one layer plus its fc
+(heads.pack_module). One list, so a dense product added to the layer is packed everywhere.
+
+Where the packed copies live. `pack(model)` adds one `Packed` variable beside each dense weight of
+the module tree (`layers.i.attn.packed_wqkv`, `packed_wo`, `layers.i.mlp.packed_w_in`,
+`packed_w_out`, and `packed_head` on the decoder, from `embed` transposed when the head is tied)
+and returns a new Model whose `params` State and `graphdef` carry them. So they travel wherever
+params go (through `jax.jit`, `decode.Program.forward`, a method's `arrays`) with no change to any
+caller, while every original parameter keeps its name, shape and value: code that reads
+`model.params["layers"][0]["attn"]["wqkv"]`, shares an embedding with a draft, or builds a draft
+from a target's tensors works unchanged (a draft built that way has no packed copies and runs on
+XLA; its forwards are small). The model reads a copy where it multiplies (model._packed).
+
+Packed copies are a load-time transform: `weights.load_model` makes them (`maybe_pack`: by default
+on a single CPU device in float32 unless SPECJAX_KERNELS is "0"; `kernels=False` never packs;
+`kernels=True` packs or warns), nothing saves them (drafts' own tensors and checkpoints are
+written from unpacked models), and they are derived data: if you change a packed model's
+parameters, call `pack` again (or `unpack`) so the copies follow.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax import kernels
+from specjax.kernels import KernelFallbackWarning
+from specjax.model import Model, head_rows
+
+PREFIX = "packed_"  # a packed copy of weight `w` is the variable `packed_w` beside it
+
+
+class Packed(nnx.Variable):
+  """A load-time re-layout of a dense weight for the kernel [nb, K, bw]; never saved or trained."""
+
+
+# The dense products of one decoder layer: (path of the weight from the layer, weight -> the
+# [K, N] matrix `dense` multiplies by, given the model width e).
+LAYER_SITES = (
+    (("attn", "wqkv"), lambda w, e: w.reshape(e, -1)),  # [E,K,G+2,D] -> [E, K*(G+2)*D]
+    (("attn", "wo"), lambda w, e: w.reshape(-1, e)),  # [H,D,E] -> [H*D, E]
+    (("mlp", "w_in"), lambda w, e: w.reshape(e, -1)),  # [E,M,F] -> [E, M*F]
+    (("mlp", "w_out"), lambda w, e: w),  # [F,E]
+)
+
+
+def _attr(obj, names):
+  for n in names:
+    obj = getattr(obj, n)
+  return obj
+
+
+def _sites(decoder):
+  """(owner module, packed attribute name, weight [K,N] or [N,K], transposed) for every dense
+  product of a model.Decoder: LAYER_SITES in each layer, then the head."""
+  e = decoder.cfg.hidden_size
+  for block in decoder.layers:
+    for path, as_matrix in LAYER_SITES:
+      owner = _attr(block, path[:-1])
+      yield owner, PREFIX + path[-1], as_matrix(getattr(owner, path[-1])[...], e), False
+  if decoder.cfg.tie_word_embeddings:
+    yield decoder, PREFIX + "head", decoder.embed[...], True
+  else:
+    yield decoder, PREFIX + "head", decoder.lm_head[...], False
+
+
+def _rebuild(model, module):
+  graphdef, params = nnx.split(module)
+  new = Model(model.config, graphdef, params, model.tokenizer, name=model.name, dtype=model.dtype,
+              shared=model.shared)
+  for k, v in vars(model).items():  # extras a loader attached (vocab_subset, asset_header, ...)
+    if k not in vars(new):
+      setattr(new, k, v)
+  return new
+
+
+def is_packed(model) -> bool:
+  """Whether the model's params carry packed copies."""
+  return any(PREFIX in jax.tree_util.keystr(p)
+             for p, _ in jax.tree_util.tree_leaves_with_path(model.params))
+
+
+def on_kernel(model) -> bool:
+  """Whether the model runs its few-row products on the kernel (packed, and the kernel loads):
+  a drafter working beside it then packs its own dense weights too."""
+  return is_packed(model) and kernels.available()
+
+
+def pack(model, *, warn: bool = True):
+  """A new Model whose params also carry packed copies of every dense weight (see the module
+  docstring); the model itself if the kernel is unavailable (warned once), if its dtype is not
+  float32, or if it is already packed."""
+  if is_packed(model):
+    return model
+  if jnp.dtype(model.dtype) != jnp.dtype(jnp.float32):
+    if warn:
+      warnings.warn(f"specjax.kernels: {model.dtype} weights are not supported (float32 only); "
+                    f"using XLA", KernelFallbackWarning, stacklevel=2)
+    return model
+  if not kernels.available():
+    return model
+  nt = kernels.threads()
+  module = model.module()
+  for owner, name, w, transposed in _sites(module):
+    setattr(owner, name, Packed(jnp.asarray(kernels.pack_weight(
+        np.asarray(w), transposed=transposed, num_threads=nt))))
+  return _rebuild(model, module)
+
+
+def unpack(model):
+  """The model without its packed copies (XLA everywhere)."""
+  if not is_packed(model):
+    return model
+  module = model.module()
+  for owner, name, _, _ in _sites(module):
+    if hasattr(owner, name):
+      delattr(owner, name)
+  return _rebuild(model, module)
+
+
+def single_cpu_device() -> bool:
+  devices = jax.devices()
+  return len(devices) == 1 and devices[0].platform == "cpu"
+
+
+def maybe_pack(model, kernels_on: bool | None):
+  """load_model's policy: None = pack if SPECJAX_KERNELS allows, on one CPU device, in float32;
+  True = pack (warning if impossible); False = never."""
+  if kernels_on is False or (kernels_on is None and (
+      kernels.switched_off() or not single_cpu_device()
+      or jnp.dtype(model.dtype) != jnp.float32)):
+    return model
+  if kernels_on is True and not single_cpu_device():
+    warnings.warn("specjax.kernels: the kernel runs on a single CPU device only; using XLA",
+                  KernelFallbackWarning, stacklevel=3)
+    return model
+  return pack(model)
+
+
+def subset_head(model, ids) -> dict:
+  """{"vocab": ids [Vs], "head": head_rows [Vs,E]} for a drafter scoring a vocabulary subset
+  (model.subset_logits), plus "packed_head" (the rows packed for the kernel) when the target runs
+  on it: drafters score 1-32 rows at a time (EAGLE-2's frontier, Medusa's heads), where XLA's
+  GEMM path is slowest."""
+  ids = jnp.asarray(ids)
+  rows = head_rows(model.config, model.params, ids)
+  out = {"vocab": ids, "head": rows}
+  if on_kernel(model):
+    out[PREFIX + "head"] = jnp.asarray(kernels.pack_weight(np.asarray(rows), transposed=True))
+  return out
