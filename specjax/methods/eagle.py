@@ -45,17 +45,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import tree as trees
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
-from specjax.heads import (Heads, check_fits, feature_module, fuse_features, module_arrays,
-                           pack_module, top_k_ids)
-from specjax.model import subset_logits
-from specjax.packing import on_kernel, subset_head
+from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
+from specjax.methods.features import (catch_up, check_heads, depth_stats, embed, feature_buffer,
+                                      head_arrays, lm_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
@@ -64,119 +62,6 @@ TREE_NAMES = ("dynamic",)
 def capacity(depth: int, top_k: int) -> int:
   """How many nodes EAGLE-2's expansion drafts (and the most num_nodes can keep)."""
   return top_k + (depth - 1) * top_k * top_k
-
-
-def check_heads(heads, kind: str, method: str) -> None:
-  if not isinstance(heads, Heads):
-    raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.init_heads(target, "
-                     f"{kind!r}) or sj.load_heads(...))")
-  if heads.config.kind != kind:
-    raise InputError(f"heads of kind {heads.config.kind!r} cannot run {method}: need kind "
-                     f"{kind!r}")
-
-
-def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = False):
-  """Draft logits over the head's vocabulary: h [...,E] -> [...,V or Vs] float32, through the
-  target's (frozen) LM head, or its rows for the subset arrays["vocab"]."""
-  target = nnx.merge(prog.graphdef, params)
-  if final_norm:
-    h = target.final_norm(h)
-  if "head" in arrays:
-    return subset_logits(h, arrays)
-  return target.head(h)
-
-
-def to_tokens(arrays, ids: jax.Array) -> jax.Array:
-  """Indices into the head's vocabulary -> token ids."""
-  return arrays["vocab"][ids] if "vocab" in arrays else ids
-
-
-def embed(table, tokens: jax.Array) -> jax.Array:
-  """The target's (frozen, shared) token embedding [V,E]: tokens [...] -> [...,E]."""
-  return table[tokens]
-
-
-def feature_buffer(hidden: jax.Array, lengths: jax.Array, width: int) -> jax.Array:
-  """The features at positions [lengths - width, lengths) of hidden [B,P,E] -> [B,width,E]
-  (right-aligned; positions below 0 read position 0, never used)."""
-  idx = jnp.maximum(lengths[:, None] - width + jnp.arange(width)[None, :], 0)
-  return jnp.take_along_axis(hidden, idx[..., None], axis=1)
-
-
-def shift_in(buf: jax.Array, new: jax.Array, c: jax.Array) -> jax.Array:
-  """Appends the first c[b] rows of new [B,M,E] to the rolling buffer buf [B,W,E] (oldest out)."""
-  w = buf.shape[1]
-  both = jnp.concatenate([buf, new.astype(buf.dtype)], axis=1)  # [B,W+M,E]
-  idx = c[:, None] + jnp.arange(w)[None, :]
-  return jnp.take_along_axis(both, idx[..., None], axis=1)
-
-
-def prompt_pass(prog: Program, arrays, seq, hidden, head_cache):
-  """Runs every module over the prompt bucket after prefill (positions 0..P-1, module k reading
-  token x_{i+k+1}); fills the head cache's layers. hidden [B,P,E]; seq [B,S]. Entries whose
-  tokens are not known yet hold garbage that the first catch-up rewrites."""
-  b, p, _ = hidden.shape
-  s = seq.shape[1]
-  pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  start = jnp.zeros((b,), jnp.int32)
-  mask = kv.causal_mask(start, p, head_cache.max_len, prog.config.sliding_window)
-  h = hidden
-  layers = list(head_cache.layers)
-  for k, mod in enumerate(arrays["mods"]):
-    tok = jnp.take_along_axis(seq, jnp.minimum(pos + k + 1, s - 1), axis=1)
-    h, layers[k] = feature_module(prog.config, mod, embed(arrays["embed"], tok), h, pos, layers[k],
-                                  start, mask)
-  return head_cache.replace(layers=tuple(layers))
-
-
-def head_arrays(heads, model) -> dict:
-  """The device arrays EAGLE / MTP read: the modules, the target's embedding (shared, not a copy)
-  and, for a vocabulary subset, its ids and LM-head rows."""
-  mods = [module_arrays(heads.params, k) for k in range(heads.config.num_heads)]
-  if on_kernel(model) and all(m["fc_w"].dtype == jnp.float32 for m in mods):
-    mods = [pack_module(m) for m in mods]  # the modules' products on the kernel, as the target's
-  out = {"mods": mods, "embed": model.params["embed"][...]}
-  if heads.vocab is not None:
-    out.update(subset_head(model, heads.vocab))  # vocab [Vs], head [Vs,E]
-  return out
-
-
-def catch_up(prog: Program, arrays, seq, feats, lengths, head_cache, num_modules: int = 1,
-             draft_fn=None):
-  """Re-runs the modules over the last W = feats.shape[1] committed positions.
-
-  seq [B,S]; feats [B,W,E] the target's features at positions [L - W, L) (L = lengths [B], the
-  committed target length; x_L is pending); head_cache: one layer per module. Module k at
-  position i reads token x_{i+k+1}: seq for i + k + 1 <= L, else drafts[:, i + k - L] (MTP's
-  chain, [B,K]; filled as modules run). Returns (head_cache with lengths = L, outputs at position
-  L - 1 per module [B,K,E], drafts [B,K] or None). draft_fn(out [B,E], k) -> tokens [B] (MTP):
-  module k's draft x_{L+k+1} from its output at L - 1, which module k + 1 then reads.
-  """
-  b, w, _ = feats.shape
-  s = seq.shape[1]
-  start = jnp.maximum(lengths - w, 0)
-  pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]  # [B,W]
-  # Position i's feature sits at buffer index i - L + W (rows with L < W: clipped, garbage).
-  h = jnp.take_along_axis(feats, jnp.clip(pos - lengths[:, None] + w, 0, w - 1)[..., None], axis=1)
-  mask = kv.causal_mask(start, w, head_cache.max_len, prog.config.sliding_window)
-  last = (lengths - 1 - start)[:, None, None]  # [B,1,1] index of position L - 1
-  layers = list(head_cache.layers)
-  outs = []
-  drafts = None if draft_fn is None else jnp.zeros((b, num_modules), jnp.int32)
-  for k in range(num_modules):
-    j = pos + k + 1  # token index read at each position
-    tok = jnp.take_along_axis(seq, jnp.minimum(j, s - 1), axis=1)
-    if drafts is not None:
-      d = jnp.take_along_axis(drafts, jnp.clip(j - lengths[:, None] - 1, 0, drafts.shape[1] - 1),
-                              axis=1)
-      tok = jnp.where(j <= lengths[:, None], tok, d)
-    h, layers[k] = feature_module(prog.config, arrays["mods"][k], embed(arrays["embed"], tok), h,
-                                  pos, layers[k], start, mask)
-    outs.append(jnp.take_along_axis(h, last, axis=1)[:, 0])
-    if draft_fn is not None:
-      drafts = drafts.at[:, k].set(draft_fn(outs[-1], k).astype(jnp.int32))
-  cache = head_cache.replace(layers=tuple(layers), lengths=lengths)
-  return cache, jnp.stack(outs, axis=1), drafts
 
 
 def check_common(method, rules=RULES) -> None:
@@ -474,15 +359,3 @@ def expand_tree(logp0: jax.Array, expand, carry, depth: int, k: int, n: int):
                           axis=1)
   return (jnp.take_along_axis(tok, best, axis=1), parents, dnode,
           jnp.take_along_axis(sc, best, axis=1), carry)
-
-
-def depth_stats(m) -> dict:
-  """Accepted tokens per step and, per depth d, P(depth d accepted | depth d - 1 accepted)."""
-  hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
-  rounds = int(np.asarray(m["rounds"]).sum())
-  reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
-  per_depth = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
-               for d in range(len(hist) - 1)]
-  acc = int(np.asarray(m["accepted"]).sum())
-  return {"draft_rounds": rounds, "accepted_tokens": acc, "accepted_per_step": acc / max(1, rounds),
-          "accepted_depth_hist": hist.tolist(), "depth_acceptance": per_depth}

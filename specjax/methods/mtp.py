@@ -35,8 +35,8 @@ from specjax import cache as kv
 from specjax.decode import DecodeState, Program, emit
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
-from specjax.methods.eagle import (catch_up, check_heads, depth_stats, feature_buffer, head_arrays,
-                                   lm_logits, prompt_pass, shift_in, to_tokens)
+from specjax.methods.features import (catch_up, check_heads, depth_stats, feature_buffer,
+                                      head_arrays, lm_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact",)
 
