@@ -328,3 +328,81 @@ def test_paired_discards_a_compiling_run():
   out, wall, ar = bench.paired(runner([(9.0, 2.0), (1.0, 0.0), (1.2, 0.0)]),
                                runner([(8.0, 1.5), (2.0, 0.0), (2.5, 0.0)]), 2)
   assert (wall, ar, out.tokens) == (1.0, 2.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- the demo's progress
+
+
+def test_timed_step_plain_lines_when_not_a_terminal():
+  import io
+
+  out = io.StringIO()
+  with bench.timed_step("[1/2] draft", out, tty=False) as step:
+    assert out.getvalue() == "[1/2] draft ...\n"  # said before the step runs
+    step["note"] = "tau 1.50"
+  lines = out.getvalue().splitlines()
+  assert len(lines) == 2 and lines[1].startswith("[1/2] draft: ") and lines[1].endswith(" s; tau 1.50")
+  assert "\r" not in out.getvalue()
+
+
+def test_timed_step_spins_on_a_terminal_and_says_when_it_failed():
+  import io
+  import time
+
+  out = io.StringIO()
+  with pytest.raises(RuntimeError):
+    with bench.timed_step("eagle", out, tty=True):
+      time.sleep(0.5)
+      raise RuntimeError("boom")
+  text = out.getvalue()
+  ticks = [t for t in text.split("\r") if t.startswith(tuple(bench.SPINNER))]
+  assert len(ticks) >= 2 and all(" eagle " in t and t.endswith(" s") for t in ticks)
+  assert text.endswith("; failed\n") and "\x1b[K" in text  # the last tick is cleared
+
+
+def test_warm_methods_prints_a_line_per_method(tiny_dir):
+  """The demo's first phase: each method compiled and run once, a line before and after each."""
+  import io
+
+  import specjax as sj
+
+  model = sj.load_model(tiny_dir)
+  out = io.StringIO()
+  warm = bench.warm_methods(model, {"prompt-lookup": sj.PromptLookup(),
+                                    "autoregressive": sj.Autoregressive()},
+                            "Summarize: the fox jumps over the dog.", max_new_tokens=int(NEW),
+                            stream=out)
+  assert list(warm) == ["autoregressive", "prompt-lookup"]  # the baseline first
+  assert warm["prompt-lookup"]["identical"] and warm["autoregressive"]["tau"] == 1.0
+  lines = out.getvalue().splitlines()
+  assert lines[0] == "[1/2] autoregressive ..." and lines[2] == "[2/2] prompt-lookup ..."
+  assert "; the reference; tau 1.00" in lines[1]
+  assert "; identical to autoregressive; tau " in lines[3] and "compile " in lines[3]
+
+
+def test_compile_cache_goes_where_the_user_says(monkeypatch, tmp_path):
+  import jax
+
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    assert bench.use_compile_cache() == str(tmp_path / "mine")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "sj"))
+    assert bench.use_compile_cache() == str(tmp_path / "sj" / "jax")
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "sj" / "jax")
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+@pytest.mark.slow
+def test_demo_prompts_share_one_bucket(smollm2):
+  """So the demo compiles each method once: its timed runs reuse the warm-up's program."""
+  from specjax import decode
+
+  lengths = []
+  for p in cli.DEMO_PROMPTS:
+    ids = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                add_generation_prompt=True, tokenize=True)
+    lengths.append(len(ids["input_ids"] if hasattr(ids, "keys") else ids))
+  assert len({decode.bucket_prompt_len(n) for n in lengths}) == 1, lengths
