@@ -361,3 +361,31 @@ def from_flat(config: ModelConfig, flat: dict, *, dtype=jnp.float32, place=None,
   if extra:
     raise WeightsError(f"{where}: unexpected parameters {sorted(map(str, extra))[:5]}")
   return graphdef, params
+
+
+# ----------------------------------------------------------------------------- whole sequences
+
+
+def forward_sequence(config: ModelConfig, forward, tokens: jax.Array, *, cache=None, dtype=None,
+                     lengths: jax.Array | None = None, **kw):
+  """One causal forward over whole sequences from position 0: what training reads from a frozen
+  target (its features, its logits) and what a prefill runs over a prompt.
+
+  forward(tokens, positions, cache, mask, **kw): a Decoder (`Model.module(params)`) or anything
+  called like one (decoding passes its Program's forward, which adds its method's taps). tokens
+  [B,T] int32 sit at positions 0..T-1 and attend causally (and within the sliding window).
+  cache: where their K/V go (default: a fresh cache of T slots of `dtype`, which training
+  drops); its lengths must be 0. lengths [B]: rows are right-padded, row b attends only its
+  first lengths[b] slots (default: all T). kw: the Decoder's logits_at, taps, empty_cache.
+  Returns forward's (logits, hidden, cache); no gradient is stopped here (callers that freeze
+  the target do that, or never differentiate its params)."""
+  b, t = tokens.shape
+  if cache is None:
+    cache = kv.init(config.num_layers, b, t, config.num_kv_heads, config.head_dim,
+                    jnp.float32 if dtype is None else dtype)
+  s = cache.max_len
+  mask = kv.causal_mask(cache.lengths, t, s, config.sliding_window)  # [B,T,S]
+  if lengths is not None:
+    mask = mask & (jnp.arange(s) < lengths[:, None])[:, None, :]
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  return forward(tokens, positions, cache, mask, **kw)

@@ -476,8 +476,6 @@ def test_registry_needs_no_training_code():
 
 
 def test_train_medusa_on_a_corpus_exports_heads_that_are_accepted(tmp_path, self_distillation):
-  from specjax.training import medusa as medusa_train
-
   target, c = self_distillation
   # The CLI reaches the same trainer for every kind.
   from specjax import cli
@@ -492,7 +490,7 @@ def test_train_medusa_on_a_corpus_exports_heads_that_are_accepted(tmp_path, self
   assert seen["kind"] == "mtp" and seen["corpus"] == "/c" and seen["steps"] == 3
   kw = dict(num_heads=2, vocab_size=0, steps=40, batch_size=8, seq_len=48, lr=1e-2, warmup=5,
             held_out=0.2, ckpt_every=20, eval_every=20, progress=False, log=lambda *_: None)
-  heads = medusa_train.train_medusa(target, c, out_dir=str(tmp_path / "r"),
+  heads = heads_train.train_medusa(target, c, out_dir=str(tmp_path / "r"),
                                     export=str(tmp_path / "h.npz"), **kw)
   held = [r for r in trainer.read_log(str(tmp_path / "r")) if r["split"] == "heldout"]
   assert held[-1]["loss"] < 0.5 * held[0]["loss"], held
@@ -504,9 +502,9 @@ def test_train_medusa_on_a_corpus_exports_heads_that_are_accepted(tmp_path, self
                     max_new_tokens=16)
   assert out.tokens == ref and out.stats["mean_accepted"] > 1.5
   with pytest.raises(InputError, match="num_heads=0"):
-    medusa_train.train_medusa(target, c, out_dir=str(tmp_path / "bad"), **dict(kw, num_heads=0))
+    heads_train.train_medusa(target, c, out_dir=str(tmp_path / "bad"), **dict(kw, num_heads=0))
   with pytest.raises(InputError, match="corpus=None"):
-    medusa_train.train_medusa(target, None, out_dir=str(tmp_path / "bad"), **kw)
+    heads_train.train_medusa(target, None, out_dir=str(tmp_path / "bad"), **kw)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "mtp"])

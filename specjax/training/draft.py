@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import cache as kv
 from specjax.errors import InputError, check_int
-from specjax.model import Model, head_rows
+from specjax.model import Model, forward_sequence, head_rows
 from specjax.registry import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
                               own_params, read_draft_header, with_params)
 from specjax.training import trainer
@@ -46,12 +45,8 @@ from specjax.training import trainer
 def teacher_outputs(target: Model, params, tokens):
   """The target's full-sequence forward (traceable): tokens [B,T] int32 -> (logits [B,T,V]
   float32, hidden [B,T,E]: final-normed, the features the LM head reads)."""
-  cfg = target.config
-  b, t = tokens.shape
-  cache = kv.init(cfg.num_layers, b, t, cfg.num_kv_heads, cfg.head_dim, target.dtype)
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  logits, hidden, _ = target.apply(params, tokens, pos, cache,
-                                   kv.causal_mask(cache.lengths, t, t, cfg.sliding_window))
+  logits, hidden, _ = forward_sequence(target.config, target.module(params), tokens,
+                                       dtype=target.dtype)
   return logits.astype(jnp.float32), hidden
 
 
@@ -151,13 +146,10 @@ def draft_loss(draft: Model, own: dict, vocab, tokens, labels, topk_ids=None, to
   shared embeddings into the program as constants).
   Returns (loss, {"top1": argmax == label, "coverage": labels inside the subset, "count"}).
   """
-  b, t = tokens.shape
   params = with_params(draft, own, params)
   cfg = draft.config
-  cache = kv.init(cfg.num_layers, b, t, cfg.num_kv_heads, cfg.head_dim, draft.dtype)
-  mask = kv.causal_mask(cache.lengths, t, t, cfg.sliding_window)
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  _, hidden, _ = draft.apply(params, tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32))
+  _, hidden, _ = forward_sequence(cfg, draft.module(params), tokens, dtype=draft.dtype,
+                                  logits_at=jnp.zeros((tokens.shape[0], 1), jnp.int32))
   logits = (hidden @ head_rows(cfg, params, vocab).T).astype(jnp.float32)  # [B,T,Vs]
   logp = jax.nn.log_softmax(logits, axis=-1)
 
@@ -272,68 +264,15 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
     raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's layers)")
   if soft_top_k > cfg.vocab_size:
     raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary ({cfg.vocab_size})")
-
-  tok, mask = corpus.windows(seq_len, "train", held_out, seed)
-  labels = next_token_labels(tok, mask)
-  if not np.any(labels >= 0):
-    raise InputError(f"corpus {getattr(corpus, 'path', '')}: no training windows with response "
-                     f"tokens (held_out={held_out}, seq_len={seq_len})")
-  vtok, vmask = corpus.windows(seq_len, "heldout", held_out, seed)
-  vtok, vmask = vtok[:max_held_out_windows], vmask[:max_held_out_windows]
-  vlabels = next_token_labels(vtok, vmask)
-  log(f"data: {len(tok)} training windows ({int(np.sum(labels >= 0))} labelled positions), "
-      f"{len(vtok)} held-out windows")
-
+  tok, labels, vtok, vlabels = _draft_windows(corpus, seq_len, held_out, seed,
+                                              max_held_out_windows, log)
   name = f"{target_name}-draft"
-  if init is not None:
-    from specjax import registry
-
-    path = registry.get(init).path if init in registry.DRAFTERS else init
-    base = registry.load_draft_asset(path, target)
-    have, vocab = base.config.num_layers, np.asarray(base.vocab_subset)
-    if num_layers is not None and num_layers < have:
-      raise InputError(f"num_layers={num_layers} is fewer than the {have} layers of init {path}: "
-                       f"a draft can be grown from an asset, not cut")
-    num_layers = have if num_layers is None else num_layers
-    own = grown_params(target, {k: np.asarray(v, np.float32) for k, v in own_params(base).items()},
-                       have, num_layers)
-    draft = draft_from_target(target, num_layers, vocab, name=name, own=own)
-    log(f"init: {path} ({have} layers{f', grown to {num_layers}' if num_layers > have else ''}, "
-        f"Vs={len(vocab)})")
-  else:
-    num_layers = 2 if num_layers is None else num_layers
-    vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=cfg.vocab_size), vocab_size)
-    draft = draft_from_target(target, num_layers, vocab, name=name)
-  vocab_j = jnp.asarray(vocab)
+  draft, vocab, num_layers = _initial_draft(target, name, init, num_layers, labels, vocab_size,
+                                            log)
   # Large frozen tensors go in as jit arguments, not closed-over constants.
   frozen = {"draft": draft.params, "target": target.params if soft_top_k else None}
-
-  def loss_fn(own, batch, rng, frozen):
-    del rng  # deterministic loss
-    tokens, lab = batch
-    if not soft_top_k:
-      return draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
-    logits, _ = teacher_outputs(target, frozen["target"], tokens)
-    ids, logp = top_k(logits, soft_top_k, passes=True)
-    lab = jnp.where(lab >= 0, ids[..., 0], -1)  # the target's argmax, where there is a label
-    return draft_loss(draft, own, vocab_j, tokens, lab, ids, logp, params=frozen["draft"])
-
-  def eval_fn(own, batch, rng, frozen):
-    tokens, lab, greedy = batch
-    loss, m = draft_loss(draft, own, vocab_j, tokens, greedy, params=frozen["draft"])
-    _, mc = draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
-    return loss, {"top1": m["top1"], "coverage": m["coverage"], "count": m["count"],
-                  "top1_corpus": mc["top1"]}
-
-  held = []
-  if len(vtok):
-    _, (greedy, _) = teacher_features(target, vtok, top_k=1, batch_size=batch_size)
-    greedy = np.where(vlabels >= 0, greedy[..., 0], -1)
-    pad = -len(vtok) % batch_size  # one shape: padding rows carry no labels, so count 0
-    vtok = np.concatenate([vtok, np.zeros((pad, seq_len), np.int32)])
-    vlabels, greedy = (np.concatenate([a, np.full((pad, seq_len), -1, np.int32)]) for a in (vlabels, greedy))
-    held = [tuple(jnp.asarray(a[i:i + batch_size]) for a in (vtok, vlabels, greedy))
-            for i in range(0, len(vtok), batch_size)]
+  loss_fn, eval_fn = _draft_losses(draft, target, jnp.asarray(vocab), soft_top_k)
+  held = _held_out_batches(target, vtok, vlabels, batch_size, seq_len)
 
   def batches(step):
     rows = trainer.batch_rows(len(tok), batch_size, seed, step)
@@ -358,3 +297,84 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
     log(f"export: wrote {export} ({os.path.getsize(export) / 2**20:.1f} MiB)")
   return draft
 
+
+def _draft_windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_windows: int,
+                   log):
+  """The corpus's training windows and labels [N,T] (`next_token_labels`) and at most
+  max_held_out_windows held-out ones. Returns (tok, labels, vtok, vlabels)."""
+  tok, mask = corpus.windows(seq_len, "train", held_out, seed)
+  labels = next_token_labels(tok, mask)
+  if not np.any(labels >= 0):
+    raise InputError(f"corpus {getattr(corpus, 'path', '')}: no training windows with response "
+                     f"tokens (held_out={held_out}, seq_len={seq_len})")
+  vtok, vmask = corpus.windows(seq_len, "heldout", held_out, seed)
+  vtok, vmask = vtok[:max_held_out_windows], vmask[:max_held_out_windows]
+  vlabels = next_token_labels(vtok, vmask)
+  log(f"data: {len(tok)} training windows ({int(np.sum(labels >= 0))} labelled positions), "
+      f"{len(vtok)} held-out windows")
+  return tok, labels, vtok, vlabels
+
+
+def _initial_draft(target: Model, name: str, init, num_layers, labels, vocab_size: int, log):
+  """The draft training starts from: the init asset (grown to num_layers), or the target's first
+  num_layers (default 2) over the labels' `vocab_size` most frequent tokens. Returns (draft,
+  vocabulary subset [Vs], num_layers)."""
+  if init is None:
+    num_layers = 2 if num_layers is None else num_layers
+    vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=target.config.vocab_size),
+                         vocab_size)
+    return draft_from_target(target, num_layers, vocab, name=name), vocab, num_layers
+  from specjax import registry
+
+  path = registry.get(init).path if init in registry.DRAFTERS else init
+  base = registry.load_draft_asset(path, target)
+  have, vocab = base.config.num_layers, np.asarray(base.vocab_subset)
+  if num_layers is not None and num_layers < have:
+    raise InputError(f"num_layers={num_layers} is fewer than the {have} layers of init {path}: "
+                     f"a draft can be grown from an asset, not cut")
+  num_layers = have if num_layers is None else num_layers
+  own = grown_params(target, {k: np.asarray(v, np.float32) for k, v in own_params(base).items()},
+                     have, num_layers)
+  draft = draft_from_target(target, num_layers, vocab, name=name, own=own)
+  log(f"init: {path} ({have} layers{f', grown to {num_layers}' if num_layers > have else ''}, "
+      f"Vs={len(vocab)})")
+  return draft, vocab, num_layers
+
+
+def _draft_losses(draft: Model, target: Model, vocab_j, soft_top_k: int):
+  """(loss_fn, eval_fn) for the trainer, both f(own, batch, rng, frozen). Training: hard labels,
+  or with soft_top_k the target's top-k computed on the batch. Held-out: agreement with the
+  target's greedy token (top1) and with the corpus token (top1_corpus)."""
+
+  def loss_fn(own, batch, rng, frozen):
+    del rng  # deterministic loss
+    tokens, lab = batch
+    if not soft_top_k:
+      return draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
+    logits, _ = teacher_outputs(target, frozen["target"], tokens)
+    ids, logp = top_k(logits, soft_top_k, passes=True)
+    lab = jnp.where(lab >= 0, ids[..., 0], -1)  # the target's argmax, where there is a label
+    return draft_loss(draft, own, vocab_j, tokens, lab, ids, logp, params=frozen["draft"])
+
+  def eval_fn(own, batch, rng, frozen):
+    tokens, lab, greedy = batch
+    loss, m = draft_loss(draft, own, vocab_j, tokens, greedy, params=frozen["draft"])
+    _, mc = draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
+    return loss, {"top1": m["top1"], "coverage": m["coverage"], "count": m["count"],
+                  "top1_corpus": mc["top1"]}
+
+  return loss_fn, eval_fn
+
+
+def _held_out_batches(target: Model, vtok, vlabels, batch_size: int, seq_len: int) -> list:
+  """Held-out batches (tokens, corpus labels, the target's greedy next tokens), each [batch_size,T];
+  the target's argmax is computed once here. Padding rows carry no labels, so count 0."""
+  if not len(vtok):
+    return []
+  _, (greedy, _) = teacher_features(target, vtok, top_k=1, batch_size=batch_size)
+  greedy = np.where(vlabels >= 0, greedy[..., 0], -1)
+  pad = -len(vtok) % batch_size  # one shape for every batch
+  vtok = np.concatenate([vtok, np.zeros((pad, seq_len), np.int32)])
+  vlabels, greedy = (np.concatenate([a, np.full((pad, seq_len), -1, np.int32)]) for a in (vlabels, greedy))
+  return [tuple(jnp.asarray(a[i:i + batch_size]) for a in (vtok, vlabels, greedy))
+          for i in range(0, len(vtok), batch_size)]

@@ -15,80 +15,26 @@ draft from its own slightly wrong features. The target, its embedding and LM hea
 `batch["tokens"]` [B,T] are whole windows from position 0 (corpus.load(dir).windows(T) gives
 them with `mask` [B,T]: True where the next token is a response token); the target's features
 are computed on the fly inside the loss (or passed as batch["feats"] [B,T,E], see
-`teacher_features`). The signature is the shared trainer's (specjax/training/trainer.py):
+training/features.py `teacher_features`). The signature is the shared trainer's (specjax/training/trainer.py):
 loss_fn(params, batch, rng, frozen) -> (loss, metrics).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax import cache as kv
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, feature_module, fuse_features, module_arrays
-from specjax.model import head_rows
+from specjax.training.features import (frozen_arrays, target_features,  # noqa: F401 (re-exported)
+                                       teacher_features)
 
 CE_WEIGHT = 0.1
 NOISE = 0.1
 UNROLL_DECAY = 0.8  # training-time test: pass d weighs 0.8^(d-1) (SpecForge / EAGLE-3 use 0.8^i)
-
-
-def target_features(graphdef, params, tokens: jax.Array, taps: tuple = ()) -> jax.Array:
-  """tokens [B,T] (from position 0) -> the target's features [B,T,E] (final-normed hidden states;
-  with taps [B,T,(n+1)E]: those layers' normalised outputs, then the feature), one causal forward
-  with no LM head; no gradients flow into the target."""
-  from flax import nnx
-
-  b, t = tokens.shape
-  model = nnx.merge(graphdef, params)
-  c = model.cfg
-  cache = kv.init(c.num_layers, b, t, c.num_kv_heads, c.head_dim,
-                  jax.tree_util.tree_leaves(params)[0].dtype)
-  mask = kv.causal_mask(cache.lengths, t, t, c.sliding_window)
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  _, hidden, _ = model(tokens, pos, cache, mask, logits_at=jnp.zeros((b, 1), jnp.int32),
-                       taps=tuple(taps))
-  return jax.lax.stop_gradient(hidden)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _features_jit(graphdef, params, tokens, taps):
-  return target_features(graphdef, params, tokens, taps)
-
-
-def teacher_features(target, tokens, batch_size: int = 8, taps: tuple = ()) -> np.ndarray:
-  """tokens [N,T] -> features [N,T,E] (with taps [N,T,(n+1)E], see `target_features`; numpy,
-  float32), computed `batch_size` windows at a time (the last batch padded, so one compiled
-  forward serves every batch)."""
-  tokens = np.asarray(tokens, np.int32)
-  n, t = tokens.shape
-  out = []
-  for i in range(0, n, batch_size):
-    x = tokens[i:i + batch_size]
-    pad = batch_size - len(x)
-    if pad:
-      x = np.concatenate([x, np.zeros((pad, t), np.int32)])
-    f = np.asarray(_features_jit(target.graphdef, target.params, jnp.asarray(x), tuple(taps)),
-                   np.float32)
-    out.append(f[:batch_size - pad])
-  width = (len(taps) + 1) * target.config.hidden_size
-  return np.concatenate(out) if out else np.zeros((0, t, width), np.float32)
-
-
-def frozen_arrays(target, heads: Heads) -> dict:
-  """What the loss reads but does not train: the target's params (embedding, layers, final norm)
-  and the LM-head rows the head scores ([V,E], or [Vs,E] for a vocabulary subset)."""
-  ids = (jnp.arange(target.config.vocab_size) if heads.vocab is None
-         else jnp.asarray(heads.vocab))
-  out = {"target": target.params, "head": head_rows(target.config, target.params, ids)}
-  if heads.vocab is not None:
-    out["vocab"] = ids
-  return out
 
 
 def _smooth_l1(d: jax.Array) -> jax.Array:
@@ -142,6 +88,30 @@ def run_unrolled(config, mod: dict, embs: list, feat: jax.Array) -> list[jax.Arr
   return outs
 
 
+def _batch_features(batch: dict, graphdef, frozen: dict, taps: tuple, e: int) -> jax.Array:
+  """The batch's precomputed features when they are the ones this head reads (with taps: "full"
+  [B,T,(n+1)E], else "feats" [B,T,E]), otherwise the target's, computed here; never trained."""
+  feats = batch.get("full") if taps else None
+  if feats is None:
+    feats = batch.get("feats")
+  if feats is None or feats.shape[-1] != (len(taps) + 1) * e:
+    feats = target_features(graphdef, frozen["target"], batch["tokens"], taps)
+  return jax.lax.stop_gradient(feats)
+
+
+def _pass_loss(pred, tgt, ok, head, p_prob, p_top):
+  """One drafting pass: pred, tgt [B,T-1,E] (predicted and true next features), ok [B,T-1] (the
+  entries that count), head [V,E], the target's next-token p_prob [B,T-1,V] and argmax p_top
+  [B,T-1] -> (vloss: smooth-L1 averaged over E, ploss: CE(p_target, q_head), top1: agreement)."""
+  n = jnp.maximum(jnp.sum(ok), 1)
+  vloss = jnp.sum(jnp.where(ok, jnp.mean(_smooth_l1(pred - tgt), axis=-1), 0.0)) / n
+  q_logits = jnp.einsum("bte,ve->btv", pred, head).astype(jnp.float32)  # [B,T-1,V]
+  ce = -jnp.sum(p_prob * jax.nn.log_softmax(q_logits, axis=-1), axis=-1)
+  ploss = jnp.sum(jnp.where(ok, ce, 0.0)) / n
+  top1 = jnp.sum(ok & (jnp.argmax(q_logits, -1) == p_top)) / n
+  return vloss, ploss, top1
+
+
 def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = CE_WEIGHT,
               unroll: int = 1, unroll_decay: float = UNROLL_DECAY):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for EAGLE heads on `target`.
@@ -151,7 +121,8 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
   those under "full" beside the plain "feats")}. Entry i (i = 0..T-2) reads (emb(x_{i+1}),
   f_i + U(-noise, noise)) and predicts f_{i+1} (a head with taps reads the fused feature g_i,
   heads.fuse_features, trained with the head, in place of f_i; the targets stay f); it counts
-  where mask[:, i + 1] (the token it scores, x_{i+2}, is one to learn). loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
+  where mask[:, i + 1] (the token it scores, x_{i+2}, is one to learn).
+  loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
   metrics: vloss, ploss, top1 (the head's argmax is the target's), count.
 
   unroll > 1 (training-time test, as EAGLE-3 and HASS train): the head also drafts d = 2..unroll
@@ -172,12 +143,7 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
     tokens = batch["tokens"]
     b, t = tokens.shape
     e = cfg.hidden_size
-    feats = batch.get("full") if taps else None
-    if feats is None:
-      feats = batch.get("feats")
-    if feats is None or feats.shape[-1] != (len(taps) + 1) * e:
-      feats = target_features(graphdef, frozen["target"], tokens, taps)
-    feats = jax.lax.stop_gradient(feats)  # [B,T,(n+1)E]: the taps (if any), then f
+    feats = _batch_features(batch, graphdef, frozen, taps, e)  # [B,T,(n+1)E]: taps, then f
     valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
     extra = unroll - 1  # pad the far end so every pass has T-1 entries (the padding never counts)
     if extra:
@@ -198,14 +164,8 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
     p_top = jnp.argmax(p_all, -1)
     loss, wsum, metrics = 0.0, 0.0, {}
     for d, pred in enumerate(preds):
-      ok = valid[:, 1 + d:t + d]  # [B,T-1]
-      tgt = feats[:, 1 + d:t + d]
-      n = jnp.maximum(jnp.sum(ok), 1)
-      vloss = jnp.sum(jnp.where(ok, jnp.mean(_smooth_l1(pred - tgt), axis=-1), 0.0)) / n
-      q_logits = jnp.einsum("bte,ve->btv", pred, head).astype(jnp.float32)
-      ce = -jnp.sum(p_prob[:, d:d + t - 1] * jax.nn.log_softmax(q_logits, axis=-1), axis=-1)
-      ploss = jnp.sum(jnp.where(ok, ce, 0.0)) / n
-      top1 = jnp.sum(ok & (jnp.argmax(q_logits, -1) == p_top[:, d:d + t - 1])) / n
+      vloss, ploss, top1 = _pass_loss(pred, feats[:, 1 + d:t + d], valid[:, 1 + d:t + d], head,
+                                      p_prob[:, d:d + t - 1], p_top[:, d:d + t - 1])
       w = unroll_decay ** d
       loss, wsum = loss + w * (vloss + ce_weight * ploss), wsum + w
       sfx = "" if d == 0 else f"_{d + 1}"

@@ -1,11 +1,13 @@
 """One corpus trainer for every kind of heads (Medusa, EAGLE, MTP) on a frozen target.
 
-    specjax train medusa | eagle | mtp --corpus DIR   ->   train_heads(kind, target, corpus, ...)
+    specjax train medusa | eagle | mtp | heads --corpus DIR   ->   train_heads(kind, target, corpus, ...)
 
-Each kind supplies only its loss (training/medusa.py, eagle.py, mtp.py); the data (response
-windows of the self-distillation corpus), the vocabulary subset, the frozen target and the loop
-(training/trainer.py: AdamW, warmup + cosine, clipping, orbax checkpoints, resume, held-out
-evaluation, log and plot) are shared.
+Each kind supplies only its loss, `make_loss(target, heads)` in training/medusa.py, eagle.py and
+mtp.py; this module is the one place that composes them (`make_loss` here: one frozen target
+forward per batch shared by every kind). The data (response windows of the self-distillation
+corpus), the vocabulary subset, the frozen target and the loop (training/trainer.py: AdamW,
+warmup + cosine, clipping, orbax checkpoints, resume, held-out evaluation, log and plot) are
+shared. Dependencies point down: this module imports the kinds' modules, never the reverse.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.errors import InputError, check_int
-from specjax.training.medusa import accuracy_table, medusa_loss
+from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
+                           save_heads)
+from specjax.training import eagle, medusa, mtp, trainer
+from specjax.training.draft import setup_run, vocab_subset
+from specjax.training.features import frozen_arrays, target_features
 
 
 def response_valid(mask: np.ndarray) -> np.ndarray:
@@ -31,8 +37,6 @@ def response_valid(mask: np.ndarray) -> np.ndarray:
 
 def parse_kinds(kind) -> tuple[str, ...]:
   """"eagle" | "eagle,medusa,mtp" | ("eagle", "mtp") -> a tuple of distinct heads kinds."""
-  from specjax.heads import KINDS
-
   kinds = tuple(k.strip() for k in kind.split(",")) if isinstance(kind, str) else tuple(kind)
   bad = [k for k in kinds if k not in KINDS]
   if not kinds or bad or len(set(kinds)) != len(kinds):
@@ -42,6 +46,40 @@ def parse_kinds(kind) -> tuple[str, ...]:
 
 
 DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2}
+
+
+def make_loss(target, heads_by: dict, *, unroll: int = 1):
+  """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for one or several kinds of heads.
+
+  heads_by: kind -> Heads. batch: (tokens [B,T], valid [B,T], mask [B,T]) as `train_heads` builds
+  it (valid: `response_valid`; mask: the corpus windows'). The target runs once per batch (with
+  the EAGLE head's taps, if any) and every kind's loss reads its features. One kind: params and
+  metrics are that kind's own. Several: params is a dict kind -> params, the losses add, and
+  metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss)."""
+  kinds = tuple(heads_by)
+  joint = len(kinds) > 1
+  makers = {"medusa": medusa.make_loss, "mtp": mtp.make_loss,
+            "eagle": lambda t, h: eagle.make_loss(t, h, unroll=unroll)}
+  losses = {k: makers[k](target, heads_by[k]) for k in kinds}
+  eagle_taps = heads_by["eagle"].config.taps if "eagle" in heads_by else ()
+  e = target.config.hidden_size
+
+  def loss_fn(params, batch, rng, frozen):
+    tokens, ok, m = batch
+    full = target_features(target.graphdef, frozen["target"], tokens, eagle_taps)
+    b = {"tokens": tokens, "valid": ok, "mask": m, "feats": full[..., -e:], "full": full}
+    if not joint:
+      return losses[kinds[0]](params, b, rng, frozen)
+    total, metrics = 0.0, {}
+    for k in kinds:
+      loss, mk = losses[k](params[k], b, rng, frozen)
+      total = total + loss
+      metrics.update({f"{k}/{name}": v for name, v in mk.items() if name != "count"})
+      metrics.setdefault("count", mk.get("count", jnp.sum(m)))
+    metrics["loss"] = total
+    return total, metrics
+
+  return loss_fn
 
 
 def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None = None,
@@ -84,31 +122,77 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   middle layer); with init from an unfused EAGLE head, the head is grown (`add_taps`: it starts
   out drafting exactly as before and learns to use the taps).
   """
-  from specjax.heads import add_taps, check_taps, init_heads, save_heads
-
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1
   out_dir = out_dir or f"runs/{'+'.join(kinds)}"
+  per_kind = _heads_per_kind(kinds, num_heads)
+  _check_args(kinds, per_kind, export=export, num_layers=num_layers, vocab_size=vocab_size,
+              batch_size=batch_size, seq_len=seq_len, max_held_out_windows=max_held_out_windows,
+              unroll=unroll, taps=taps)
+  inits = {} if init is None else _load_inits(init, kinds, num_heads, per_kind)
+  config, corpus, target, target_name = setup_run(
+      target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
+      steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+      ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
+      clip_groups=joint)
+  taps = check_taps(taps, target.config.num_layers) if taps else ()
+  tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
+                             log)
+  valid = response_valid(mask)
+  heads_by, vocab = (_from_inits(inits, target, taps, init, log) if inits else _fresh_heads(
+      target, kinds, per_kind, tok, mask, vocab_size=vocab_size, num_layers=num_layers,
+      seed=seed, taps=taps, log=log))
+  # One frozen set for every kind: the target's params and the LM-head rows the heads score.
+  frozen = frozen_arrays(target, heads_by[kinds[0]])
+
+  def batches(step):
+    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
+    return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
+
+  params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
+  res = trainer.train(params if joint else params[kinds[0]],
+                      make_loss(target, heads_by, unroll=unroll), batches, config,
+                      held_out=held, frozen=frozen, log=log,
+                      title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
+                      + f", Vs={'all' if vocab is None else len(vocab)}")
+  meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size, seq_len=seq_len,
+              trained_with=list(kinds), unroll=unroll, init=None if init is None else str(init),
+              corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
+                      if c in corpus.meta})
+  out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
+  return out if joint else out[kinds[0]]
+
+
+def train_medusa(target="smollm2-135m", corpus=None, **kw):
+  """Medusa-1 heads on a corpus: `train_heads("medusa", target, corpus, **kw)`."""
+  return train_heads("medusa", target, corpus, **kw)
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def _heads_per_kind(kinds: tuple, num_heads) -> dict:
+  """num_heads (None, an int for one kind, or a dict kind -> int) -> kind -> head count."""
   if isinstance(num_heads, dict):
     unknown = sorted(set(num_heads) - set(kinds))
     if unknown:
       raise InputError(f"num_heads names kinds that are not trained here: {', '.join(unknown)}")
-    per_kind = {k: num_heads.get(k, DEFAULT_NUM_HEADS[k]) for k in kinds}
-  elif num_heads is None:
-    per_kind = {k: DEFAULT_NUM_HEADS[k] for k in kinds}
-  elif joint:
+    return {k: num_heads.get(k, DEFAULT_NUM_HEADS[k]) for k in kinds}
+  if num_heads is None:
+    return {k: DEFAULT_NUM_HEADS[k] for k in kinds}
+  if len(kinds) > 1:
     raise InputError(f"num_heads={num_heads!r} is ambiguous for several kinds: give a dict, e.g. "
                      f"{{'medusa': 4, 'mtp': 2}}")
-  else:
-    per_kind = {kinds[0]: num_heads}
+  return {kinds[0]: num_heads}
+
+
+def _check_args(kinds: tuple, per_kind: dict, *, export, num_layers, vocab_size, batch_size,
+                seq_len, max_held_out_windows, unroll, taps) -> None:
+  """Every check that needs neither the target nor the corpus, before anything loads."""
+  joint = len(kinds) > 1
   if export is not None and joint and "{kind}" not in export:
     raise InputError(f"export={export!r} must contain '{{kind}}' when training several kinds "
                      f"(one file per kind, e.g. 'heads-{{kind}}.npz')")
-  from specjax.training import eagle as eagle_train
-  from specjax.training import mtp as mtp_train
-  from specjax.training import trainer
-  from specjax.training.draft import setup_run, vocab_subset
-
   for k, v in per_kind.items():
     check_int("num_heads" if not joint else f"num_heads[{k!r}]", v, 1)
   for arg, v, lo in (("num_layers", num_layers, 1),
@@ -125,98 +209,44 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     check_taps(taps)  # the format now; the range once the target is loaded
   if unroll + 2 > seq_len:
     raise InputError(f"unroll={unroll} needs seq_len >= unroll + 2 (got {seq_len})")
-  inits = {}
-  if init is not None:
-    from specjax.heads import load_heads
 
-    if joint and "{kind}" not in str(init):
-      raise InputError(f"init={init!r} must contain '{{kind}}' when training several kinds")
-    for k in kinds:
-      path = str(init).replace("{kind}", k)
-      h = load_heads(path)  # fit to the target is checked below
-      if h.config.kind != k:
-        raise InputError(f"init {path!r} holds {h.config.kind} heads, not {k}")
-      asked = num_heads.get(k) if isinstance(num_heads, dict) else num_heads
-      if asked is not None and h.config.num_heads != asked:
-        raise InputError(f"init {k} heads have {h.config.num_heads} heads, num_heads asks {asked}")
-      per_kind[k] = h.config.num_heads
-      inits[k] = h
-    vocabs = {None if h.vocab is None else tuple(np.asarray(h.vocab).tolist())
-              for h in inits.values()}
-    if len(vocabs) > 1:
-      raise InputError("init heads score different vocabularies; joint training needs one")
-  config, corpus, target, target_name = setup_run(
-      target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
-      steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-      ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
-      clip_groups=joint)
-  cfg = target.config
-  taps = check_taps(taps, cfg.num_layers) if taps else ()
+
+def _load_inits(init, kinds: tuple, num_heads, per_kind: dict) -> dict:
+  """init ("{kind}" standing for each kind) -> kind -> loaded Heads; per_kind takes their head
+  counts. Their fit to the target is checked once it is loaded (`_from_inits`)."""
+  if len(kinds) > 1 and "{kind}" not in str(init):
+    raise InputError(f"init={init!r} must contain '{{kind}}' when training several kinds")
+  inits = {}
+  for k in kinds:
+    path = str(init).replace("{kind}", k)
+    h = load_heads(path)
+    if h.config.kind != k:
+      raise InputError(f"init {path!r} holds {h.config.kind} heads, not {k}")
+    asked = num_heads.get(k) if isinstance(num_heads, dict) else num_heads
+    if asked is not None and h.config.num_heads != asked:
+      raise InputError(f"init {k} heads have {h.config.num_heads} heads, num_heads asks {asked}")
+    per_kind[k] = h.config.num_heads
+    inits[k] = h
+  vocabs = {None if h.vocab is None else tuple(np.asarray(h.vocab).tolist())
+            for h in inits.values()}
+  if len(vocabs) > 1:
+    raise InputError("init heads score different vocabularies; joint training needs one")
+  return inits
+
+
+def _windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_windows: int,
+             batch_size: int, log):
+  """The corpus's training windows tok, mask [N,T] and its held-out batches (tokens, valid,
+  mask), each [batch_size,T], the last padded with rows that count nothing."""
   tok, mask = corpus.windows(seq_len, "train", held_out, seed)
   if not mask.any():
     raise InputError(f"corpus {getattr(corpus, 'path', '')}: no training windows with response "
                      f"tokens (held_out={held_out}, seq_len={seq_len})")
-  valid = response_valid(mask)
   vtok, vmask = corpus.windows(seq_len, "heldout", held_out, seed)
   vtok, vmask = vtok[:max_held_out_windows], vmask[:max_held_out_windows]
   vvalid = response_valid(vmask)
   log(f"data: {len(tok)} training windows ({int(mask.sum())} response positions), "
       f"{len(vtok)} held-out windows")
-  vocab = None
-  if inits:
-    from specjax.heads import check_fits
-
-    for k, h in inits.items():
-      check_fits(h, target)
-    vocab = inits[kinds[0]].vocab
-    heads_by = {k: dataclasses.replace(h, params=jax.tree_util.tree_map(
-        lambda x: jnp.asarray(x, target.dtype), h.params)) for k, h in inits.items()}
-    if taps:
-      heads_by["eagle"] = add_taps(heads_by["eagle"], taps, target)
-    log(f"init: {init} ({', '.join(f'{k}: {h.config.num_heads}' for k, h in inits.items())} "
-        f"heads, Vs={'all' if vocab is None else len(vocab)})")
-  else:
-    if vocab_size:
-      nxt = tok[:, 1:][mask[:, :-1]]
-      vocab = vocab_subset(np.bincount(nxt, minlength=cfg.vocab_size), vocab_size)
-    heads_by = {k: init_heads(target, k, num_heads=per_kind[k], num_layers=num_layers, seed=seed,
-                              vocab=vocab, taps=taps if k == "eagle" else ())
-                for k in kinds}
-  if "eagle" in heads_by and heads_by["eagle"].config.taps:
-    log(f"eagle: fused features from the outputs of layers {list(heads_by['eagle'].config.taps)} "
-        f"and the last")
-  vocab_j = None if vocab is None else jnp.asarray(vocab)
-  # One frozen set for every kind: the target's params and the LM-head rows the heads score.
-  frozen = eagle_train.frozen_arrays(target, heads_by[kinds[0]])
-
-  def kind_loss(k):
-    if k == "medusa":
-      hcfg = heads_by[k].config
-      return lambda p, b, rng, frozen: medusa_loss(p, hcfg, b["feats"], b["tokens"],
-                                                   frozen["head"], vocab_j, b["valid"])
-    if k == "eagle":
-      return eagle_train.make_loss(target, heads_by[k], unroll=unroll)
-    return mtp_train.make_loss(target, heads_by[k])
-
-  losses = {k: kind_loss(k) for k in kinds}
-  eagle_taps = heads_by["eagle"].config.taps if "eagle" in heads_by else ()
-
-  def loss_fn(params, batch, rng, frozen):
-    tokens, ok, m = batch
-    full = eagle_train.target_features(target.graphdef, frozen["target"], tokens, eagle_taps)
-    b = {"tokens": tokens, "valid": ok, "mask": m, "feats": full[..., -cfg.hidden_size:],
-         "full": full}
-    if not joint:
-      return losses[kinds[0]](params, b, rng, frozen)
-    total, metrics = 0.0, {}
-    for k in kinds:
-      loss, mk = losses[k](params[k], b, rng, frozen)
-      total = total + loss
-      metrics.update({f"{k}/{name}": v for name, v in mk.items() if name != "count"})
-      metrics.setdefault("count", mk.get("count", jnp.sum(m)))
-    metrics["loss"] = total
-    return total, metrics
-
   held = []
   if len(vtok):
     pad = -len(vtok) % batch_size
@@ -225,40 +255,67 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     vmask = np.concatenate([vmask, np.zeros((pad, seq_len), bool)])
     held = [tuple(jnp.asarray(a[i:i + batch_size]) for a in (vtok, vvalid, vmask))
             for i in range(0, len(vtok), batch_size)]
+  return tok, mask, held
 
-  def batches(step):
-    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-    return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
 
-  def f32(h):
-    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), h.params)
+def _from_inits(inits: dict, target, taps: tuple, init, log):
+  """Trained heads to start from, checked against the target and cast to its dtype (an unfused
+  EAGLE head grown to `taps`). Returns (kind -> Heads, their vocabulary subset or None)."""
+  for h in inits.values():
+    check_fits(h, target)
+  vocab = next(iter(inits.values())).vocab
+  heads_by = {k: dataclasses.replace(h, params=jax.tree_util.tree_map(
+      lambda x: jnp.asarray(x, target.dtype), h.params)) for k, h in inits.items()}
+  if taps:
+    heads_by["eagle"] = add_taps(heads_by["eagle"], taps, target)
+  log(f"init: {init} ({', '.join(f'{k}: {h.config.num_heads}' for k, h in inits.items())} "
+      f"heads, Vs={'all' if vocab is None else len(vocab)})")
+  _log_taps(heads_by, log)
+  return heads_by, vocab
 
-  params = {k: f32(h) for k, h in heads_by.items()} if joint else f32(heads_by[kinds[0]])
-  res = trainer.train(params, loss_fn, batches, config, held_out=held, frozen=frozen, log=log,
-                      title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
-                      + f", Vs={'all' if vocab is None else len(vocab)}")
+
+def _fresh_heads(target, kinds: tuple, per_kind: dict, tok, mask, *, vocab_size: int,
+                 num_layers: int, seed: int, taps: tuple, log):
+  """Untrained heads of every kind over one vocabulary subset: the `vocab_size` most frequent
+  next tokens of the training windows (0: the full vocabulary). Returns (kind -> Heads, vocab)."""
+  vocab = None
+  if vocab_size:
+    nxt = tok[:, 1:][mask[:, :-1]]
+    vocab = vocab_subset(np.bincount(nxt, minlength=target.config.vocab_size), vocab_size)
+  heads_by = {k: init_heads(target, k, num_heads=per_kind[k], num_layers=num_layers, seed=seed,
+                            vocab=vocab, taps=taps if k == "eagle" else ())
+              for k in kinds}
+  _log_taps(heads_by, log)
+  return heads_by, vocab
+
+
+def _log_taps(heads_by: dict, log) -> None:
+  if "eagle" in heads_by and heads_by["eagle"].config.taps:
+    log(f"eagle: fused features from the outputs of layers {list(heads_by['eagle'].config.taps)} "
+        f"and the last")
+
+
+def _f32(tree):
+  return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+def _finish(kind: str, h, res, joint: bool, num_heads: int, export, meta: dict, log):
+  """One kind's trained Heads from the trainer's result (cast back to the heads' dtype, held-out
+  metrics and steps in `meta`), logged and, with export, saved ("{kind}" in the path)."""
   held_all = {k: float(v) for k, v in (res.held_out or {}).items()}
-  out = {}
-  for k in kinds:
-    h = heads_by[k]
-    trained = res.params[k] if joint else res.params
-    held_k = ({name[len(k) + 1:]: v for name, v in held_all.items() if name.startswith(k + "/")}
-              if joint else held_all)
-    h = dataclasses.replace(h, params=jax.tree_util.tree_map(
-        lambda x, y: jnp.asarray(x, y.dtype), trained, h.params),
-        meta={"held_out": held_k, "steps": res.step})
-    if held_k and k == "medusa":
-      table = accuracy_table(held_k, per_kind[k])
-      log("medusa held-out top-1 / top-5 per head: " + ", ".join(
-          f"{a:.3f} / {b:.3f}" for a, b in table))
-    if export:
-      path = export.replace("{kind}", k)
-      save_heads(h, path, meta={"target": target_name, "kind": k, "steps": res.step, "lr": lr,
-                                "batch_size": batch_size, "seq_len": seq_len,
-                                "trained_with": list(kinds), "unroll": unroll,
-                                "init": None if init is None else str(init),
-                                "corpus": {c: corpus.meta[c] for c in ("model", "vocab_size",
-                                           "weights_sha256") if c in corpus.meta}})
-      log(f"export: wrote {path}")
-    out[k] = h
-  return out if joint else out[kinds[0]]
+  trained = res.params[kind] if joint else res.params
+  held_k = ({name[len(kind) + 1:]: v for name, v in held_all.items()
+             if name.startswith(kind + "/")} if joint else held_all)
+  h = dataclasses.replace(h, params=jax.tree_util.tree_map(
+      lambda x, y: jnp.asarray(x, y.dtype), trained, h.params),
+      meta={"held_out": held_k, "steps": res.step})
+  if held_k and kind == "medusa":
+    table = medusa.accuracy_table(held_k, num_heads)
+    log("medusa held-out top-1 / top-5 per head: " + ", ".join(
+        f"{a:.3f} / {b:.3f}" for a, b in table))
+  if export:
+    path = export.replace("{kind}", kind)
+    save_heads(h, path, meta={"target": meta["target"], "kind": kind,
+                              **{k: v for k, v in meta.items() if k != "target"}})
+    log(f"export: wrote {path}")
+  return h

@@ -10,6 +10,7 @@ heads learn the target's continuations rather than the corpus's.
 
     hidden = teacher_hidden(target, tokens)                    # [B,T,E], no gradients
     loss, metrics = medusa_loss(heads.params, heads.config, hidden, tokens, lm_head_matrix(target))
+    loss_fn = make_loss(target, heads)                   # the shared trainer's loss_fn
 
 `metrics` has the loss per head and top-1 / top-5 accuracy per head (the held-out table's
 columns). The shared optax/orbax loop lives in specjax/training/trainer.py.
@@ -17,14 +18,13 @@ columns). The shared optax/orbax loop lives in specjax/training/trainer.py.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.heads import HeadsConfig, medusa_hidden
 from specjax.model import head_rows
-from specjax.training.eagle import _features_jit
+from specjax.training.features import features_jit, target_features
 
 DECAY = 0.8
 
@@ -35,14 +35,11 @@ def lm_head_matrix(target, vocab=None) -> jax.Array:
   return head_rows(target.config, target.params, ids)
 
 
-# One frozen causal forward without the LM head: the same features EAGLE and MTP train on.
-_hidden = _features_jit
-
-
 def teacher_hidden(target, tokens) -> jax.Array:
   """tokens [B,T] int32 (whole windows from position 0) -> the target's final-normed hidden
-  states [B,T,E] (one causal forward; the full-vocabulary logits are not computed)."""
-  return _hidden(target.graphdef, target.params, jnp.asarray(tokens, jnp.int32), ())
+  states [B,T,E] (one causal forward without the full-vocabulary logits: the same features EAGLE
+  and MTP train on, training/features.py)."""
+  return features_jit(target.graphdef, target.params, jnp.asarray(tokens, jnp.int32), ())
 
 
 def medusa_loss(params, cfg: HeadsConfig, hidden: jax.Array, tokens: jax.Array, head: jax.Array,
@@ -82,6 +79,29 @@ def medusa_loss(params, cfg: HeadsConfig, hidden: jax.Array, tokens: jax.Array, 
     metrics[f"top5_{i}"] = jnp.sum(ok & (rank < 5)) / n
   metrics["loss"] = total
   return total, metrics
+
+
+def make_loss(target, heads, *, decay: float = DECAY):
+  """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for Medusa heads on `target`, the
+  shared trainer's signature (as training/eagle.py and mtp.py give it).
+
+  batch: {"tokens" [B,T] int32, optional "valid" [B,T] bool (positions that are real text to
+  learn from and to predict: training/heads.py `response_valid`), optional "feats" [B,T,E] (the
+  target's final-normed hidden states; computed here when absent)}. frozen: training/features.py
+  `frozen_arrays` (the target's params, the LM-head rows the heads score and their ids "vocab"). See
+  `medusa_loss` for the loss and metrics.
+  """
+  graphdef, hcfg = target.graphdef, heads.config
+
+  def loss_fn(params, batch, rng, frozen):
+    del rng  # deterministic
+    feats = batch.get("feats")
+    if feats is None:
+      feats = target_features(graphdef, frozen["target"], batch["tokens"])
+    return medusa_loss(params, hcfg, feats, batch["tokens"], frozen["head"], frozen.get("vocab"),
+                       batch.get("valid"), decay)
+
+  return loss_fn
 
 
 def label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -137,11 +157,3 @@ def fit(target, heads, tokens, *, steps: int = 200, lr: float = 1e-2, batch_size
     losses.append(float(loss))
   params = jax.tree_util.tree_map(lambda x, y: x.astype(y.dtype), params, heads.params)
   return dataclasses.replace(heads, params=params), losses
-
-
-
-def train_medusa(target="smollm2-135m", corpus=None, **kw):
-  """Medusa-1 heads on a corpus: `specjax.training.heads.train_heads("medusa", ...)`."""
-  from specjax.training.heads import train_heads
-
-  return train_heads("medusa", target, corpus, **kw)

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.heads import Heads, module_arrays
-from specjax.training.eagle import (fit as _fit, frozen_arrays, run_head, target_features,
-                                    teacher_features)
+from specjax.training.eagle import fit as _fit, run_head
+from specjax.training.features import frozen_arrays, target_features, teacher_features
 
 __all__ = ["make_loss", "frozen_arrays", "teacher_features", "fit", "DECAY"]
 
