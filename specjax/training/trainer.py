@@ -294,10 +294,40 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
     stops training, after saving a checkpoint at that step.
   Returns TrainResult(params, step, held_out metrics at the end, resumed_from, out_dir).
   """
-  import optax
-  import orbax.checkpoint as ocp
-  from tqdm.auto import tqdm
+  _check_train_args(params, loss_fn, batches, config)
+  held_out = list(held_out)
+  run = _Run(config, title, frozen)
+  opt = optimizer(config)
+  run.params = jax.tree_util.tree_map(jnp.array, params)  # our own copy: the caller's stays intact
+  run.opt_state = opt.init(run.params)
+  key = jax.random.key(config.seed)
+  run.resume(log)
+  update = jax.jit(_update_step(loss_fn, opt, key, config))
+  evaluate = jax.jit(eval_fn or loss_fn)
+  eval_key = jax.random.fold_in(key, 2**32 - 1)  # never a training step
 
+  def held_out_metrics():
+    return _mean_metrics([(float(l), {k: float(v) for k, v in m.items()})
+                          for l, m in (evaluate(run.params, b, eval_key, *run.extra)
+                                       for b in held_out)])
+
+  run.open_log()
+  try:
+    _loop(run, update, batches, held_out_metrics if held_out else None, callback, log)
+  finally:
+    run.close(log)
+  if held_out and run.val_step != run.step:  # resumed at the end, or stopped early
+    run.val = held_out_metrics()
+  if run.step == run.resumed_from:
+    log(f"train: nothing to do, the checkpoint is at step {run.step} of {config.steps}")
+  run.mgr.close()
+  plot(run.out_dir, title)
+  return TrainResult(params=run.params, step=run.step, held_out=run.val,
+                     resumed_from=run.resumed_from, out_dir=run.out_dir)
+
+
+def _check_train_args(params, loss_fn, batches, config) -> None:
+  """`train`'s argument checks, before anything is written or compiled."""
   if not isinstance(config, TrainConfig):
     raise InputError(f"config must be a TrainConfig, got {type(config).__name__}")
   config.validate()
@@ -310,41 +340,13 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
     raise InputError("clip_groups=True needs params as a dict of groups {name: pytree}")
   if not leaves or not all(jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
     raise InputError("params must be a non-empty pytree of floating-point arrays")
-  held_out = list(held_out)
-  out_dir = prepare_out_dir(config.out_dir)
 
-  opt = optimizer(config)
-  lr_at = schedule(config)
-  params = jax.tree_util.tree_map(jnp.array, params)  # our own copy: the caller's stays intact
-  opt_state = opt.init(params)
-  key = jax.random.key(config.seed)
 
-  mgr = ocp.CheckpointManager(os.path.join(out_dir, CKPT_DIR),
-                              options=ocp.CheckpointManagerOptions(max_to_keep=config.keep,
-                                                                   enable_async_checkpointing=False))
-  step, resumed_from, seconds = 0, None, 0.0
-  if mgr.latest_step() is not None:
-    resumed_from = step = int(mgr.latest_step())
-    abstract = {"params": params, "opt": opt_state, "step": np.zeros((), np.int64),
-                "seed": np.zeros((), np.int64)}
-    try:
-      state = mgr.restore(step, args=ocp.args.StandardRestore(abstract))
-    except (ValueError, KeyError, TypeError) as e:
-      raise InputError(f"out_dir={out_dir!r} holds a checkpoint that does not fit these params "
-                       f"(another drafter or shape?): {e}") from e
-    if int(state["seed"]) != config.seed:
-      raise InputError(f"out_dir={out_dir!r} holds a run with seed={int(state['seed'])}, not "
-                       f"seed={config.seed}: resume with that seed or use another out_dir")
-    params, opt_state = state["params"], state["opt"]
-    rows = _truncate_log(out_dir, step)
-    seconds = max((r.get("seconds", 0.0) for r in rows), default=0.0)
-    log(f"train: resumed from checkpoint at step {step} in {out_dir}")
-  else:
-    _truncate_log(out_dir, 0)
-  with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
-    json.dump(dataclasses.asdict(config), f, indent=1, default=str)
-
-  extra = () if frozen is None else (frozen,)
+def _update_step(loss_fn, opt, key, config: TrainConfig):
+  """One optimiser step (to jit): (params, opt_state, frozen, batch, step) -> (params, opt_state,
+  loss, metrics), the step's key fold_in(key, step). metrics gain grad_norm (and per group,
+  "<group>/grad_norm", each group clipped on its own with clip_groups)."""
+  import optax
 
   def update(params, opt_state, frozen, batch, step):
     rng = jax.random.fold_in(key, step)
@@ -361,70 +363,123 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, metrics
 
-  update = jax.jit(update)
-  evaluate = jax.jit(eval_fn or loss_fn)
-  eval_key = jax.random.fold_in(key, 2**32 - 1)  # never a training step
+  return update
 
-  def held_out_metrics():
-    return _mean_metrics([(float(l), {k: float(v) for k, v in m.items()})
-                          for l, m in (evaluate(params, b, eval_key, *extra) for b in held_out)])
 
-  logf = open(os.path.join(out_dir, LOG_FILE), "a")
+class _Run:
+  """One `train` call's mutable state (params, optimiser state, step, the latest held-out
+  metrics) and its files: orbax checkpoints, log.jsonl, config.json and the plot."""
 
-  def write(row):
-    logf.write(json.dumps(row) + "\n")
-    logf.flush()
+  def __init__(self, config: TrainConfig, title: str, frozen):
+    import orbax.checkpoint as ocp
 
-  def save(s):
-    mgr.save(s, args=ocp.args.StandardSave({"params": params, "opt": opt_state,
-                                            "step": np.asarray(s, np.int64),
-                                            "seed": np.asarray(config.seed, np.int64)}), force=True)
-    mgr.wait_until_finished()
-    plot(out_dir, title)
+    self.config, self.title, self.frozen = config, title, frozen
+    self.extra = () if frozen is None else (frozen,)  # loss_fn / eval_fn's trailing argument
+    self.out_dir = prepare_out_dir(config.out_dir)
+    self.mgr = ocp.CheckpointManager(
+        os.path.join(self.out_dir, CKPT_DIR),
+        options=ocp.CheckpointManagerOptions(max_to_keep=config.keep,
+                                             enable_async_checkpointing=False))
+    self.params = self.opt_state = self.val = self.val_step = self.logf = None
+    self.step, self.resumed_from, self.seconds, self.last_saved = 0, None, 0.0, 0
+    self.t0 = time.time()
 
-  last_saved, val, val_step, t0 = step, None, None, time.time()
-  bar = tqdm(total=config.steps, initial=step, disable=not config.progress, desc="train",
+  def resume(self, log) -> None:
+    """Restores the latest checkpoint (and cuts the log back to it) or starts a fresh log;
+    writes config.json."""
+    import orbax.checkpoint as ocp
+
+    out_dir, config = self.out_dir, self.config
+    if self.mgr.latest_step() is not None:
+      self.resumed_from = self.step = step = int(self.mgr.latest_step())
+      abstract = {"params": self.params, "opt": self.opt_state, "step": np.zeros((), np.int64),
+                  "seed": np.zeros((), np.int64)}
+      try:
+        state = self.mgr.restore(step, args=ocp.args.StandardRestore(abstract))
+      except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"out_dir={out_dir!r} holds a checkpoint that does not fit these params "
+                         f"(another drafter or shape?): {e}") from e
+      if int(state["seed"]) != config.seed:
+        raise InputError(f"out_dir={out_dir!r} holds a run with seed={int(state['seed'])}, not "
+                         f"seed={config.seed}: resume with that seed or use another out_dir")
+      self.params, self.opt_state = state["params"], state["opt"]
+      rows = _truncate_log(out_dir, step)
+      self.seconds = max((r.get("seconds", 0.0) for r in rows), default=0.0)
+      log(f"train: resumed from checkpoint at step {step} in {out_dir}")
+    else:
+      _truncate_log(out_dir, 0)
+    self.last_saved = self.step
+    with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
+      json.dump(dataclasses.asdict(config), f, indent=1, default=str)
+
+  def open_log(self) -> None:
+    self.logf = open(os.path.join(self.out_dir, LOG_FILE), "a")
+    self.t0 = time.time()
+
+  def elapsed(self) -> float:
+    """Training seconds over every call of this run (resumed ones included)."""
+    return round(self.seconds + time.time() - self.t0, 3)
+
+  def write(self, row: dict) -> None:
+    self.logf.write(json.dumps(row) + "\n")
+    self.logf.flush()
+
+  def save(self, step: int) -> None:
+    import orbax.checkpoint as ocp
+
+    self.mgr.save(step, args=ocp.args.StandardSave({
+        "params": self.params, "opt": self.opt_state, "step": np.asarray(step, np.int64),
+        "seed": np.asarray(self.config.seed, np.int64)}), force=True)
+    self.mgr.wait_until_finished()
+    plot(self.out_dir, self.title)
+    self.last_saved = step
+
+  def close(self, log) -> None:
+    """Saves the step reached if it is not saved yet (on an exception, Ctrl-C or SIGTERM too:
+    rerunning resumes there) and closes the log."""
+    if self.step != self.last_saved:
+      self.save(self.step)
+      log(f"train: stopped at step {self.step}, checkpoint saved; rerun to resume")
+    self.logf.close()
+
+
+def _loop(run: _Run, update, batches, held_out_metrics, callback, log) -> None:
+  """The training steps from run.step to config.steps (or the time limit): log lines, held-out
+  evaluations (held_out_metrics None: no held-out batches) and checkpoints on schedule."""
+  from tqdm.auto import tqdm
+
+  config = run.config
+  lr_at = schedule(config)
+  bar = tqdm(total=config.steps, initial=run.step, disable=not config.progress, desc="train",
              dynamic_ncols=True)
   restore_signals = _catch_stop_signals()
   try:
-    if held_out and resumed_from is None:  # the starting point, for the plot and comparisons
-      val, val_step = held_out_metrics(), 0
-      write({"step": 0, "split": "heldout", "seconds": 0.0, **val})
-      log("train: step 0 held-out " + " ".join(f"{k} {v:.4f}" for k, v in val.items()))
-    while step < config.steps:
-      if config.max_minutes and time.time() - t0 > 60 * config.max_minutes:
-        log(f"train: time limit ({config.max_minutes} min) at step {step}")
+    if held_out_metrics and run.resumed_from is None:  # the starting point, for the plot
+      run.val, run.val_step = held_out_metrics(), 0
+      run.write({"step": 0, "split": "heldout", "seconds": 0.0, **run.val})
+      log("train: step 0 held-out " + " ".join(f"{k} {v:.4f}" for k, v in run.val.items()))
+    while run.step < config.steps:
+      if config.max_minutes and time.time() - run.t0 > 60 * config.max_minutes:
+        log(f"train: time limit ({config.max_minutes} min) at step {run.step}")
         break
-      batch = batches(step)
-      params, opt_state, loss, metrics = update(params, opt_state, frozen, batch,
-                                                jnp.asarray(step, jnp.int32))
-      step += 1
+      batch = batches(run.step)
+      run.params, run.opt_state, loss, metrics = update(
+          run.params, run.opt_state, run.frozen, batch, jnp.asarray(run.step, jnp.int32))
+      run.step = step = run.step + 1
       bar.update(1)
       if step % config.log_every == 0 or step in (1, config.steps):
         m = {k: float(v) for k, v in metrics.items()}
-        write({"step": step, "split": "train", "loss": float(loss), "lr": float(lr_at(step - 1)),
-               "seconds": round(seconds + time.time() - t0, 3), **m})
+        run.write({"step": step, "split": "train", "loss": float(loss),
+                   "lr": float(lr_at(step - 1)), "seconds": run.elapsed(), **m})
         bar.set_postfix(loss=f"{float(loss):.3f}")
-      if held_out and (step % config.eval_every == 0 or step == config.steps):
-        val, val_step = held_out_metrics(), step
-        write({"step": step, "split": "heldout", "seconds": round(seconds + time.time() - t0, 3), **val})
-        log(f"train: step {step} held-out " + " ".join(f"{k} {v:.4f}" for k, v in val.items()))
+      if held_out_metrics and (step % config.eval_every == 0 or step == config.steps):
+        run.val, run.val_step = held_out_metrics(), step
+        run.write({"step": step, "split": "heldout", "seconds": run.elapsed(), **run.val})
+        log(f"train: step {step} held-out " + " ".join(f"{k} {v:.4f}" for k, v in run.val.items()))
       if step % config.ckpt_every == 0 or step == config.steps:
-        save(step)
-        last_saved = step
+        run.save(step)
       if callback is not None:
-        callback(step, params, metrics)
+        callback(step, run.params, metrics)
   finally:
     bar.close()
     restore_signals()  # a second signal now acts as it would have before
-    if step != last_saved:
-      save(step)  # on an exception, Ctrl-C or SIGTERM too: rerunning resumes here
-      log(f"train: stopped at step {step}, checkpoint saved; rerun to resume")
-    logf.close()
-  if held_out and val_step != step:  # resumed at the end, or stopped early
-    val = held_out_metrics()
-  if step == resumed_from:
-    log(f"train: nothing to do, the checkpoint is at step {step} of {config.steps}")
-  mgr.close()
-  plot(out_dir, title)
-  return TrainResult(params=params, step=step, held_out=val, resumed_from=resumed_from, out_dir=out_dir)
