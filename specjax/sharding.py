@@ -14,8 +14,10 @@ falls back to replication on that dimension, is reported once as a `ShardingFall
 is counted in `memory_report`. `strict=True` makes it a `ShardingError` instead.
 
 Inside the compiled loop the cache and the decode state are pinned with
-`with_sharding_constraint` (see `constrain_state`): rows over `data`, KV heads over `model` where
-they divide. Nothing here changes results: greedy outputs are token-identical to one device.
+`with_sharding_constraint` (`constrain_cache`, `constrain_rows`, `constrain_replicated`): rows over
+`data`, KV heads over `model` where they divide. Which of the decode state's fields are per-row is
+declared by the state itself (decode.DecodeState), not guessed here. Nothing here changes results:
+greedy outputs are token-identical to one device.
 
 Everything that builds an array goes through `jax.make_array_from_callback`, so each process only
 touches its own shards: a model is never materialised whole on one device, and the same code runs
@@ -34,6 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from specjax.cache import KVCache
 from specjax.errors import InputError
 
 AXES = ("data", "model")
@@ -421,42 +424,29 @@ def check_model_axis(mesh: Mesh, params, rules=None) -> None:
                         f"MLP width or vocabulary")
 
 
-def _spec(mesh: Mesh, x, batch: int) -> P:
-  return P("data") if x.ndim >= 1 and x.shape[0] == batch else P()
-
-
-def constrain_state(mesh: Mesh | None, tree, batch: int):
-  """Pins a decode state (or any pytree holding KVCaches) inside jit: KV buffers by `cache_spec`,
-  [B, ...] arrays over data, the rest replicated. Identity when mesh is None."""
-  if mesh is None:
-    return tree
-  from specjax.cache import KVCache
-  from specjax.decode import DecodeState
-
+def constrain_cache(mesh: Mesh, cache: KVCache) -> KVCache:
+  """Inside jit: a KV cache's buffers pinned by `cache_spec`, its lengths [B] over data."""
   wsc = jax.lax.with_sharding_constraint
+  layers = tuple({n: wsc(b, NamedSharding(mesh, cache_spec(mesh, b.shape[1])))
+                  for n, b in layer.items()} for layer in cache.layers)
+  return cache.replace(layers=layers, lengths=wsc(cache.lengths, NamedSharding(mesh, P("data"))))
 
-  def one(x):
-    if isinstance(x, KVCache):
-      layers = tuple({n: wsc(b, NamedSharding(mesh, cache_spec(mesh, b.shape[1])))
-                      for n, b in layer.items()} for layer in x.layers)
-      return x.replace(layers=layers, lengths=wsc(x.lengths, NamedSharding(mesh, P("data"))))
-    if isinstance(x, DecodeState):
-      rest = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)
-              if f.name not in ("key", "eos", "steps")}
-      rest = constrain_state(mesh, rest, batch)
-      return x.replace(**rest, key=wsc(x.key, NamedSharding(mesh, P())))
-    if x is None or not hasattr(x, "shape"):
-      return x
-    return wsc(x, NamedSharding(mesh, _spec(mesh, x, batch)))
 
-  return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, (KVCache, DecodeState)))
+def constrain_rows(mesh: Mesh, x: jax.Array) -> jax.Array:
+  """Inside jit: a per-row array [B, ...] pinned with its rows over data."""
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("data")))
+
+
+def constrain_replicated(mesh: Mesh, tree):
+  """Inside jit: every array of a pytree pinned whole on every device."""
+  return jax.tree_util.tree_map(
+      lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P())), tree)
 
 
 def replicate_outputs(mesh: Mesh | None, state):
   """Inside jit: everything but KV caches replicated, so every process can read the result."""
   if mesh is None:
     return state
-  from specjax.cache import KVCache
 
   def one(x):
     if isinstance(x, KVCache) or x is None or not hasattr(x, "shape"):

@@ -3,6 +3,12 @@ real-model batch check."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import specjax as sj
@@ -91,3 +97,51 @@ def test_compile_cache_is_bounded(tiny):
     assert cache.count == before + 1  # recompiled after the clear
   finally:
     cache.max_programs = old
+
+
+# ----------------------------------------------------------------------------- the state's layout
+
+
+@flax.struct.dataclass
+class _TallyState:
+  steps: jax.Array  # [B] int32: not declared, so per-row by rule
+  table: jax.Array = decode.replicated()  # [4] int32 that every row reads
+
+
+@dataclasses.dataclass(frozen=True)
+class Tally(sj.Autoregressive):
+  """Autoregressive decoding that also counts each row's active steps, reading a table all rows
+  share: shared=True declares the table replicated; False keeps it in a plain dict, which
+  breaks the per-row rule of a method's state."""
+  shared: bool = True
+
+  def init(self, prog, arrays, state, hidden):
+    z, table = jnp.zeros_like(state.seq_len), jnp.arange(4, dtype=jnp.int32)
+    return _TallyState(z, table) if self.shared else {"steps": z, "table": table}
+
+  def step(self, prog, params, arrays, state):
+    m = state.method
+    out = super().step(prog, params, arrays, state)
+    return out.replace(method=m.replace(steps=m.steps + (~state.done) * m.table[1]))
+
+  def stats(self, state):
+    return {"tally": np.asarray(state.method.steps).tolist()}
+
+
+def test_state_declares_its_layout():
+  """Which fields are split by row is declared by DecodeState, not read off shapes."""
+  layout = {f.name: f.metadata["layout"] for f in dataclasses.fields(decode.DecodeState)}
+  assert {n for n, v in layout.items() if v == decode.REPLICATED} == {"key", "eos", "steps"}
+  assert layout["method"] == layout["cache"] == layout["seq"] == decode.ROWS
+
+
+def test_method_state_rows_and_replicated_leaves(tiny):
+  """A method state's undeclared leaves are per-row [B, ...]; a leaf all rows share is declared
+  replicated. One that is neither fails at trace time, on one device, naming where it is."""
+  ps = random_prompts(3, tiny.config.vocab_size, seed=2)
+  ref = sj.generate(tiny, ps, max_new_tokens=8)
+  out = sj.generate(tiny, ps, Tally(), max_new_tokens=8)
+  assert out.tokens == ref.tokens
+  assert out.stats["tally"] == [c - 1 for c in out.stats["target_calls_per_row"]]
+  with pytest.raises(ValueError, match=r"DecodeState\.method\['table'\] has shape \(4,\).*B=3"):
+    sj.generate(tiny, ps, Tally(shared=False), max_new_tokens=8)

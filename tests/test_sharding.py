@@ -193,6 +193,20 @@ def test_sampling_same_seed_same_tokens(name, factory, mesh):
 
 
 @on_8
+@pytest.mark.filterwarnings("ignore::specjax.sharding.ShardingFallbackWarning")
+def test_method_state_declared_replicated_on_mesh():
+  """A method state with a per-row counter and a table declared replicated (test_decode.Tally):
+  on a mesh its rows split over data and the table stays whole, with one device's results."""
+  from test_decode import Tally
+
+  t = target_model()
+  one = sj.generate(t, prompts(), Tally(), max_new_tokens=MAX_NEW)
+  out = sj.generate(t, prompts(), Tally(), max_new_tokens=MAX_NEW, mesh="data=2,model=4")
+  assert out.tokens == one.tokens == reference("autoregressive", lambda _: sj.Autoregressive())
+  assert out.stats["tally"] == one.stats["tally"]
+
+
+@on_8
 @pytest.mark.parametrize("tied", [False, True])
 def test_vocab_sharded_model_identical(tied):
   """Vocab 64 divides model=8: embedding and LM head really split (tied and untied)."""
