@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -41,7 +42,7 @@ class ReportError(ValueError):
 def load_source(path: str, name: str | None = None) -> dict:
   """A Spec-Bench-layout results file -> {name, sets, methods, cells, notes, meta}.
 
-  cells[method][set] = (speedup, tau, identical); sets are the file's prompt sets in its own
+  cells[method][set] = (speedup, tau, identical, tok/s); sets are the file's prompt sets in its own
   order plus "overall" (every prompt pooled) when the file has it. `name` is how the report
   cites the file (default: `path`)."""
   with open(path) as f:
@@ -54,8 +55,8 @@ def load_source(path: str, name: str | None = None) -> dict:
   sets = [s for s in data["categories"] if any(s in cell for cell in summary.values())]
   if any("overall" in cell for cell in summary.values()):
     sets.append("overall")
-  cells = {m: {s: (c["speedup"], c["tau"], c.get("identical")) for s, c in by_set.items()
-               if s in sets} for m, by_set in summary.items()}
+  cells = {m: {s: (c["speedup"], c["tau"], c.get("identical"), c.get("tok_s"))
+               for s, c in by_set.items() if s in sets} for m, by_set in summary.items()}
   return {"name": name or path, "sets": sets, "methods": list(summary), "cells": cells,
           "notes": data.get("methods", {}), "meta": _meta(data)}
 
@@ -71,24 +72,33 @@ def _meta(data: dict) -> dict:
 
 
 def render_source(src: dict, baseline: str = "autoregressive") -> str:
-  """One source's table (methods x prompt sets, each cell "speedup x (tau)") and its notes."""
+  """One source's table (a cell per method x prompt set: "speedup x (tau)", the baseline's row
+  its tokens/s) and the notes that say where it comes from."""
   sets = src["sets"]
   head = "| method | " + " | ".join(SET_TITLES.get(s, s) for s in sets) + " |"
   lines = [head, "|---" * (len(sets) + 1) + "|"]
+  if baseline in src["cells"]:
+    base = src["cells"][baseline]
+    lines.append(f"| {baseline}, tokens/s | " + " | ".join(
+        "-" if base.get(s) is None or base[s][3] is None else f"{base[s][3]:.1f}"
+        for s in sets) + " |")
   for m in src["methods"]:
-    if m == baseline:
-      continue
-    lines.append(f"| {m} | " + " | ".join(_cell(src["cells"][m].get(s)) for s in sets) + " |")
-  lines += ["", _source_line(src), "", _settings_line(src, baseline), "", _identity_line(src)]
-  return "\n".join(lines)
+    if m != baseline:
+      lines.append(f"| {m} | " + " | ".join(_cell(src["cells"][m].get(s)) for s in sets) + " |")
+  notes = [_source_line(src), _settings_line(src, baseline), _identity_line(src)]
+  return "\n".join(lines + [""] + [_wrap(n) + "\n" for n in notes]).rstrip("\n")
 
 
 def _cell(c) -> str:
   if c is None:
     return "-"
-  speedup, tau, _ = c
+  speedup, tau = c[0], c[1]
   text = f"{speedup:.2f}x ({tau:.2f})"
-  return f"**{text}**" if speedup >= 1.0 else text
+  return f"**{text}**" if round(speedup, 2) > 1.0 else text  # bold: faster than the baseline
+
+
+def _wrap(text: str) -> str:
+  return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
 
 
 def _source_line(src: dict) -> str:
@@ -110,7 +120,9 @@ def _settings_line(src: dict, baseline: str) -> str:
   m = src["meta"]
   notes = "; ".join(f"{name}: {note}" for name, note in src["notes"].items() if name != baseline)
   return (f"Cells: speedup over {baseline} decoding (median over prompts of the per-prompt time "
-          f"ratio) and, in brackets, tau (new tokens per target forward, prefill included). "
+          f"ratio; bold where above 1.00x) and, in brackets, tau (new tokens per target forward, "
+          f"prefill included); the first row, {baseline} decoding's own speed (median over "
+          f"prompts). "
           f"{m['model']}, greedy, batch 1, {m['prompts']} prompt(s) per set, {m['new_tokens']} new "
           f"tokens, {m['repeats']} timed run(s) per prompt. Methods: {notes}.")
 
