@@ -6,7 +6,7 @@ Every drafter we train (draft models, Medusa, EAGLE and MTP heads) learns to pre
 *target* says next, so its training text should be what the target says: responses it generated
 itself (Medusa-1 and EAGLE do the same with ShareGPT prompts). Generation is batched through
 specjax's own `generate`: on a CPU a batch of 64 rows costs a few single-row steps, because every
-step reads the same weights (see the README's throughput table).
+step reads the same weights (see the throughput figures in docs/training.md).
 
 Layout of a corpus directory:
 
