@@ -32,6 +32,7 @@ from specjax import malloc
 from specjax import sampling
 from specjax import sharding
 from specjax.errors import InputError
+from specjax.model import forward_sequence
 from specjax.sampling import SamplingParams
 
 
@@ -185,6 +186,12 @@ def prefill(prog: Program, params, prompt, prompt_len, max_new, sp, key, eos, ma
   """Runs the prompt through the target and samples the first new token.
 
   prompt [B,P] int32 (right-padded); prompt_len, max_new [B]. Returns (state, hidden [B,P,E]).
+
+  The forward is the one training reads the frozen target's features with
+  (model.forward_sequence); a prefill differs only in what it passes: its own cache of max_len
+  slots (sharded, and kept for decoding, where training drops a T-slot one), each row's prompt
+  length (rows are right-padded), logits at each row's last prompt token only, empty_cache (no
+  [S]-wide read of the empty cache), and the Program's forward, which adds the method's taps.
   """
   b, p = prompt.shape
   s = prog.max_len
@@ -192,10 +199,9 @@ def prefill(prog: Program, params, prompt, prompt_len, max_new, sp, key, eos, ma
   cache = kv.init(cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim,
                   jax.tree_util.tree_leaves(params)[0].dtype)
   cache = prog.constrain(cache, b)
-  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  mask = prog.causal_mask(cache.lengths, p) & (jnp.arange(s) < prompt_len[:, None])[:, None, :]
-  logits, hidden, cache = prog.forward(params, prompt, positions, cache, mask,
-                                       logits_at=(prompt_len - 1)[:, None], empty_cache=True)
+  logits, hidden, cache = forward_sequence(
+      cfg, lambda *a, **kw: prog.forward(params, *a, **kw), prompt, cache=cache,
+      lengths=prompt_len, logits_at=(prompt_len - 1)[:, None], empty_cache=True)
   cache = kv.rollback(cache, prompt_len)
   key, sub = jax.random.split(key)
   first = sampling.sample(sub, logits[:, 0], sp)
