@@ -363,6 +363,123 @@ def cmd_train_heads(args) -> None:
                       unroll=args.unroll, init=args.init, taps=args.taps or ())
 
 
+def _add_data_commands(sub) -> None:
+  """`specjax data generate | throughput`."""
+  da = sub.add_parser("data", help="build the self-distillation corpus drafters train on")
+  dsub = da.add_subparsers(dest="what", required=True)
+  dg = dsub.add_parser("generate", help="the target's own responses to an evaluation-free prompt "
+                       "pool, in resumable shards (rerun the same command to continue)")
+  dg.add_argument("--model", default=DEFAULT_MODEL)
+  dg.add_argument("--out", required=True, help="corpus directory")
+  dg.add_argument("--tokens", default="2M", help="response tokens to produce, e.g. 2M or 500k")
+  dg.add_argument("--batch-size", type=int, default=64, help="rows per shard")
+  dg.add_argument("--micro-batch", type=int, default=16,
+                  help="rows per generate call (a shard's rows, sorted by prompt length)")
+  dg.add_argument("--max-new-tokens", type=int, default=256)
+  dg.add_argument("--temperatures", default="0,0.7,1.0,0.8",
+                  help="comma-separated; shard i samples at the (i mod n)-th (0 = greedy)")
+  dg.add_argument("--max-minutes", type=float, default=0.0, help="stop after this long (0 = no limit)")
+  dg.add_argument("--seed", type=int, default=0)
+  dg.set_defaults(fn=cmd_data_generate)
+  dt = dsub.add_parser("throughput", help="generation tokens/s by batch size")
+  dt.add_argument("--model", default=DEFAULT_MODEL)
+  dt.add_argument("--batch-sizes", default="1,16,32,64,128")
+  dt.add_argument("--new-tokens", type=int, default=64)
+  dt.set_defaults(fn=cmd_data_throughput)
+
+
+# The flags every `specjax train` subcommand has, declared once (`_add_train_run`); the settings
+# that differ between a draft model and heads (a draft trains longer, on larger batches) are
+# given per subcommand as add_argument keywords by flag.
+_TRAIN_RUN_FLAGS = (
+    ("--model", dict(default=DEFAULT_MODEL)),
+    ("--corpus", dict(required=True, help="a corpus directory (`specjax data generate`)")),
+    ("--out-dir", {}),
+    ("--export", dict(default=None)),
+    ("--vocab-size", dict(type=int, default=8192)),
+    ("--steps", dict(type=int)),
+    ("--batch-size", dict(type=int)),
+    ("--seq-len", dict(type=int, default=256)),
+    ("--lr", dict(type=float, default=1e-3)),
+    ("--warmup", dict(type=int)),
+    ("--weight-decay", dict(type=float, default=0.0)),
+    ("--grad-clip", dict(type=float, default=1.0)),
+    ("--held-out", dict(type=float, default=0.02)),
+    ("--ckpt-every", dict(type=int)),
+    ("--eval-every", dict(type=int)),
+    ("--max-minutes", dict(type=float, default=0.0)),
+    ("--seed", dict(type=int, default=0)),
+)
+
+_DRAFT_RUN = {
+    "--model": dict(help="the target"),
+    "--out-dir": dict(default="runs/draft",
+                      help="checkpoints, log.jsonl and train.png; rerunning resumes from here"),
+    "--export": dict(help="write the draft asset (.npz) here when done"),
+    "--vocab-size": dict(help="draft vocabulary subset size"),
+    "--steps": dict(default=2000), "--batch-size": dict(default=8), "--warmup": dict(default=100),
+    "--ckpt-every": dict(default=100), "--eval-every": dict(default=100),
+    "--held-out": dict(help="fraction of corpus sequences held out"),
+    "--max-minutes": dict(help="stop (with a checkpoint) after this long; 0: no limit"),
+}
+
+_HEADS_RUN = {
+    "--export": dict(help="write the heads (.npz) here when done; several kinds: a path with "
+                     "{kind}, e.g. heads-{kind}.npz"),
+    "--vocab-size": dict(help="heads score the corpus's most frequent next tokens (0: the full "
+                         "vocabulary)"),
+    "--steps": dict(default=400), "--batch-size": dict(default=4), "--warmup": dict(default=40),
+    "--ckpt-every": dict(default=50), "--eval-every": dict(default=50),
+}
+
+_HEADS_HELPS = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE feature head",
+                "mtp": "multi-token-prediction modules (2 by default)",
+                "heads": "several kinds of heads at once (--kinds), sharing one target forward "
+                "per batch"}
+
+
+def _add_train_run(p: argparse.ArgumentParser, differ: dict) -> None:
+  """The shared `specjax train` flags; differ: flag -> the add_argument keywords of this one."""
+  for flag, kw in _TRAIN_RUN_FLAGS:
+    p.add_argument(flag, **{**kw, **differ.get(flag, {})})
+
+
+def _add_train_commands(sub) -> None:
+  """`specjax train draft | medusa | eagle | mtp | heads`."""
+  t = sub.add_parser("train", help="train speculation drafts")
+  tsub = t.add_subparsers(dest="what", required=True)
+  td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "
+                       "self-distillation corpus (checkpoints in --out-dir; rerun to resume)")
+  _add_train_run(td, _DRAFT_RUN)
+  td.add_argument("--num-layers", type=int, default=None, help="the draft's layers (default 2; with "
+                  "--init the asset's, and more grows it: new layers start as identities)")
+  td.add_argument("--soft-top-k", type=int, default=0,
+                  help="train on the target's top-k distribution (one target forward per step; "
+                  "0: the corpus tokens)")
+  td.add_argument("--init", default=None, help="start from this draft asset (.npz or a registered "
+                  "name, e.g. smollm2-135m-draft) instead of the target's first layers")
+  td.set_defaults(fn=cmd_train_draft)
+  for kind, what in _HEADS_HELPS.items():
+    tm = tsub.add_parser(kind, help=f"train {what} on a frozen target over a corpus (orbax "
+                         f"checkpoints in --out-dir; rerun to resume)")
+    if kind == "heads":
+      tm.add_argument("--kinds", default="eagle,medusa,mtp", help="comma-separated heads kinds")
+    out_dir = dict(default=None if kind == "heads" else f"runs/{kind}",
+                   help="default: runs/<kind> (several kinds: runs/<kind>+<kind>...)")
+    _add_train_run(tm, {**_HEADS_RUN, "--out-dir": out_dir})
+    tm.add_argument("--num-heads", default=None, help="default: 4 medusa, 1 eagle, 2 mtp; several "
+                    "kinds: kind=count pairs, e.g. medusa=5,mtp=3")
+    tm.add_argument("--num-layers", type=int, default=1, help="Medusa: residual blocks per head")
+    tm.add_argument("--unroll", type=int, default=1, help="EAGLE: also learn to draft this many "
+                    "steps ahead on its own features (training-time test; 1: next step only)")
+    tm.add_argument("--init", default=None, help="start from these heads (.npz or a shipped name; "
+                    "several kinds: with {kind}, e.g. smollm2-135m-{kind}) instead of fresh ones")
+    tm.add_argument("--taps", default=None, help="EAGLE: fused features, the outputs of these "
+                    "target layers beside the last (e.g. 2,15; 'auto': a low and a middle layer); "
+                    "with --init from an unfused head, grows it")
+    tm.set_defaults(fn=cmd_train_heads)
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="specjax", description="Speculative decoding in JAX")
   sub = ap.add_subparsers(dest="cmd", required=True)
@@ -405,99 +522,8 @@ def main(argv=None) -> None:
   _add_method_options(b)
   b.set_defaults(fn=cmd_bench)
 
-  da = sub.add_parser("data", help="build the self-distillation corpus drafters train on")
-  dsub = da.add_subparsers(dest="what", required=True)
-  dg = dsub.add_parser("generate", help="the target's own responses to an evaluation-free prompt "
-                       "pool, in resumable shards (rerun the same command to continue)")
-  dg.add_argument("--model", default=DEFAULT_MODEL)
-  dg.add_argument("--out", required=True, help="corpus directory")
-  dg.add_argument("--tokens", default="2M", help="response tokens to produce, e.g. 2M or 500k")
-  dg.add_argument("--batch-size", type=int, default=64, help="rows per shard")
-  dg.add_argument("--micro-batch", type=int, default=16,
-                  help="rows per generate call (a shard's rows, sorted by prompt length)")
-  dg.add_argument("--max-new-tokens", type=int, default=256)
-  dg.add_argument("--temperatures", default="0,0.7,1.0,0.8",
-                  help="comma-separated; shard i samples at the (i mod n)-th (0 = greedy)")
-  dg.add_argument("--max-minutes", type=float, default=0.0, help="stop after this long (0 = no limit)")
-  dg.add_argument("--seed", type=int, default=0)
-  dg.set_defaults(fn=cmd_data_generate)
-  dt = dsub.add_parser("throughput", help="generation tokens/s by batch size")
-  dt.add_argument("--model", default=DEFAULT_MODEL)
-  dt.add_argument("--batch-sizes", default="1,16,32,64,128")
-  dt.add_argument("--new-tokens", type=int, default=64)
-  dt.set_defaults(fn=cmd_data_throughput)
-
-  t = sub.add_parser("train", help="train speculation drafts")
-  tsub = t.add_subparsers(dest="what", required=True)
-  td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "
-                       "self-distillation corpus (checkpoints in --out-dir; rerun to resume)")
-  td.add_argument("--model", default=DEFAULT_MODEL, help="the target")
-  td.add_argument("--corpus", required=True, help="a corpus directory (`specjax data generate`)")
-  td.add_argument("--out-dir", default="runs/draft",
-                  help="checkpoints, log.jsonl and train.png; rerunning resumes from here")
-  td.add_argument("--export", default=None, help="write the draft asset (.npz) here when done")
-  td.add_argument("--num-layers", type=int, default=None, help="the draft's layers (default 2; with "
-                  "--init the asset's, and more grows it: new layers start as identities)")
-  td.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary subset size")
-  td.add_argument("--steps", type=int, default=2000)
-  td.add_argument("--batch-size", type=int, default=8)
-  td.add_argument("--seq-len", type=int, default=256)
-  td.add_argument("--lr", type=float, default=1e-3)
-  td.add_argument("--warmup", type=int, default=100)
-  td.add_argument("--weight-decay", type=float, default=0.0)
-  td.add_argument("--grad-clip", type=float, default=1.0)
-  td.add_argument("--soft-top-k", type=int, default=0,
-                  help="train on the target's top-k distribution (one target forward per step; "
-                  "0: the corpus tokens)")
-  td.add_argument("--held-out", type=float, default=0.02, help="fraction of corpus sequences held out")
-  td.add_argument("--init", default=None, help="start from this draft asset (.npz or a registered "
-                  "name, e.g. smollm2-135m-draft) instead of the target's first layers")
-  td.add_argument("--ckpt-every", type=int, default=100)
-  td.add_argument("--eval-every", type=int, default=100)
-  td.add_argument("--max-minutes", type=float, default=0.0, help="stop (with a checkpoint) after this "
-                  "long; 0: no limit")
-  td.add_argument("--seed", type=int, default=0)
-  td.set_defaults(fn=cmd_train_draft)
-
-  helps = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE feature head",
-           "mtp": "multi-token-prediction modules (2 by default)",
-           "heads": "several kinds of heads at once (--kinds), sharing one target forward per batch"}
-  for kind, what in helps.items():
-    tm = tsub.add_parser(kind, help=f"train {what} on a frozen target over a corpus (orbax "
-                         f"checkpoints in --out-dir; rerun to resume)")
-    if kind == "heads":
-      tm.add_argument("--kinds", default="eagle,medusa,mtp", help="comma-separated heads kinds")
-    tm.add_argument("--model", default=DEFAULT_MODEL)
-    tm.add_argument("--corpus", required=True, help="a corpus directory (`specjax data generate`)")
-    tm.add_argument("--out-dir", default=None if kind == "heads" else f"runs/{kind}",
-                    help="default: runs/<kind> (several kinds: runs/<kind>+<kind>...)")
-    tm.add_argument("--export", default=None, help="write the heads (.npz) here when done; several "
-                    "kinds: a path with {kind}, e.g. heads-{kind}.npz")
-    tm.add_argument("--num-heads", default=None, help="default: 4 medusa, 1 eagle, 2 mtp; several "
-                    "kinds: kind=count pairs, e.g. medusa=5,mtp=3")
-    tm.add_argument("--num-layers", type=int, default=1, help="Medusa: residual blocks per head")
-    tm.add_argument("--vocab-size", type=int, default=8192,
-                    help="heads score the corpus's most frequent next tokens (0: the full vocabulary)")
-    tm.add_argument("--steps", type=int, default=400)
-    tm.add_argument("--batch-size", type=int, default=4)
-    tm.add_argument("--seq-len", type=int, default=256)
-    tm.add_argument("--lr", type=float, default=1e-3)
-    tm.add_argument("--warmup", type=int, default=40)
-    tm.add_argument("--weight-decay", type=float, default=0.0)
-    tm.add_argument("--grad-clip", type=float, default=1.0)
-    tm.add_argument("--held-out", type=float, default=0.02)
-    tm.add_argument("--ckpt-every", type=int, default=50)
-    tm.add_argument("--eval-every", type=int, default=50)
-    tm.add_argument("--max-minutes", type=float, default=0.0)
-    tm.add_argument("--seed", type=int, default=0)
-    tm.add_argument("--unroll", type=int, default=1, help="EAGLE: also learn to draft this many "
-                    "steps ahead on its own features (training-time test; 1: next step only)")
-    tm.add_argument("--init", default=None, help="start from these heads (.npz or a shipped name; "
-                    "several kinds: with {kind}, e.g. smollm2-135m-{kind}) instead of fresh ones")
-    tm.add_argument("--taps", default=None, help="EAGLE: fused features, the outputs of these "
-                    "target layers beside the last (e.g. 2,15; 'auto': a low and a middle layer); "
-                    "with --init from an unfused head, grows it")
-    tm.set_defaults(fn=cmd_train_heads)
+  _add_data_commands(sub)
+  _add_train_commands(sub)
 
   args = ap.parse_args(argv)
   from specjax.errors import SpecJaxError
