@@ -1,0 +1,127 @@
+"""specjax.report: README.md's results block is generated from the experiments' results files, and
+`--check` catches a hand edit (run here on the real README, so CI fails on one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from specjax import bench, report
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def _cell(speedup, tau, identical=True, tok_s=None):
+  return {"speedup": speedup, "tau": tau, "identical": identical, "cases": 1, "tok_s": tok_s}
+
+
+FIXTURE = {
+    "info": {"date": "2026-01-02 03:04", "processor": "Some CPU", "cores": 2, "device": "cpu",
+             "jax": "0.0.1", "load_average": [1.5, 1.0, 0.5], "load_average_end": [2.25, 1, 1],
+             "run_s": 123.4, "command": "python experiments/spec_bench/run.py --quick"},
+    "model": "tiny", "num_prompts": 1, "max_new_tokens": 32, "repeats": 1,
+    "categories": ["mt_bench", "humaneval"],
+    "methods": {"autoregressive": "baseline", "prompt-lookup": "PromptLookup(ngram=3)",
+                "medusa": "Medusa, 3 nodes"},
+    "summary": {
+        "autoregressive": {"mt_bench": _cell(1.0, 1.0, tok_s=40.25),
+                           "humaneval": _cell(1.0, 1.0, tok_s=50.0),
+                           "overall": _cell(1.0, 1.0, tok_s=45.0)},
+        "prompt-lookup": {"mt_bench": _cell(0.8125, 1.25), "humaneval": _cell(1.5, 2.0),
+                          "overall": _cell(1.0, 1.5)},
+        "medusa": {"mt_bench": _cell(0.5, 1.125, False), "humaneval": _cell(0.75, 1.5),
+                   "overall": _cell(0.625, 1.25)},
+    },
+}
+
+
+@pytest.fixture
+def tree(tmp_path):
+  """A repository root with one results file and a README holding an empty results block."""
+  src = tmp_path / "experiments" / "spec_bench" / "results_quick.json"
+  src.parent.mkdir(parents=True)
+  src.write_text(json.dumps(FIXTURE))
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# title\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
+  return tmp_path
+
+
+def test_block_from_fixture(tree):
+  block = report.build(str(tree))
+  lines = block.splitlines()
+  assert lines[0] == report.BEGIN and lines[-1] == report.END
+  assert "| method | MT-Bench | HumanEval | all sets |" in lines
+  # the baseline's tokens/s first, then a row per method: "speedup x (tau)", above 1x in bold
+  rows = [l for l in lines if l.startswith("| ")]
+  assert rows[1:] == ["| autoregressive, tokens/s | 40.2 | 50.0 | 45.0 |",
+                      "| prompt-lookup | 0.81x (1.25) | **1.50x (2.00)** | 1.00x (1.50) |",
+                      "| medusa | 0.50x (1.12) | 0.75x (1.50) | 0.62x (1.25) |"]
+  flat = " ".join(block.split())  # the notes are wrapped at 100 characters
+  assert ("Source: `experiments/spec_bench/results_quick.json`, 2026-01-02 03:04; Some CPU, 2 cores "
+          "(cpu, jax 0.0.1); load average 1.5 at start, 2.2 at end; run 123 s. Command: "
+          "`python experiments/spec_bench/run.py --quick`.") in flat
+  assert all(len(l) <= 100 for l in lines if not l.startswith("| "))
+  assert "tiny, greedy, batch 1, 1 prompt(s) per set, 32 new tokens" in flat
+  assert "prompt-lookup: PromptLookup(ngram=3); medusa: Medusa, 3 nodes." in flat
+  assert "NOT token-identical to autoregressive: medusa on MT-Bench." in flat
+
+
+def test_missing_command_is_said_not_invented(tree):
+  src = tree / "experiments" / "spec_bench" / "results_quick.json"
+  data = json.loads(src.read_text())
+  del data["info"]["command"], data["info"]["run_s"]
+  src.write_text(json.dumps(data))
+  flat = " ".join(report.build(str(tree)).split())
+  assert f"Command: {report.NO_COMMAND}." in flat
+  assert "; run " not in flat
+
+
+def test_rewrite_is_idempotent_and_check_follows(tree, capsys):
+  readme = tree / "README.md"
+  args = ["--root", str(tree), "--readme", str(readme)]
+  assert report.main(args + ["--check"]) == 1  # "old" is stale
+  assert report.main(args) == 0
+  once = readme.read_text()
+  assert once.startswith("# title\n\nbefore\n\n") and once.endswith("\n\nafter\n")
+  assert report.main(args) == 0
+  assert readme.read_text() == once
+  assert report.main(args + ["--check"]) == 0
+  readme.write_text(once.replace("0.81x", "0.91x"))  # a hand edit inside the block
+  assert report.main(args + ["--check"]) == 1
+  assert "stale or was edited by hand" in capsys.readouterr().err
+
+
+def test_errors_name_the_file(tree):
+  with pytest.raises(report.ReportError, match="markers"):
+    report.splice("no block here", "x", "R.md")
+  bad = tree / "bad.json"
+  bad.write_text(json.dumps({"rows": []}))
+  with pytest.raises(report.ReportError, match="bad.json: no summary, categories, info"):
+    report.load_source(str(bad))
+
+
+def test_real_readme_is_current(tmp_path):
+  """The shipped README's block equals what its sources give, and a hand edit is caught."""
+  assert report.main(["--check"]) == 0
+  copy = tmp_path / "README.md"
+  shutil.copy(os.path.join(ROOT, "README.md"), copy)
+  text = copy.read_text()
+  inside = text[text.index(report.BEGIN):text.index(report.END)]
+  edited = inside.replace("x (", "x  (", 1)
+  assert edited != inside
+  copy.write_text(text.replace(inside, edited))
+  assert report.main(["--check", "--readme", str(copy)]) == 1
+
+
+def test_command_line_is_relative_to_the_repository():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+  run = os.path.join(root, "experiments", "spec_bench", "run.py")
+  assert bench.command_line([run, "--quick", "--out", os.path.join(root, "x")]) == \
+      "python experiments/spec_bench/run.py --quick --out x"
+  assert bench.command_line([os.path.join(root, "specjax", "report.py"), "--check"]) == \
+      "python -m specjax.report --check"
+  assert bench.command_line(["/somewhere/bin/specjax", "demo"]) == "specjax demo"
+  assert bench.command_line([run, "--prompts", "a b"]).endswith("--prompts 'a b'")
