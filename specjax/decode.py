@@ -1,17 +1,11 @@
-"""DecodeState, the shared jitted lax.while_loop driver, and the autoregressive baseline.
+"""DecodeState, the method contract, and the shared jitted lax.while_loop driver.
 
 A generation is one compiled program: prefill, then `lax.while_loop(method.step)` until every row
-is done. Python tokenises before and detokenises after. A method is a small frozen object with
-
-    validate(model)             host-side checks, raising InputError before anything compiles
-    arrays(model)               the device arrays it needs (e.g. a draft model's params)
-    extra_slots                 static: cache slots one step may write past the committed length
-    max_emit                    static: the most tokens one step can emit (histogram size)
-    init(prog, arrays, state, prefill_hidden) -> method state      (inside jit, after prefill)
-    step(prog, params, arrays, state) -> state                     (one loop iteration)
-
-and every method reports the same statistics. See `Autoregressive` at the bottom for the smallest
-one; methods/draft.py, methods/prompt_lookup.py, ... for the others.
+is done. Python tokenises before and detokenises after. A method is a small frozen object that
+follows the `Method` contract below (what the driver reads, and the four phases every step goes
+through); methods/ holds one file per method and the registry of them (methods/autoregressive.py
+is the smallest). This module imports none of them: the default method and method names are
+resolved above it (specjax/api.py).
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import dataclasses
 import math
 import time
 import weakref
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import flax.struct
 import jax
@@ -154,6 +148,85 @@ def emit(state: DecodeState, tokens: jax.Array, n: jax.Array) -> DecodeState:
                        calls=state.calls + active.astype(jnp.int32))
 
 
+def emitted(draft: jax.Array, n: jax.Array, nxt: jax.Array) -> jax.Array:
+  """What a step emits (the input of `emit(state, out, n + 1)`): the first n[b] tokens of
+  draft [B,D] (the accepted ones), then nxt [B] (the target's own token) -> [B,D+1]. Entries past
+  n[b] are never emitted."""
+  b, d = draft.shape
+  out = jnp.concatenate([draft, jnp.zeros((b, 1), draft.dtype)], axis=1)
+  return jnp.where(jnp.arange(d + 1)[None, :] == n[:, None], nxt[:, None], out)
+
+
+@runtime_checkable
+class Method(Protocol):
+  """The contract between a decoding method and the driver: all the driver reads, nothing else.
+
+  A method is a frozen, hashable object (it is part of the jit cache key, so two equal methods
+  share a compiled program). Subclass this class to inherit the defaults (no taps, nothing to
+  validate, no arrays, no statistics of its own); any object with these members is also a method.
+
+  Static attributes, read on the host before compiling:
+    name          a short name for statistics and tables (the registry in methods/ knows it)
+    lossless      whether outputs follow the target's distribution exactly (greedy: identical to
+                  autoregressive decoding); the lossless suite holds every such method to it
+    extra_slots   cache slots one step may write past the committed length
+    max_emit      the most tokens one step can emit (the size of the acceptance histogram)
+    taps          target layers whose outputs the target's forwards also return (EAGLE's fused
+                  features); () for the rest
+
+  Verbs:
+    validate(model)                  host-side checks, raising InputError before anything compiles
+    arrays(model)                    the device arrays it needs (a draft model's params, heads)
+    init(prog, arrays, state, prefill_hidden [B,P,E]) -> its own state (inside jit, after prefill)
+    step(prog, params, arrays, state) -> state                      one iteration of the loop
+    stats(final state) -> dict       its own statistics, beside those every method reports
+
+  Every `step` goes through the same four phases, the seams the methods' code follows:
+    propose   draft candidate tokens for each row (a draft model, heads, an n-gram pool, ...);
+    verify    score the pending token and the candidates in ONE target forward (`prog.forward`,
+              a causal mask for a chain, `cache.tree_mask` for a tree);
+    accept    keep the longest prefix the rule accepts (acceptance.py: greedy, exact rejection
+              sampling, typical) plus the target's own next token: `emitted(draft, n, nxt)`;
+    update    commit the accepted tokens' K/V (`cache.advance` / `cache.commit`), `emit` them,
+              and advance the method's own state (draft cache, features, counters).
+  """
+
+  name: str
+  lossless: bool
+  extra_slots: int
+  max_emit: int
+  taps: tuple = ()
+
+  def validate(self, model) -> None:
+    """Raises InputError if this method cannot run on `model` (before anything compiles)."""
+
+  def arrays(self, model) -> Any:
+    return {}
+
+  def init(self, prog: Program, arrays, state: DecodeState, prefill_hidden: jax.Array) -> Any:
+    raise NotImplementedError
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    raise NotImplementedError
+
+  def stats(self, state: DecodeState) -> dict:
+    return {}
+
+
+def check_method(method) -> None:
+  """InputError unless `method` follows the contract (a class passed uncalled is the usual slip)."""
+  if isinstance(method, type):
+    raise InputError(f"method={method.__name__} is a class, not a decoding method: call it, "
+                     f"e.g. method={method.__name__}()")
+  if not isinstance(method, Method):
+    members = sorted(set(Method.__annotations__) | {
+        a for a in vars(Method) if not a.startswith("_") and callable(getattr(Method, a))})
+    missing = [a for a in members if not hasattr(method, a)]
+    raise InputError(f"method={method!r} is not a decoding method (it lacks "
+                     f"{', '.join(missing)}): pass one such as sj.Autoregressive() or a name "
+                     f"from sj.METHODS")
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
   """Everything static about one compiled generation (the jit cache key)."""
@@ -173,7 +246,7 @@ class Program:
     those layers' outputs beside the final feature (model.Decoder)."""
     from flax import nnx
 
-    taps = getattr(self.method, "taps", ())
+    taps = self.method.taps
     if taps and kw.get("num_layers") is None:
       kw.setdefault("taps", taps)
     return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
@@ -362,10 +435,11 @@ class _ArraysCache:
 arrays_cache = _ArraysCache()
 
 
-def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
-             stop_at_eos: bool = True, mesh=None) -> GenerateOutput:
-  """Generates up to max_new_tokens for each prompt with `method` (default: Autoregressive).
+def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             chat: bool = False, stop_at_eos: bool = True, mesh=None) -> GenerateOutput:
+  """Generates up to max_new_tokens for each prompt with `method` (a `Method` object; the
+  public sj.generate also takes a registered name, and None for autoregressive decoding).
 
   mesh: "data=2,model=4", a jax Mesh, or None (the mesh the model's params are already sharded
   on, if any; else one device). Prompts are split over `data` (their count must divide by it);
@@ -374,7 +448,31 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
   to one device. See docs/sharding.md.
   """
   malloc.tune()
-  method = Autoregressive() if method is None else method
+  _check_arguments(max_new_tokens, temperature, top_k, top_p, seed)
+  check_method(method)
+  method.validate(model)
+  ids = _encode(model, prompts, chat)
+  _check_context(model, ids, max_new_tokens)
+  mesh = _plan_mesh(model, mesh, len(ids))
+  p, s = _plan_shapes(ids, max_new_tokens, method)
+  args = _device_args(model, method, ids, p, max_new_tokens,
+                      SamplingParams.make(len(ids), temperature, top_k, top_p),
+                      jax.random.PRNGKey(seed), _eos_ids(model, stop_at_eos))
+  if mesh is not None:
+    args = _place_on_mesh(mesh, args)
+  prog = Program(model.graphdef, model.config, method, s, mesh)
+  compiled, compile_s = compile_cache.get(prog, args)
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(compiled(*args))
+  wall = time.perf_counter() - t0
+  tokens, texts = _decode_rows(model, state)
+  stats = _stats(method, state, tokens, wall, compile_s)
+  stats.update(prompt_bucket=p, cache_len=s, **method.stats(state))
+  return GenerateOutput(tokens, texts, stats)
+
+
+def _check_arguments(max_new_tokens, temperature, top_k, top_p, seed) -> None:
+  """The sampling arguments, before anything is encoded or compiled."""
   _check_number("max_new_tokens", max_new_tokens, lambda v: int(v) == v and v >= 1,
                 "must be an integer >= 1")
   _check_number("temperature", temperature, lambda v: v >= 0 and math.isfinite(v),
@@ -382,57 +480,81 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
   _check_number("top_k", top_k, lambda v: int(v) == v and v >= 0, "must be an integer >= 0 (0 = off)")
   _check_number("top_p", top_p, lambda v: 0 < v <= 1, "must be in (0, 1] (1 = off)")
   _check_number("seed", seed, lambda v: int(v) == v, "must be an integer")
-  if not hasattr(method, "step"):
-    raise InputError(f"method={method!r} is not a decoding method (e.g. sj.Autoregressive())")
-  method.validate(model)
-  ids = _encode(model, prompts, chat)
+
+
+def _check_context(model, ids: list[list[int]], max_new_tokens: int) -> None:
   cfg = model.config
   longest = max(len(x) for x in ids)
   if longest + max_new_tokens > cfg.max_position_embeddings:
     raise InputError(
         f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's context "
         f"of {cfg.max_position_embeddings} tokens")
-  b = len(ids)
+
+
+def _plan_mesh(model, mesh, batch: int):
+  """The mesh to run on (None: one device), checked against the batch and the params."""
   if mesh is None:
     mesh = sharding.mesh_of(model.params)
   if mesh is not None:
     mesh = sharding.make_mesh(mesh)
-    sharding.check_batch(mesh, b)
+    sharding.check_batch(mesh, batch)
     sharding.check_model_axis(mesh, model.params)
-  p = bucket_prompt_len(longest)
+  return mesh
+
+
+def _plan_shapes(ids: list[list[int]], max_new_tokens: int, method: Method) -> tuple[int, int]:
+  """(P, S): the prompt bucket and the cache length, rounded so nearby requests share a program."""
+  p = bucket_prompt_len(max(len(x) for x in ids))
   s = p + _next_pow2(max_new_tokens, 16) + method.extra_slots
-  s = -(-s // 16) * 16
-  prompt = np.zeros((b, p), np.int32)
-  for i, x in enumerate(ids):
-    prompt[i, :len(x)] = x
+  return p, -(-s // 16) * 16
+
+
+def _eos_ids(model, stop_at_eos: bool) -> np.ndarray:
+  """[N_eos] int32 stop tokens: the config's and the tokenizer's (one -1 = none)."""
+  cfg = model.config
   eos_ids = sorted(set(cfg.eos_token_ids) | (
       {model.tokenizer.eos_token_id} if model.tokenizer is not None
       and model.tokenizer.eos_token_id is not None else set())) if stop_at_eos else []
   eos = np.full((max(1, len(eos_ids)),), -1, np.int32)
   eos[:len(eos_ids)] = eos_ids
-  args = (model.params, arrays_cache.get(method, model), jnp.asarray(prompt),
+  return eos
+
+
+def _device_args(model, method, ids, p: int, max_new_tokens: int, sp, key, eos) -> tuple:
+  """`_run`'s arguments after the Program: params, method arrays, prompt [B,P] right-padded,
+  prompt_len [B], max_new [B], sampling params, key, eos [N_eos]."""
+  b = len(ids)
+  prompt = np.zeros((b, p), np.int32)
+  for i, x in enumerate(ids):
+    prompt[i, :len(x)] = x
+  return (model.params, arrays_cache.get(method, model), jnp.asarray(prompt),
           jnp.asarray([len(x) for x in ids], jnp.int32),
-          jnp.full((b,), max_new_tokens, jnp.int32),
-          SamplingParams.make(b, temperature, top_k, top_p), jax.random.PRNGKey(seed),
-          jnp.asarray(eos))
-  if mesh is not None:
-    params, arrays, *batch_args, key, eos_arr = args
-    args = (sharding.shard_params(mesh, params), sharding.shard_params(mesh, arrays),
-            *sharding.rows(mesh, tuple(batch_args)), *sharding.replicate(mesh, (key, eos_arr)))
-  prog = Program(model.graphdef, cfg, method, s, mesh)
-  compiled, compile_s = compile_cache.get(prog, args)
-  t0 = time.perf_counter()
-  state = jax.block_until_ready(compiled(*args))
-  wall = time.perf_counter() - t0
+          jnp.full((b,), max_new_tokens, jnp.int32), sp, key, jnp.asarray(eos))
+
+
+def _place_on_mesh(mesh, args) -> tuple:
+  """Params by the sharding rules, per-row arguments over `data`, the key and eos replicated."""
+  params, arrays, *batch_args, key, eos_arr = args
+  return (sharding.shard_params(mesh, params), sharding.shard_params(mesh, arrays),
+          *sharding.rows(mesh, tuple(batch_args)), *sharding.replicate(mesh, (key, eos_arr)))
+
+
+def _decode_rows(model, state) -> tuple[list[list[int]], list[str]]:
+  """The new tokens of each row (EOS included if produced) and their text."""
   seq, seq_len, plen = (np.asarray(x) for x in (state.seq, state.seq_len, state.prompt_len))
-  tokens = [seq[i, plen[i]:seq_len[i]].tolist() for i in range(b)]
+  tokens = [seq[i, plen[i]:seq_len[i]].tolist() for i in range(len(seq))]
   texts = ([model.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-           if model.tokenizer is not None else [""] * b)
+           if model.tokenizer is not None else [""] * len(tokens))
+  return tokens, texts
+
+
+def _stats(method, state, tokens, wall: float, compile_s: float) -> dict:
+  """The statistics every method reports."""
   calls = np.asarray(state.calls)
   new = int(sum(len(t) for t in tokens))
-  stats = {
+  return {
       "method": method.name,
-      "batch": b,
+      "batch": len(tokens),
       "new_tokens": new,
       "steps": int(state.steps) + 1,  # loop iterations + the prefill call
       "target_calls_per_row": calls.tolist(),
@@ -441,40 +563,4 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
       "wall_time_s": wall,
       "tokens_per_second": new / wall if wall > 0 else float("inf"),
       "compile_time_s": compile_s,
-      "prompt_bucket": p,
-      "cache_len": s,
   }
-  stats.update(method.stats(state) if hasattr(method, "stats") else {})
-  return GenerateOutput(tokens, texts, stats)
-
-
-# ----------------------------------------------------------------------------- the baseline
-
-
-@dataclasses.dataclass(frozen=True)
-class Autoregressive:
-  """One target call per token: the baseline every other method must reproduce."""
-  name: str = dataclasses.field(default="autoregressive", init=False)
-  lossless: bool = dataclasses.field(default=True, init=False)
-  extra_slots: int = dataclasses.field(default=1, init=False)
-  max_emit: int = dataclasses.field(default=1, init=False)
-
-  def validate(self, model) -> None:
-    pass
-
-  def arrays(self, model):
-    return {}
-
-  def init(self, prog, arrays, state, hidden):
-    return None
-
-  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
-    cache = state.cache
-    tok = state.last_token[:, None]  # [B,1]
-    pos = cache.lengths[:, None]
-    logits, _, cache = prog.forward(params, tok, pos, cache, prog.causal_mask(cache.lengths, 1))
-    cache = kv.advance(cache, (~state.done).astype(jnp.int32))
-    key, sub = jax.random.split(state.key)
-    nxt = sampling.sample(sub, logits[:, 0], state.sp)
-    state = state.replace(cache=cache, key=key)
-    return emit(state, nxt[:, None], jnp.ones_like(state.seq_len))

@@ -38,7 +38,7 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import sampling
-from specjax.decode import DecodeState, Program, emit
+from specjax.decode import DecodeState, Method, Program, emit, emitted
 from specjax.errors import InputError, check_int
 from specjax.model import subset_logits
 from specjax.packing import subset_head
@@ -71,7 +71,7 @@ def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
   return arr.astype(np.int32)
 
 
-class _Speculative:
+class _Speculative(Method):
   """The shared propose -> verify -> accept -> update step. Subclasses (frozen dataclasses) supply
   the drafter and these static options:
 
@@ -126,19 +126,32 @@ class _Speculative:
             "rejected": z, "rounds": z, "verified": z}
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    m = state.method  # (before proposing: a separate draft's new cache goes into a copy)
+    active = ~state.done
+    key, k_draft, k_acc = jax.random.split(state.key, 3)
+    state, toks, q_sub, g = self._propose(prog, params, arrays, state, k_draft)
+    tlogits, cache, widest = self._verify(prog, params, state, toks, g)
+    n, nxt = self._accept_drafts(k_acc, state.sp, toks, q_sub, tlogits, arrays.get("vocab"))
+    n = jnp.minimum(n, g)
+    state = emit(state.replace(key=key), emitted(toks, n, nxt), n + 1)
+    # Keep x0, d_1..d_n: the target cache again holds everything but the pending token.
+    state = state.replace(cache=kv.rollback(cache, state.seq_len - 1))
+    return self._count(state, m, active, g, n, widest)
+
+  def _propose(self, prog, params, arrays, state: DecodeState, key):
+    """propose: each row drafts up to its budget (gamma, or its adaptive g) one token per draft
+    forward, stopping early under `threshold`. Returns (state holding the advanced draft cache,
+    toks [B,G] int32 (-1 past g), q [B,G,Vs] the draft's probabilities (0 past g), g [B])."""
     b = state.seq.shape[0]
     gmax = self.gamma
     ids = arrays.get("vocab")  # [Vs] int32 token ids the draft proposes over, or None (all V)
-    m = state.method
-    active = ~state.done
-    budget = jnp.where(self.adaptive, m["g"], gmax)  # [B] tokens each row may draft this round
-    key, k_draft, k_acc = jax.random.split(state.key, 3)
+    budget = jnp.where(self.adaptive, state.method["g"], gmax)  # [B] tokens each row may draft
 
-    def propose(i, logits, carry):
+    def draw(i, logits, carry):
       """Samples d_{i+1} from the draft logits [B,Vs] into the carry."""
       toks, q, drafting, g = carry
       sub_q = sampling.probs(logits, state.sp)  # [B,Vs] (one-hot for greedy rows)
-      idx = sampling.sample_probs(jax.random.fold_in(k_draft, i), sub_q)  # [B]
+      idx = sampling.sample_probs(jax.random.fold_in(key, i), sub_q)  # [B]
       tok = idx if ids is None else ids[idx]
       if self.threshold > 0:
         conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
@@ -154,9 +167,9 @@ class _Speculative:
     first = jnp.take_along_axis(state.seq, seq_len[:, None] - r + jnp.arange(r)[None, :], axis=1)
     logits, dcache = self._draft_forward(prog, params, arrays, dcache, first, seq_len - r)
     vs = logits.shape[-1]
-    carry = (jnp.full((b, gmax), -1, jnp.int32), jnp.zeros((b, gmax, vs), jnp.float32), active,
+    carry = (jnp.full((b, gmax), -1, jnp.int32), jnp.zeros((b, gmax, vs), jnp.float32), ~state.done,
              jnp.zeros((b,), jnp.int32))
-    carry = propose(0, logits, carry)
+    carry = draw(0, logits, carry)
 
     def cond(c):
       i, _, (_, _, drafting, _) = c
@@ -167,15 +180,21 @@ class _Speculative:
       prev = carry[0][:, i - 1]
       logits, dcache = self._draft_forward(prog, params, arrays, dcache,
                                            jnp.maximum(prev, 0)[:, None], seq_len - 1 + i)
-      return i + 1, dcache, propose(i, logits, carry)
+      return i + 1, dcache, draw(i, logits, carry)
 
     _, dcache, (toks, q_sub, _, g) = jax.lax.while_loop(cond, body, (jnp.int32(1), dcache, carry))
-    state = self._with_draft_cache(state, dcache)
+    return self._with_draft_cache(state, dcache), toks, q_sub, g
 
-    # Verify [x0, d_1 .. d_w] in one target call, w = the most any row drafted this round when
-    # drafting can stop early (adaptive / threshold: one compiled branch per width, so a short
-    # round pays a short verification), else gmax. Slots past g[b] hold token 0 (harmless: the
-    # target's logits there are never used, since positions >= g are rejected).
+  def _verify(self, prog, params, state: DecodeState, toks, g):
+    """verify: the target scores [x0, d_1 .. d_w] in one call. Returns (target logits
+    [B,G+1,V] (zero past w), the target cache, w).
+
+    w = the most any row drafted this round when drafting can stop early (adaptive / threshold:
+    one compiled branch per width, so a short round pays a short verification), else gamma.
+    Slots past g[b] hold token 0 (harmless: the target's logits there are never used, since
+    positions >= g are rejected)."""
+    gmax = self.gamma
+    seq_len = state.seq_len
     cache = kv.rollback(state.cache, seq_len - 1)
     x = jnp.concatenate([state.last_token[:, None], jnp.maximum(toks, 0)], axis=1)  # [B,G+1]
 
@@ -187,34 +206,37 @@ class _Speculative:
       return run
 
     if self.variable_width:
-      widest = jnp.clip(jnp.max(jnp.where(active, g, 0)), 1, gmax)
+      widest = jnp.clip(jnp.max(jnp.where(~state.done, g, 0)), 1, gmax)
       tlogits, cache = jax.lax.switch(widest - 1, [verify(w + 1) for w in range(1, gmax + 1)], cache)
     else:
       widest = gmax
       tlogits, cache = verify(gmax + 1)(cache)
+    return tlogits, cache, widest
 
-    def full_q():  # [B,G,V]: the draft's q over the whole vocabulary, zero outside the subset
+  def _accept_drafts(self, key, sp, toks, q_sub, tlogits, ids):
+    """accept: (n [B] drafts accepted, nxt [B] the target's token after them); greedy token
+    matching when every row is greedy, else `_accept` with the draft's q over the whole
+    vocabulary (zero outside a subset `ids`)."""
+    b, gmax = toks.shape
+
+    def full_q():  # [B,G,V]
       if ids is None:
         return q_sub
       return jnp.zeros((b, gmax, tlogits.shape[-1]), jnp.float32).at[:, :, ids].set(q_sub)
 
-    n, nxt = jax.lax.cond(
-        jnp.all(state.sp.temperature == 0),
+    return jax.lax.cond(
+        jnp.all(sp.temperature == 0),
         lambda: acceptance.greedy_chain(toks, tlogits),
-        lambda: self._accept(k_acc, toks, full_q(), tlogits, state.sp))
-    n = jnp.minimum(n, g)
-    out = jnp.concatenate([toks, jnp.zeros((b, 1), jnp.int32)], axis=1)
-    out = jnp.where(jnp.arange(gmax + 1)[None, :] == n[:, None], nxt[:, None], out)
-    state = state.replace(key=key)
-    state = emit(state, out, n + 1)
-    # Keep x0, d_1..d_n: the target cache again holds everything but the pending token.
-    state = state.replace(cache=kv.rollback(cache, state.seq_len - 1))
+        lambda: self._accept(key, toks, full_q(), tlogits, sp))
 
+  def _count(self, state: DecodeState, m, active, g, n, widest) -> DecodeState:
+    """update, the statistics and the adaptive budget: g grows by one after a fully accepted
+    round and shrinks by one after a rejection, within [min_gamma, gamma]."""
     full = n >= g
     rejected = active & ~full
     grown = jnp.where(full, m["g"] + 1, m["g"] - 1)
     a = active.astype(jnp.int32)
-    upd = dict(g=jnp.where(active, jnp.clip(grown, self.min_gamma, gmax), m["g"]),
+    upd = dict(g=jnp.where(active, jnp.clip(grown, self.min_gamma, self.gamma), m["g"]),
                drafted=m["drafted"] + a * g, accepted=m["accepted"] + a * n,
                rejected=m["rejected"] + rejected.astype(jnp.int32), rounds=m["rounds"] + a,
                verified=m["verified"] + a * (widest + 1))

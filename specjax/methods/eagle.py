@@ -49,7 +49,7 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import tree as trees
-from specjax.decode import DecodeState, Program, emit
+from specjax.decode import DecodeState, Method, Program, emit, emitted
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
 from specjax.methods.features import (catch_up, check_heads, depth_stats, embed, feature_buffer,
@@ -71,7 +71,7 @@ def check_common(method, rules=RULES) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle:
+class Eagle(Method):
   """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)).
 
   tree: "dynamic" (EAGLE-2: depth, top_k, num_nodes as in the module docstring) or a static tree
@@ -283,10 +283,7 @@ class Eagle:
     anc_b = jnp.broadcast_to(anc, (b,) + anc.shape[-2:])
     row = jnp.take_along_axis(anc_b, best[:, None, None], axis=1)[:, 0]  # [B,N+1]
     path = trees.path_nodes(row, depth, self.depth)  # [B,D] accepted nodes, depth 1 .. n
-    dd = self.depth
-    out = jnp.concatenate([jnp.take_along_axis(tokens, path, axis=1),
-                           jnp.zeros((b, 1), jnp.int32)], axis=1)  # [B,D+1]
-    out = jnp.where(jnp.arange(dd + 1)[None, :] == n[:, None], nxt[:, None], out)
+    out = emitted(jnp.take_along_axis(tokens, path, axis=1), n, nxt)  # [B,D+1]
     keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)  # x_L, then the path
     c = jnp.where(active, n + 1, 0)
     cache = kv.commit(cache, keep, c)

@@ -36,7 +36,7 @@ import numpy as np
 
 from specjax import acceptance, sampling
 from specjax import cache as kv
-from specjax.decode import DecodeState, Program, emit
+from specjax.decode import DecodeState, Method, Program, emit, emitted
 from specjax.errors import InputError, check_int
 
 
@@ -124,10 +124,8 @@ class LookaheadState:
   useful: jax.Array  # [B] int32 active steps that accepted >= 1 candidate token
 
 
-
-
 @dataclasses.dataclass(frozen=True)
-class Lookahead:
+class Lookahead(Method):
   """Lookahead decoding. window W: Jacobi columns; ngram N: n-gram size (the window has N-1
   levels, candidates N-1 tokens); guess G: candidates verified per step (= pool slots per key).
   One step's forward runs 1 + (W + G) * (N - 1) tokens."""
@@ -156,12 +154,6 @@ class Lookahead:
   @property
   def max_emit(self) -> int:
     return self.ngram
-
-  def validate(self, model) -> None:
-    pass
-
-  def arrays(self, model):
-    return {}
 
   def init(self, prog, arrays, state, hidden):
     b = state.seq.shape[0]
@@ -209,8 +201,7 @@ class Lookahead:
                             jnp.asarray(verify_idx)[best][:, 1:]], axis=1)  # [B,M+1] offsets
     cache = kv.commit(cache, keep, jnp.where(active, n + 1, 0))
     chosen = jnp.take_along_axis(cands, best[:, None, None], axis=1)[:, 0]  # [B,M]
-    out = jnp.concatenate([jnp.maximum(chosen, 0), jnp.zeros((b, 1), jnp.int32)], axis=1)
-    out = out.at[jnp.arange(b), n].set(nxt)  # [B,M+1]
+    out = emitted(jnp.maximum(chosen, 0), n, nxt)  # [B,M+1]
 
     a = active.astype(jnp.int32)
     ms = LookaheadState(window=window, pool=pool, hits=ms.hits + a * jnp.any(valid, axis=1),

@@ -34,7 +34,7 @@ from flax import nnx
 
 from specjax import acceptance
 from specjax import cache as kv
-from specjax.decode import DecodeState, Program, emit
+from specjax.decode import DecodeState, Method, Program, emit, emitted
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
 from specjax.model import subset_logits
@@ -53,7 +53,7 @@ def _positive(name, value):
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa:
+class Medusa(Method):
   """Medusa decoding with `heads` (sj.init_heads / sj.load_heads) over a static candidate tree.
 
   tree: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...] (default:
@@ -161,10 +161,7 @@ class Medusa:
                                           state.sp, self._rule(), self.epsilon, self.delta)
 
     path = jnp.asarray(t.path)[best]  # [B,Dmax] accepted nodes, depth 1 .. n (then padding)
-    d = t.max_depth
-    out = jnp.concatenate([jnp.take_along_axis(tokens, path, axis=1),
-                           jnp.zeros((b, 1), jnp.int32)], axis=1)  # [B,Dmax+1]
-    out = jnp.where(jnp.arange(d + 1)[None, :] == n[:, None], nxt[:, None], out)
+    out = emitted(jnp.take_along_axis(tokens, path, axis=1), n, nxt)  # [B,Dmax+1]
     keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)  # x0, then the path
     cache = kv.commit(cache, keep, jnp.where(active, n + 1, 0))
     state = emit(state.replace(cache=cache, key=key), out, n + 1)

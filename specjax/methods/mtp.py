@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from specjax import acceptance, sampling
 from specjax import cache as kv
-from specjax.decode import DecodeState, Program, emit
+from specjax.decode import DecodeState, Method, Program, emit, emitted
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods.features import (catch_up, check_heads, depth_stats, feature_buffer,
@@ -42,7 +42,7 @@ RULES = ("exact",)
 
 
 @dataclasses.dataclass(frozen=True)
-class MTP:
+class MTP(Method):
   """MTP decoding with `heads` (sj.init_heads(target, "mtp", num_heads=K) / sj.load_heads(...)).
 
   gamma: how many modules draft (default all K; the chain's length); acceptance: "exact" (greedy
@@ -120,11 +120,9 @@ class MTP:
                                          prog.causal_mask(lengths, g + 1))
     n, nxt = acceptance.verify_chain(k_acc, draft, None, logits, state.sp)
 
-    out = jnp.concatenate([draft, jnp.zeros((b, 1), jnp.int32)], axis=1)
-    out = jnp.where(jnp.arange(g + 1)[None, :] == n[:, None], nxt[:, None], out)
     c = jnp.where(active, n + 1, 0)
     cache = kv.advance(cache, c)
-    state = emit(state.replace(cache=cache, key=key), out, n + 1)
+    state = emit(state.replace(cache=cache, key=key), emitted(draft, n, nxt), n + 1)
 
     a = active.astype(jnp.int32)
     upd = dict(hcache=hcache, feats=shift_in(m["feats"], hidden, c), rounds=m["rounds"] + a,

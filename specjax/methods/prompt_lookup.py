@@ -27,10 +27,8 @@ import jax.numpy as jnp
 
 from specjax import acceptance
 from specjax import cache as kv
-from specjax.decode import DecodeState, Program, emit
+from specjax.decode import DecodeState, Method, Program, emit, emitted
 from specjax.errors import check_int
-
-
 
 
 def ngram_search(seq: jax.Array, seq_len: jax.Array, ngram: int, num_tokens: int):
@@ -70,7 +68,7 @@ class LookupState:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup:
+class PromptLookup(Method):
   """Prompt lookup decoding. ngram: longest suffix to match (falls back to 1);
   num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens)."""
   ngram: int = 3
@@ -89,12 +87,6 @@ class PromptLookup:
   @property
   def max_emit(self) -> int:
     return self.num_tokens + 1
-
-  def validate(self, model) -> None:
-    pass
-
-  def arrays(self, model):
-    return {}
 
   def init(self, prog, arrays, state, hidden):
     z = jnp.zeros_like(state.seq_len)
@@ -129,8 +121,7 @@ class PromptLookup:
 
     n, nxt, cache = jax.lax.cond(jnp.any(active & (n_draft > 0)), verify, single, cache)
     cache = kv.advance(cache, jnp.where(active, n + 1, 0))
-    out = jnp.concatenate([jnp.maximum(draft, 0), jnp.zeros((b, 1), jnp.int32)], axis=1)
-    out = out.at[jnp.arange(b), n].set(nxt)  # [B,k+1]: draft[:n], then the target's token
+    out = emitted(jnp.maximum(draft, 0), n, nxt)  # [B,k+1]: draft[:n], then the target's token
     a = active.astype(jnp.int32)
     ms = state.method
     ms = LookupState(proposed=ms.proposed + a * n_draft, accepted=ms.accepted + a * n,

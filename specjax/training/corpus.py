@@ -189,7 +189,8 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
 
 def _generate_shard(model, pool, i, batch_size, max_new_tokens, temperature, top_p, seed, dtype,
                     micro_batch):
-  from specjax.decode import _encode, generate
+  from specjax.api import generate
+  from specjax.decode import _encode
 
   idx = [(i * batch_size + j) % len(pool) for j in range(batch_size)]
   rows = []
@@ -348,7 +349,7 @@ def load(path: str) -> Corpus:
 def measure_throughput(model, batch_sizes=(1, 16, 32, 64), *, new_tokens: int = 64,
                        prompt_tokens: int = 48, seed: int = 0) -> list[dict]:
   """Generation tokens/s at each batch size (random prompts, no EOS, second of two runs)."""
-  from specjax.decode import generate
+  from specjax.api import generate
 
   rng = np.random.default_rng(seed)
   rows = []

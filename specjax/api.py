@@ -1,0 +1,25 @@
+"""sj.generate: the driver (specjax.decode.generate) with method names resolved.
+
+It lives above both the driver and the methods so that decode.py never imports a method: the
+default (None -> autoregressive) and registered names ("eagle", "pld", ...) are resolved here,
+through the registry in specjax/methods.
+"""
+
+from __future__ import annotations
+
+from specjax import decode, methods
+from specjax.decode import GenerateOutput
+
+
+def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
+             stop_at_eos: bool = True, mesh=None) -> GenerateOutput:
+  """Generates up to max_new_tokens for each prompt; see specjax.decode.generate.
+
+  method: a method object (sj.Eagle(heads), ...), a registered name (one of sj.METHODS or an
+  alias: "eagle" builds EAGLE with its defaults and the heads shipped for `model`), or None
+  (autoregressive decoding).
+  """
+  return decode.generate(model, prompts, methods.resolve(method, model),
+                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                         top_p=top_p, seed=seed, chat=chat, stop_at_eos=stop_at_eos, mesh=mesh)
