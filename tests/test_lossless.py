@@ -5,8 +5,9 @@ lengths. Sampling: the empirical joint distribution of the first two generated t
 exact distribution computed from the target alone (total variation within twice its expected
 sampling error), and a deliberately broken acceptance rule fails the same check.
 
-To add a method: append a (name, factory) pair to GREEDY_METHODS (and SAMPLING_METHODS if it
-claims exact sampling); factory(target) -> method.
+Cases are named by the method's registry name (specjax.methods), "name" or "name/variant". To add
+a method: append (name, factory) pairs to GREEDY_METHODS and SAMPLING_METHODS; factory(target) ->
+method. Every registered method must have both (test_every_registered_method_is_in_the_suite).
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ import pytest
 
 import specjax as sj
 from specjax import cache as kv
-from specjax import sampling
+from specjax import methods, sampling
 
 from conftest import random_prompts, tiny_model
 
 GREEDY_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
-    ("prompt_lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=4)),
+    ("prompt-lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=4)),
     ("lookahead", lambda target: sj.Lookahead(window=3, ngram=3, guess=2)),
 ]
 SAMPLING_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
-    ("prompt_lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=3)),
+    ("prompt-lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=3)),
     ("lookahead", lambda target: sj.Lookahead(window=3, ngram=3, guess=2)),
 ]
 
@@ -50,21 +51,21 @@ def _layer_draft(target):
 
 
 GREEDY_METHODS += [
-    ("draft_self", lambda target: sj.DraftModel(target, gamma=4)),
-    ("draft_random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
-    ("draft_subset_adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=4,
+    ("draft/self", lambda target: sj.DraftModel(target, gamma=4)),
+    ("draft/random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
+    ("draft/subset-adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=4,
                                                            adaptive=True, threshold=0.3)),
-    ("self_spec", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=3)),
-    ("self_spec_adaptive", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=4, adaptive=True)),
-    ("self_spec_subset_threshold", lambda target: sj.SelfSpeculative(
+    ("layer-skip", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=3)),
+    ("layer-skip/adaptive", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=4, adaptive=True)),
+    ("layer-skip/subset-threshold", lambda target: sj.SelfSpeculative(
         exit_layer=1, gamma=4, threshold=0.3, vocab=_layer_draft(target).vocab_subset)),
 ]
 SAMPLING_METHODS += [
-    ("draft_random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
-    ("draft_subset_adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=3,
+    ("draft/random", lambda target: sj.DraftModel(_random_draft(target), gamma=3)),
+    ("draft/subset-adaptive", lambda target: sj.DraftModel(_layer_draft(target), gamma=3,
                                                            adaptive=True, threshold=0.2)),
-    ("self_spec", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2)),
-    ("self_spec_subset", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2,
+    ("layer-skip", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2)),
+    ("layer-skip/subset", lambda target: sj.SelfSpeculative(exit_layer=1, gamma=2,
                                                            vocab=_layer_draft(target).vocab_subset)),
 ]
 
@@ -106,14 +107,14 @@ def _medusa(heads_fn, **kw):
 
 
 GREEDY_METHODS += [
-    ("medusa_random", _medusa(_medusa_random_heads)),
-    ("medusa_fitted_wide", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
-    ("medusa_typical", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE, acceptance="typical")),
+    ("medusa/random", _medusa(_medusa_random_heads)),
+    ("medusa/fitted-wide", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
+    ("medusa/typical", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE, acceptance="typical")),
 ]
 SAMPLING_METHODS += [
-    ("medusa_exact_random", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE)),
-    ("medusa_exact_fitted", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
-    ("medusa_token_matching", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE,
+    ("medusa/exact-random", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE)),
+    ("medusa/exact-fitted", _medusa(_medusa_fitted_heads, tree=_MEDUSA_TREE)),
+    ("medusa/token-matching", _medusa(_medusa_random_heads, tree=_MEDUSA_TREE,
                                       acceptance="greedy")),
 ]
 
@@ -162,16 +163,16 @@ def _eagle_taps(**kw):
 
 
 GREEDY_METHODS += [
-    ("eagle_static_random", _eagle(False, tree=_EAGLE_TREE)),
-    ("eagle_dynamic_taps_random", _eagle_taps(depth=3, top_k=3, num_nodes=8)),
-    ("eagle_dynamic_fitted", _eagle(True, depth=4, top_k=3, num_nodes=12)),
-    ("mtp_fitted", _mtp(True, num_heads=3)),
+    ("eagle/static-random", _eagle(False, tree=_EAGLE_TREE)),
+    ("eagle/dynamic-taps-random", _eagle_taps(depth=3, top_k=3, num_nodes=8)),
+    ("eagle/dynamic-fitted", _eagle(True, depth=4, top_k=3, num_nodes=12)),
+    ("mtp/fitted", _mtp(True, num_heads=3)),
 ]
 SAMPLING_METHODS += [
-    ("eagle_static_exact", _eagle(False, tree=_EAGLE_TREE)),
-    ("eagle_dynamic_exact", _eagle(False, depth=3, top_k=3, num_nodes=8)),
-    ("eagle_dynamic_taps_exact", _eagle_taps(depth=3, top_k=3, num_nodes=8)),
-    ("mtp_exact", _mtp(False)),
+    ("eagle/static-exact", _eagle(False, tree=_EAGLE_TREE)),
+    ("eagle/dynamic-exact", _eagle(False, depth=3, top_k=3, num_nodes=8)),
+    ("eagle/dynamic-taps-exact", _eagle_taps(depth=3, top_k=3, num_nodes=8)),
+    ("mtp/exact", _mtp(False)),
 ]
 
 
@@ -191,9 +192,26 @@ def reference(target, prompts):
           for p in prompts]
 
 
+def _registered(case: str) -> methods.Entry:
+  """The registry entry a case is named after ("name" or "name/variant", canonical names)."""
+  name = case.split("/")[0]
+  assert name in methods.REGISTRY, f"case {case!r}: {name!r} is not a registered method name"
+  return methods.REGISTRY[name]
+
+
+def test_every_registered_method_is_in_the_suite():
+  """A registered method cannot skip the suite: each has greedy and sampling cases (a lossy
+  method still has its greedy ones, e.g. typical acceptance at temperature 0)."""
+  for cases, kind in ((GREEDY_METHODS, "greedy"), (SAMPLING_METHODS, "sampling")):
+    covered = {_registered(name).name for name, _ in cases}
+    missing = [n for n in methods.names() if n not in covered]
+    assert not missing, f"registered methods without a {kind} case in the lossless suite: {missing}"
+
+
 @pytest.mark.parametrize("name,factory", GREEDY_METHODS, ids=[m[0] for m in GREEDY_METHODS])
 def test_greedy_identical_batch1(name, factory, target, prompts, reference):
   method = factory(target)
+  assert isinstance(method, _registered(name).cls), f"case {name} does not build its method"
   for p, ref in zip(prompts, reference):
     out = sj.generate(target, [p], method, max_new_tokens=MAX_NEW)
     assert out.tokens[0] == ref, f"{name} diverged from autoregressive on prompt {p}"
@@ -261,7 +279,9 @@ def tv_check(model, method, settings, seed=0):
 @pytest.mark.parametrize("name,factory", SAMPLING_METHODS, ids=[m[0] for m in SAMPLING_METHODS])
 def test_sampling_distribution(name, factory, settings):
   model = small_target()
-  tv, expected = tv_check(model, factory(model), settings)
+  method = factory(model)
+  assert isinstance(method, _registered(name).cls), f"case {name} does not build its method"
+  tv, expected = tv_check(model, method, settings)
   assert tv < 2 * expected, f"{name}: TV {tv:.4f} vs expected sampling error {expected:.4f}"
 
 
