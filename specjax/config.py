@@ -103,81 +103,94 @@ def from_hf_dict(hf: dict, *, source: str = "config.json") -> ModelConfig:
   if model_type is None:
     raise ConfigError(f"{source}: no 'model_type' field")
   if model_type == "gpt2":
-    e = hf["n_embd"]
-    h = hf["n_head"]
-    cfg = ModelConfig(
-        arch="gpt2",
-        vocab_size=hf["vocab_size"],
-        hidden_size=e,
-        num_layers=hf["n_layer"],
-        num_heads=h,
-        num_kv_heads=h,
-        head_dim=e // h,
-        intermediate_size=hf.get("n_inner") or 4 * e,
-        max_position_embeddings=hf["n_positions"],
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        norm="layer",
-        activation="gelu_new",
-        gated_mlp=False,
-        qkv_bias=True,
-        out_bias=True,
-        position="learned",
-        tie_word_embeddings=hf.get("tie_word_embeddings", True),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=_eos_tuple(hf.get("eos_token_id")),
-        pad_token_id=hf.get("pad_token_id"),
-    )
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-      raise ConfigError(
-          f"{source}: unsupported gpt2 activation_function {hf['activation_function']!r}"
-      )
-    if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-      raise ConfigError(f"{source}: gpt2 attention variants are not supported")
+    cfg = _gpt2_config(hf, source)
   elif model_type in ("llama", "mistral", "qwen2"):
-    h = hf["num_attention_heads"]
-    e = hf["hidden_size"]
-    if hf.get("hidden_act", "silu") != "silu":
-      raise ConfigError(f"{source}: unsupported hidden_act {hf['hidden_act']!r} (expected 'silu')")
-    # transformers >= 5 writes rope settings as `rope_parameters` (rope_theta inside); older
-    # configs have top-level `rope_theta` and `rope_scaling`.
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-    if rope.get("rope_type", rope.get("type")) in (None, "default"):
-      rope = {}
-    window = 0
-    if model_type == "mistral" and hf.get("sliding_window"):
-      window = int(hf["sliding_window"])
-    if model_type == "qwen2" and hf.get("use_sliding_window") and hf.get("sliding_window"):
-      window = int(hf["sliding_window"])
-    cfg = ModelConfig(
-        arch=model_type,
-        vocab_size=hf["vocab_size"],
-        hidden_size=e,
-        num_layers=hf["num_hidden_layers"],
-        num_heads=h,
-        num_kv_heads=hf.get("num_key_value_heads") or h,
-        head_dim=hf.get("head_dim") or e // h,
-        intermediate_size=hf["intermediate_size"],
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
-        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-        out_bias=False,
-        rope_theta=theta,
-        rope_scaling=_rope_tuple(rope),
-        sliding_window=window,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=_eos_tuple(hf.get("eos_token_id")),
-        pad_token_id=hf.get("pad_token_id"),
-    )
-    if hf.get("mlp_bias"):
-      raise ConfigError(f"{source}: mlp_bias=True is not supported")
+    cfg = _llama_config(hf, model_type, source)
   else:
     raise ConfigError(
         f"{source}: unsupported architecture model_type={model_type!r}; "
         f"supported: {', '.join(SUPPORTED_ARCHS)}"
     )
   cfg.validate()
+  return cfg
+
+
+def _gpt2_config(hf: dict, source: str) -> ModelConfig:
+  """GPT-2's config.json (n_embd, n_head, ...): LayerNorm, learned positions, biases, tanh GELU."""
+  e = hf["n_embd"]
+  h = hf["n_head"]
+  cfg = ModelConfig(
+      arch="gpt2",
+      vocab_size=hf["vocab_size"],
+      hidden_size=e,
+      num_layers=hf["n_layer"],
+      num_heads=h,
+      num_kv_heads=h,
+      head_dim=e // h,
+      intermediate_size=hf.get("n_inner") or 4 * e,
+      max_position_embeddings=hf["n_positions"],
+      norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+      norm="layer",
+      activation="gelu_new",
+      gated_mlp=False,
+      qkv_bias=True,
+      out_bias=True,
+      position="learned",
+      tie_word_embeddings=hf.get("tie_word_embeddings", True),
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_ids=_eos_tuple(hf.get("eos_token_id")),
+      pad_token_id=hf.get("pad_token_id"),
+  )
+  if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+    raise ConfigError(
+        f"{source}: unsupported gpt2 activation_function {hf['activation_function']!r}"
+    )
+  if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
+    raise ConfigError(f"{source}: gpt2 attention variants are not supported")
+  return cfg
+
+
+def _llama_config(hf: dict, model_type: str, source: str) -> ModelConfig:
+  """The Llama family's config.json (llama, mistral, qwen2): RMSNorm, RoPE (with its scaling),
+  gated SiLU MLP, grouped kv heads, Mistral's and Qwen2's sliding window."""
+  h = hf["num_attention_heads"]
+  e = hf["hidden_size"]
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ConfigError(f"{source}: unsupported hidden_act {hf['hidden_act']!r} (expected 'silu')")
+  # transformers >= 5 writes rope settings as `rope_parameters` (rope_theta inside); older
+  # configs have top-level `rope_theta` and `rope_scaling`.
+  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+  if rope.get("rope_type", rope.get("type")) in (None, "default"):
+    rope = {}
+  window = 0
+  if model_type == "mistral" and hf.get("sliding_window"):
+    window = int(hf["sliding_window"])
+  if model_type == "qwen2" and hf.get("use_sliding_window") and hf.get("sliding_window"):
+    window = int(hf["sliding_window"])
+  cfg = ModelConfig(
+      arch=model_type,
+      vocab_size=hf["vocab_size"],
+      hidden_size=e,
+      num_layers=hf["num_hidden_layers"],
+      num_heads=h,
+      num_kv_heads=hf.get("num_key_value_heads") or h,
+      head_dim=hf.get("head_dim") or e // h,
+      intermediate_size=hf["intermediate_size"],
+      max_position_embeddings=hf.get("max_position_embeddings", 2048),
+      norm_eps=hf.get("rms_norm_eps", 1e-6),
+      qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+      out_bias=False,
+      rope_theta=theta,
+      rope_scaling=_rope_tuple(rope),
+      sliding_window=window,
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_ids=_eos_tuple(hf.get("eos_token_id")),
+      pad_token_id=hf.get("pad_token_id"),
+  )
+  if hf.get("mlp_bias"):
+    raise ConfigError(f"{source}: mlp_bias=True is not supported")
   return cfg
 
 

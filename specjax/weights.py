@@ -364,26 +364,12 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
   if target is not None:
-    if name_or_path not in registry.DRAFTERS:
-      raise InputError(f"load_model({name_or_path!r}, target=...): target= is for shipped drafts "
-                       f"({', '.join(n for n, d in registry.DRAFTERS.items() if d.kind == 'draft')})")
-    if not isinstance(target, Model):
-      raise InputError(f"load_model: target= must be a loaded specjax Model, got "
-                       f"{type(target).__name__}")
-    if mesh is not None or place is not None:
-      raise InputError("load_model: a draft built on target= lives where the target does; "
-                       "pass mesh= / place= when loading the target")
-    return registry.build(name_or_path, target)
+    return _draft_on_target(name_or_path, target, mesh, place)
   if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
     return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
                             rules=rules, kernels=kernels)
   if mesh is not None:
-    from specjax import sharding
-
-    if place is not None:
-      raise ValueError("load_model: pass either mesh= or place=, not both")
-    mesh = sharding.make_mesh(mesh)  # a bad mesh fails here, before reading any weights
-    place = sharding.placer(mesh, rules)
+    mesh, place = _mesh_placer(mesh, place, rules)
   path = resolve(name_or_path)
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -399,6 +385,33 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
 
     model = maybe_pack(model, kernels)
   return model
+
+
+def _draft_on_target(name: str, target, mesh, place):
+  """load_model(name, target=...): a shipped draft built around the already loaded target."""
+  from specjax.model import Model
+
+  if name not in registry.DRAFTERS:
+    raise InputError(f"load_model({name!r}, target=...): target= is for shipped drafts "
+                     f"({', '.join(n for n, d in registry.DRAFTERS.items() if d.kind == 'draft')})")
+  if not isinstance(target, Model):
+    raise InputError(f"load_model: target= must be a loaded specjax Model, got "
+                     f"{type(target).__name__}")
+  if mesh is not None or place is not None:
+    raise InputError("load_model: a draft built on target= lives where the target does; "
+                     "pass mesh= / place= when loading the target")
+  return registry.build(name, target)
+
+
+def _mesh_placer(mesh, place, rules):
+  """load_model's mesh= ("data=2,model=4" or a Mesh) -> (the Mesh, a placer sharding each tensor
+  by `rules` as it is converted); a bad mesh fails here, before any weights are read."""
+  from specjax import sharding
+
+  if place is not None:
+    raise ValueError("load_model: pass either mesh= or place=, not both")
+  mesh = sharding.make_mesh(mesh)
+  return mesh, sharding.placer(mesh, rules)
 
 
 # ----------------------------------------------------------------------------- shipped drafters

@@ -108,18 +108,8 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
   pool: the prompt list [{"text", "chat", "source"}] (default: `prompt_pool.build(seed)`).
   Rerunning with the same arguments resumes; different settings on an existing corpus raise.
   """
-  from specjax.errors import check_int
-
-  total = parse_count(tokens)
-  if total < 1:
-    raise InputError(f"tokens={tokens!r} is invalid: must be >= 1")
-  check_int("batch_size", batch_size, 1, 4096)
-  check_int("micro_batch", micro_batch, 1, 4096)
-  check_int("max_new_tokens", max_new_tokens, 1, 1 << 16)
-  temps = tuple(float(t) for t in temperatures)
-  if not temps or any(not np.isfinite(t) or t < 0 for t in temps):
-    raise InputError(f"temperatures={temperatures!r} is invalid: finite numbers >= 0 (0 = greedy)")
-  _check_out_dir(out_dir)
+  total, temps = _check_corpus_args(tokens, batch_size, micro_batch, max_new_tokens,
+                                    temperatures, out_dir)
   if isinstance(model, str):
     from specjax.weights import load_model
     name = model
@@ -128,17 +118,7 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
     name = model.name or "model"
   if model.tokenizer is None:
     raise InputError(f"model {name!r} has no tokenizer: a corpus needs text prompts")
-  from specjax.training import prompt_pool
-
-  pool_info = {"seed": seed, "max_prompt_chars": max_prompt_chars}
-  if pool is None:
-    pool, info = prompt_pool.build(seed)
-    pool_info.update(info)
-  else:
-    pool_info["sources"] = "caller"
-  pool = [p for p in pool if len(p["text"]) <= max_prompt_chars]
-  if not pool:
-    raise InputError(f"no prompt of at most max_prompt_chars={max_prompt_chars} characters")
+  pool, pool_info = _prompt_pool(pool, seed, max_prompt_chars)
   v = model.config.vocab_size
   meta = {
       "format": FORMAT_VERSION, "model": name, "vocab_size": v, "weights_sha256": weights_sha256(model),
@@ -147,19 +127,7 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
       "batch_size": batch_size, "max_new_tokens": max_new_tokens, "temperatures": list(temps),
       "top_p": top_p, "seed": seed, "pool": pool_info,
   }
-  path = os.path.join(out_dir, META)
-  if os.path.isfile(path):
-    with open(path) as f:
-      old = json.load(f)
-    keys = [k for k in meta if k != "pool"] + ["pool"]
-    diff = [k for k in keys if old.get(k) != meta[k]]
-    if diff:
-      raise InputError(f"{out_dir} holds a corpus made with other settings ({', '.join(diff)} "
-                       f"differ: e.g. {diff[0]}={old.get(diff[0])!r}, now {meta[diff[0]]!r}); "
-                       f"use another directory or the same arguments to resume")
-  else:
-    _atomic_json(path, meta)
-
+  _check_or_write_meta(out_dir, meta)
   done = _complete_shards(out_dir)
   have = sum(_response_tokens(np.load(_shard_path(out_dir, i))) for i in done)
   bar = None
@@ -185,6 +153,58 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
   if bar is not None:
     bar.close()
   return load(out_dir)
+
+
+def _check_corpus_args(tokens, batch_size, micro_batch, max_new_tokens, temperatures, out_dir):
+  """generate_corpus's checks that need no model. Returns (response tokens wanted, temperatures
+  as a tuple of floats)."""
+  from specjax.errors import check_int
+
+  total = parse_count(tokens)
+  if total < 1:
+    raise InputError(f"tokens={tokens!r} is invalid: must be >= 1")
+  check_int("batch_size", batch_size, 1, 4096)
+  check_int("micro_batch", micro_batch, 1, 4096)
+  check_int("max_new_tokens", max_new_tokens, 1, 1 << 16)
+  temps = tuple(float(t) for t in temperatures)
+  if not temps or any(not np.isfinite(t) or t < 0 for t in temps):
+    raise InputError(f"temperatures={temperatures!r} is invalid: finite numbers >= 0 (0 = greedy)")
+  _check_out_dir(out_dir)
+  return total, temps
+
+
+def _prompt_pool(pool, seed: int, max_prompt_chars: int):
+  """The prompts a corpus is generated from (the caller's, or `prompt_pool.build(seed)`), those
+  longer than max_prompt_chars dropped. Returns (pool, its description for meta.json)."""
+  from specjax.training import prompt_pool
+
+  pool_info = {"seed": seed, "max_prompt_chars": max_prompt_chars}
+  if pool is None:
+    pool, info = prompt_pool.build(seed)
+    pool_info.update(info)
+  else:
+    pool_info["sources"] = "caller"
+  pool = [p for p in pool if len(p["text"]) <= max_prompt_chars]
+  if not pool:
+    raise InputError(f"no prompt of at most max_prompt_chars={max_prompt_chars} characters")
+  return pool, pool_info
+
+
+def _check_or_write_meta(out_dir: str, meta: dict) -> None:
+  """A new corpus gets meta.json; an existing one must have been made with the same settings
+  (rerunning resumes it), else InputError naming the settings that differ."""
+  path = os.path.join(out_dir, META)
+  if os.path.isfile(path):
+    with open(path) as f:
+      old = json.load(f)
+    keys = [k for k in meta if k != "pool"] + ["pool"]
+    diff = [k for k in keys if old.get(k) != meta[k]]
+    if diff:
+      raise InputError(f"{out_dir} holds a corpus made with other settings ({', '.join(diff)} "
+                       f"differ: e.g. {diff[0]}={old.get(diff[0])!r}, now {meta[diff[0]]!r}); "
+                       f"use another directory or the same arguments to resume")
+  else:
+    _atomic_json(path, meta)
 
 
 def _generate_shard(model, pool, i, batch_size, max_new_tokens, temperature, top_p, seed, dtype,
