@@ -494,7 +494,7 @@ def main(argv=None) -> None:
   d = sub.add_parser("demo", help="run every method on the embedded default model")
   d.add_argument("--model", default=DEFAULT_MODEL)
   d.add_argument("--max-new-tokens", type=int, default=64)
-  d.add_argument("--repeats", type=int, default=2)
+  d.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt")
   _add_method(d)
   d.set_defaults(fn=cmd_demo)
 
