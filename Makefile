@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/specjax demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --durations=15
 
 bench: $(STAMP)
 	$(BIN)/specjax bench
