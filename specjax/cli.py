@@ -131,7 +131,7 @@ def cmd_demo(args) -> None:
   warm = bench.warm_methods(model, methods, DEMO_PROMPTS[0], max_new_tokens=args.max_new_tokens)
   print(f"\n>>> {DEMO_PROMPTS[0]}\n{warm['autoregressive']['text']}\n")
   runs = len(DEMO_PROMPTS) * args.repeats * (2 * len(methods) - 1)
-  print(f"Timing {runs} runs ({len(DEMO_PROMPTS)} prompts x {args.repeats} repeats, each method "
+  print(f"Timing {runs} runs ({len(DEMO_PROMPTS)} prompts x {args.repeats} repeat(s), each method "
         f"beside autoregressive runs) ...", flush=True)
   rows = bench.bench_methods(model, DEMO_PROMPTS, methods, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, chat=True, progress=sys.stdout.isatty())
