@@ -10,42 +10,26 @@ import sys
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _method_factories() -> dict:
-  """CLI method name -> factory(model, args). Methods whose module is absent are not listed."""
-  import specjax as sj
-
-  out = {"autoregressive": lambda model, a: sj.Autoregressive()}
-  if hasattr(sj, "DraftModel"):
-    out["draft"] = lambda model, a: sj.DraftModel(_load_draft(a.draft, model), gamma=a.gamma)
-  if hasattr(sj, "SelfSpeculative"):
-    out["self-spec"] = lambda model, a: sj.SelfSpeculative(
-        exit_layer=a.exit_layer or max(1, model.config.num_layers // 4), gamma=a.gamma)
-  if hasattr(sj, "PromptLookup"):
-    out["prompt-lookup"] = lambda model, a: sj.PromptLookup()
-  if hasattr(sj, "Lookahead"):
-    out["lookahead"] = lambda model, a: sj.Lookahead()
-  # Heads-based methods run with the shipped heads for the model (SmolLM2's), when trained.
-  from specjax import registry
-  if os.path.isfile(registry.DRAFTERS["smollm2-135m-medusa"].path):
-    out["medusa"] = lambda model, a: sj.Medusa(sj.load_heads(a.heads or "smollm2-135m-medusa", model))
-  if os.path.isfile(registry.DRAFTERS["smollm2-135m-eagle"].path):
-    out["eagle"] = lambda model, a: sj.Eagle(sj.load_heads(a.heads or "smollm2-135m-eagle", model),
-                                             num_nodes=getattr(a, "nodes", 0) or 32)
-  if os.path.isfile(registry.DRAFTERS["smollm2-135m-mtp"].path):
-    out["mtp"] = lambda model, a: sj.MTP(sj.load_heads(a.heads or "smollm2-135m-mtp", model))
-  return out
+def _method_options(name: str, args) -> dict:
+  """The CLI's settings of method `name` (a registry name) as its factory's options: everything
+  else about building a method (defaults, the shipped drafter for the model) is the registry's
+  (specjax.methods)."""
+  if name == "draft":
+    return {"draft": args.draft, "gamma": args.gamma}
+  if name == "layer-skip":
+    return {"exit_layer": args.exit_layer or None, "gamma": args.gamma}
+  if name in ("medusa", "mtp"):
+    return {"heads": args.heads}
+  if name == "eagle":
+    return {"heads": args.heads, **({"num_nodes": args.nodes} if args.nodes else {})}
+  return {}
 
 
-def _load_draft(name: str, model):
-  """--draft -> a draft Model: a shipped draft of this very model is built around the loaded
-  target (no second copy of it); anything else loads on its own."""
-  import specjax as sj
-  from specjax import registry
+def _registry_names() -> list[str]:
+  """The registered method names (specjax.methods), autoregressive first."""
+  from specjax import methods
 
-  entry = registry.DRAFTERS.get(name)
-  if entry is not None and entry.kind == "draft" and entry.target == getattr(model, "name", None):
-    return sj.load_model(name, target=model)
-  return sj.load_model(name)
+  return methods.names()
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -58,18 +42,21 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _add_method(p: argparse.ArgumentParser) -> None:
+  from specjax import methods
+
   p.add_argument("--method", default="autoregressive",
-                 help="autoregressive | draft | self-spec | prompt-lookup | lookahead | medusa | eagle | mtp "
-                 "(the last three with shipped or --heads heads)")
+                 help=f"{' | '.join(methods.names())} (or an alias: self-spec, pld, ...; draft, "
+                 f"medusa, eagle and mtp need a drafter: the one shipped for --model, or --draft / "
+                 f"--heads)")
   _add_method_options(p)
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
   """The methods' settings, shared by generate / demo (--method) and bench (--methods)."""
   p.add_argument("--draft", default="smollm2-135m-draft", help="the draft model of method draft")
-  p.add_argument("--gamma", type=int, default=3, help="draft / self-spec: tokens drafted per step "
+  p.add_argument("--gamma", type=int, default=3, help="draft / layer-skip: tokens drafted per step "
                  "(3 measured best for the shipped draft on a CPU)")
-  p.add_argument("--exit-layer", type=int, default=0, help="self-spec: layers of the drafter "
+  p.add_argument("--exit-layer", type=int, default=0, help="layer-skip: layers of the drafter "
                  "(0: a quarter of the model's)")
   p.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
   p.add_argument("--nodes", type=int, default=0,
@@ -78,12 +65,14 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
 
 
 def _make_method(name: str, model, args):
+  """The registry's method `name` (or an alias) for model, with the CLI's settings."""
+  from specjax import methods
   from specjax.errors import InputError
 
-  factories = _method_factories()
-  if name not in factories:
-    raise InputError(f"--method {name!r} is unknown; available: {', '.join(factories)}")
-  return factories[name](model, args)
+  canonical = methods.canonical(name)
+  if canonical is None:
+    raise InputError(f"--method {name!r} is unknown; available: {', '.join(methods.names())}")
+  return methods.build(canonical, model, **_method_options(canonical, args))
 
 
 def cmd_generate(args) -> None:
@@ -122,9 +111,9 @@ def cmd_demo(args) -> None:
     model = sj.load_model(args.model)
     step["note"] = str(model)
   methods = {}
-  for name, factory in _method_factories().items():
+  for name in _registry_names():
     try:
-      methods[name] = factory(model, args)
+      methods[name] = _make_method(name, model, args)
     except Exception as e:  # e.g. a draft model that is not installed: show why, run the rest
       print(f"(skipping {name}: {e})")
   print(f"Compiling and running {len(methods)} methods on one prompt, greedy:", flush=True)
@@ -186,11 +175,14 @@ def _check_bench_args(args) -> list[str]:
   if not args.temperature >= 0 or args.temperature == float("inf"):
     raise InputError(f"--temperature {args.temperature} is invalid: must be a finite number >= 0 "
                      f"(0 = greedy)")
-  known = _method_factories()
-  names = [n.strip() for n in args.methods.split(",") if n.strip()] if args.methods else list(known)
+  from specjax import methods as registry
+
+  names = [n.strip() for n in args.methods.split(",") if n.strip()] if args.methods else \
+      registry.names()
   for n in names:
-    if n not in known:
-      raise InputError(f"--methods: {n!r} is unknown; available: {', '.join(known)}")
+    if registry.canonical(n) is None:
+      raise InputError(f"--methods: {n!r} is unknown; available: {', '.join(registry.names())}")
+  names = [registry.canonical(n) for n in names]
   bench.check_prompt_set(args.prompts)
   for flag, path, ext in (("--json", args.json, ""), ("--csv", args.csv, ""),
                           ("--plot", args.plot, ".png")):

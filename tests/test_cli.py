@@ -25,15 +25,25 @@ def test_unknown_method_is_a_clean_error(capsys, monkeypatch):
   assert "--method 'telepathy' is unknown" in err and "prompt-lookup" in err
 
 
-def test_every_method_is_listed():
-  import os
+def test_every_registered_method_is_offered():
+  from specjax import methods
 
-  from specjax import registry
+  assert cli._registry_names() == methods.names()
+  assert {"autoregressive", "draft", "layer-skip", "prompt-lookup", "lookahead", "medusa", "eagle",
+          "mtp"} <= set(methods.names())
 
-  shipped = {k for k in ("medusa", "eagle", "mtp")
-             if os.path.isfile(registry.DRAFTERS[f"smollm2-135m-{k}"].path)}
-  assert set(cli._method_factories()) == {"autoregressive", "draft", "self-spec", "prompt-lookup",
-                                          "lookahead"} | shipped
+
+def test_aliases_and_options_reach_the_registry(monkeypatch):
+  """--method self-spec is layer-skip, built by the registry with --exit-layer / --gamma."""
+  import argparse
+
+  from specjax import methods
+
+  seen = {}
+  monkeypatch.setattr(methods, "build", lambda name, model, **kw: seen.update(name=name, **kw))
+  args = argparse.Namespace(exit_layer=2, gamma=4)
+  cli._make_method("self-spec", object(), args)
+  assert seen == {"name": "layer-skip", "exit_layer": 2, "gamma": 4}
 
 
 def test_train_draft_arguments_reach_train_draft(monkeypatch):
@@ -57,10 +67,16 @@ def test_eagle_nodes_option(monkeypatch, sub, fn, argv, nodes):
   """--nodes reaches sj.Eagle from the generate and bench parsers; 0 keeps sj.Eagle's 32."""
   import specjax as sj
 
+  import dataclasses
+
+  from specjax import methods
+
   seen = {}
-  monkeypatch.setattr(sj, "load_heads", lambda name, model: "heads")
-  monkeypatch.setattr(sj, "Eagle", lambda heads, **kw: seen.update(kw) or "eagle")
+  fake = lambda target, heads=None, **kw: seen.update(kw) or "eagle"  # noqa: E731
+  monkeypatch.setitem(methods.REGISTRY, "eagle", dataclasses.replace(methods.REGISTRY["eagle"],
+                                                                     factory=fake))
   monkeypatch.setattr(cli, fn, lambda args: seen.setdefault(
-      "made", cli._method_factories()["eagle"](object(), args)))
+      "made", cli._make_method("eagle", object(), args)))
   cli.main([sub] + (["--prompt", "hi"] if sub == "generate" else []) + argv)
-  assert seen["made"] == "eagle" and seen["num_nodes"] == nodes
+  default = sj.Eagle.__dataclass_fields__["num_nodes"].default
+  assert seen["made"] == "eagle" and seen.get("num_nodes", default) == nodes

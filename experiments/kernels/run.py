@@ -7,8 +7,8 @@ forward cost curve through `model.apply` (cache 512 slots, 256 filled, T = 1, 2,
 jitted; the kernel model and the XLA model interleaved rep by rep and every T inside a rep, medians
 reported, so load from other processes on this shared 2-core machine hits both alike); weight bytes
 read per token / time. --methods adds end-to-end decoding with the kernel on: sj.Autoregressive()
-vs PromptLookup, DraftModel (shipped draft, gamma 3) and Lookahead on the same prompts, interleaved
-per prompt (the protocol of experiments/training_free and experiments/draft_model).
+vs every registered method (as experiments/spec_bench builds them) on the same prompts,
+interleaved per prompt (the protocol of experiments/training_free and experiments/draft_model).
 """
 
 from __future__ import annotations
@@ -101,26 +101,16 @@ def check_outputs(models: dict, sizes) -> float:
   return worst
 
 
-def _shipped_head_methods(model) -> dict:
-  """Medusa / EAGLE / MTP with their shipped heads, where the package has them, built exactly as
-  the Spec-Bench experiment builds them (Medusa's tree by `choose_budget` on this machine's cost
-  curve; a small EAGLE-2 tree)."""
+def methods_bench(model, n_prompts: int, max_new: int, repeat: int, categories=None):
+  """Every registered method that runs on the model, built exactly as the Spec-Bench experiment
+  builds them (the shipped draft, gamma 3; layer-skip at layer 6 over the draft's vocabulary;
+  Medusa's tree by `choose_budget` on this machine's cost curve; a small EAGLE-2 tree)."""
   from experiments.spec_bench.run import build_methods
-
-  methods, notes = build_methods(model, model.name, ("medusa", "eagle", "mtp"))
-  for name, note in notes.items():
-    print(f"# {name}: {note}")
-  return methods
-
-
-def methods_bench(model, draft, n_prompts: int, max_new: int, repeat: int, categories=None):
   from experiments.training_free.run import bench, load_prompts
 
-  methods = {"autoregressive": sj.Autoregressive(), "prompt_lookup": sj.PromptLookup(),
-             "draft g=3": sj.DraftModel(draft, gamma=3), "lookahead": sj.Lookahead(),
-             "layer-skip k=6 g=3": sj.SelfSpeculative(exit_layer=6, gamma=3,
-                                                      vocab=draft.vocab_subset)}
-  methods.update(_shipped_head_methods(model))
+  methods, notes = build_methods(model, model.name)
+  for name, note in notes.items():
+    print(f"# {name}: {note}")
   prompts = load_prompts(n_prompts)
   if categories:
     prompts = {c: prompts[c] for c in categories if c in prompts}
@@ -178,9 +168,8 @@ def main(argv=None):
     curve(models, sizes, reps, xla.num_param_bytes, bw)
   if args.methods:
     del xla, models
-    draft = sj.load_model("smollm2-135m-draft", target=ker)
     n, max_new = (1, 64) if args.quick else (args.prompts, args.max_new)
-    methods_bench(ker, draft, n, max_new, args.repeat,
+    methods_bench(ker, n, max_new, args.repeat,
                   [c for c in args.categories.split(",") if c] or None)
 
 

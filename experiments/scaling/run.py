@@ -27,6 +27,7 @@ sys.path.insert(0, ROOT)
 
 import specjax as sj  # noqa: E402
 from specjax import bench, prompts  # noqa: E402
+from specjax import methods as sj_methods  # noqa: E402
 
 from experiments.spec_bench.run import METHODS, build_methods  # noqa: E402
 
@@ -163,7 +164,7 @@ def main(argv=None):
   lengths = _ints(ap, "lengths", args.lengths or ("128,1024" if quick else "128,512,1024,1500"))
   n = args.num_prompts if args.num_prompts is not None else (1 if quick else 3)
   new = args.max_new_tokens if args.max_new_tokens is not None else (32 if quick else 128)
-  names = [m for m in args.methods.split(",") if m]
+  names = [sj_methods.canonical(m) or m for m in args.methods.split(",") if m]  # aliases too
   if bad := [m for m in names if m not in METHODS]:
     ap.error(f"--methods: unknown {', '.join(bad)}; choose from {', '.join(METHODS)}")
   if n < 1 or new < 1 or args.repeats < 1:

@@ -36,12 +36,12 @@ sys.path.insert(0, ROOT)
 
 import specjax as sj  # noqa: E402
 from specjax import bench, registry  # noqa: E402
+from specjax import methods as sj_methods  # noqa: E402
 
 CATEGORIES = bench.SPEC_BENCH_CATEGORIES + ("humaneval",)
 TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
           "qa": "QA", "math_reasoning": "Math", "rag": "RAG", "humaneval": "HumanEval"}
-METHODS = ("autoregressive", "prompt-lookup", "lookahead", "draft", "layer-skip", "medusa",
-           "eagle", "mtp")
+METHODS = sj.METHODS  # every registered method (specjax.methods), autoregressive first
 
 # Spec-Bench's leaderboard, Vicuna-7B-v1.3, greedy, fp16, batch 1, one A100 80GB:
 # https://github.com/hemingkx/Spec-Bench/blob/main/Leaderboard.md ("Leaderboard on A100").
@@ -62,97 +62,114 @@ SPEC_BENCH_SOURCE = "https://github.com/hemingkx/Spec-Bench/blob/main/Leaderboar
 def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int = 0,
                   cost_sizes=(1, 2, 4, 8, 16, 32), log=print) -> tuple[dict, dict]:
   """(name -> method, name -> what it is: settings and where its drafter came from) for the
-  method names in `names` that can run on `target`; `model_name` finds its shipped drafters.
+  method names in `names` (registry names, specjax.methods) that can run on `target`;
+  `model_name` finds its shipped drafters. Each method is the registry's, with this experiment's
+  settings (`_settings`) and drafters (`_drafter`).
 
   medusa_nodes: the Medusa tree size (0: `choose_budget` on the cost curve measured here at
   `cost_sizes`, from the heads' held-out per-rank accuracies, or Medusa's published ones for
   random heads).
   """
+  names = [sj_methods.get(n).name for n in names]  # an unknown name fails here
+  methods, notes = {}, {}
+  draft = _drafter(target, model_name, "draft", log) if {"draft", "layer-skip"} & set(names) \
+      else (None, None)
+  for n in names:
+    if n in ("draft", "layer-skip"):
+      drafter = draft
+    elif n in HEAD_METHODS:
+      drafter = _drafter(target, model_name, n, log)
+      if drafter[0] is None:
+        notes[n] = drafter[1]  # registered for this model but not shipped yet: skipped
+        continue
+    else:
+      drafter = (None, None)
+    options, notes[n] = _settings(n, target, *drafter, medusa_nodes, cost_sizes, log)
+    methods[n] = sj_methods.build(n, target, **options)
+  return methods, notes
+
+
+HEAD_METHODS = ("medusa", "eagle", "mtp")
+
+
+def _shipped(model_name: str, kind: str):
+  """(drafter name, None) when shipped; (None, reason) when registered but absent; (None, None)
+  when the model has no registry entry of this kind."""
+  name = f"{model_name}-{kind}"
+  if name not in registry.DRAFTERS:
+    return None, None
+  if os.path.exists(registry.DRAFTERS[name].path):
+    return name, None
+  return None, f"{name} is registered but not shipped yet"
+
+
+def _drafter(target, model_name: str, kind: str, log):
+  """(the drafter of `kind` for target, where it came from): the shipped one; else an untrained
+  stand-in (the target's first layer as a draft; random heads for a model without registry
+  entries) so the script runs end to end on any model. Heads registered for the model but not
+  shipped yet: (None, why)."""
+  name, missing = _shipped(model_name, kind)
+  if kind == "draft":
+    if name:
+      return sj.load_model(name, target=target), f"shipped draft {name}"
+    return (registry.draft_from_target(target, num_layers=1),
+            "the target's first layer (untrained): no draft shipped for this model")
+  if missing:
+    log(f"(skipping {kind}: {missing})")
+    return None, missing
+  if name:
+    return sj.load_heads(name, target), f"shipped heads {name}"
+  return sj.init_heads(target, kind, seed=0), "random heads (sj.init_heads, seed 0): none shipped"
+
+
+def _settings(n: str, target, drafter, source: str, medusa_nodes: int, cost_sizes, log):
+  """(the registry factory's options for method n in this experiment, its note)."""
+  if n == "autoregressive":
+    return {}, "baseline"
+  if n == "prompt-lookup":
+    return {}, "PromptLookup(ngram=3, num_tokens=10)"
+  if n == "lookahead":
+    return {}, "Lookahead(window=4, ngram=3, guess=4)"
+  if n == "draft":
+    return {"draft": drafter, "gamma": 3}, f"DraftModel(gamma=3): {source}"
+  if n == "layer-skip":
+    k = min(6, target.config.num_layers - 1)
+    vocab = drafter.vocab_subset
+    return {"exit_layer": k, "gamma": 3, "vocab": vocab}, (
+        f"SelfSpeculative(exit_layer={k}, gamma=3" +
+        (f", the draft's {len(vocab)}-token vocabulary)" if vocab is not None else ")"))
+  if n == "medusa":
+    tree, nodes, how = _medusa_tree(target, drafter, medusa_nodes, cost_sizes, log)
+    return ({"heads": drafter, "tree": tree, "top_k": 5},
+            f"Medusa, {nodes}-node tree ({how}), exact acceptance: {source}")
+  if n == "eagle":
+    # A small dynamic tree: on this CPU a verification forward of more than ~9 tokens costs
+    # more than EAGLE's extra accepted tokens bring (experiments/kernels, the cost curve).
+    return ({"heads": drafter, "num_nodes": 8, "depth": 4, "top_k": 4},
+            f"EAGLE-2 (dynamic tree, 8 nodes, depth 4, top-4): {source}")
+  if n == "mtp":
+    return {"heads": drafter}, f"MTP ({drafter.config.num_heads} modules): {source}"
+  entry = sj_methods.REGISTRY[n]  # a method with no settings here runs with the registry's
+  return {}, f"{entry.cls.__name__} (the registry's defaults): {entry.description}"
+
+
+def _medusa_tree(target, heads, medusa_nodes: int, cost_sizes, log):
+  """(the Medusa tree, its node count, how the count was chosen)."""
   from specjax import tree as T
 
-  methods, notes = {}, {}
-
-  def shipped(kind):
-    """(drafter name, None) when shipped; (None, reason) when registered but absent; (None, None)
-    when the model has no registry entry of this kind."""
-    name = f"{model_name}-{kind}"
-    if name not in registry.DRAFTERS:
-      return None, None
-    if os.path.exists(registry.DRAFTERS[name].path):
-      return name, None
-    return None, f"{name} is registered but not shipped yet"
-
-  def heads(kind):
-    name, missing = shipped(kind)
-    if name:
-      return sj.load_heads(name, target), f"shipped heads {name}"
-    if missing:
-      log(f"(skipping {kind}: {missing})")
-      return None, missing
-    return sj.init_heads(target, kind, seed=0), "random heads (sj.init_heads, seed 0): none shipped"
-
-  draft = None
-  if {"draft", "layer-skip"} & set(names):
-    name, _ = shipped("draft")
-    if name:
-      draft, draft_note = sj.load_model(name, target=target), f"shipped draft {name}"
-    else:
-      draft = registry.draft_from_target(target, num_layers=1)
-      draft_note = "the target's first layer (untrained): no draft shipped for this model"
-  num_layers = target.config.num_layers
-  for n in names:
-    if n == "autoregressive":
-      methods[n], notes[n] = sj.Autoregressive(), "baseline"
-    elif n == "prompt-lookup":
-      methods[n], notes[n] = sj.PromptLookup(), "PromptLookup(ngram=3, num_tokens=10)"
-    elif n == "lookahead":
-      methods[n], notes[n] = sj.Lookahead(), "Lookahead(window=4, ngram=3, guess=4)"
-    elif n == "draft":
-      methods[n] = sj.DraftModel(draft, gamma=3)
-      notes[n] = f"DraftModel(gamma=3): {draft_note}"
-    elif n == "layer-skip":
-      k = min(6, num_layers - 1)
-      methods[n] = sj.SelfSpeculative(exit_layer=k, gamma=3, vocab=draft.vocab_subset)
-      notes[n] = (f"SelfSpeculative(exit_layer={k}, gamma=3" +
-                  (f", the draft's {len(draft.vocab_subset)}-token vocabulary)"
-                   if draft.vocab_subset is not None else ")"))
-    elif n == "medusa":
-      h, note = heads("medusa")
-      if h is None:
-        notes[n] = note
-        continue
-      acc = T.per_rank_accuracy(h.meta, h.config.num_heads)
-      if acc is None or not acc.any():  # random heads: no held-out accuracy; Medusa's published
-        acc = T.prior_accuracies(h.config.num_heads, top_k=5)
-      if medusa_nodes:
-        nodes, how = medusa_nodes, "given"
-      else:
-        cost = bench.measure_cost_curve(target, cost_sizes, reps=5)
-        # Up to the largest measured size only: beyond it the curve would be extrapolated.
-        nodes = T.choose_budget(cost, acc, max_nodes=max(cost_sizes) - 1)["num_nodes"]
-        how = "choose_budget"
-        log("cost curve c(T): " + ", ".join(f"{t}: {c:.2f}" for t, c in cost.items())
-            + f" -> Medusa tree of {nodes} nodes")
-      methods[n] = sj.Medusa(h, tree=T.build_tree(acc, nodes), top_k=5)
-      notes[n] = f"Medusa, {nodes}-node tree ({how}), exact acceptance: {note}"
-    elif n == "eagle":
-      h, note = heads("eagle")
-      if h is None:
-        notes[n] = note
-        continue
-      # A small dynamic tree: on this CPU a verification forward of more than ~9 tokens costs
-      # more than EAGLE's extra accepted tokens bring (experiments/kernels, the cost curve).
-      methods[n] = sj.Eagle(h, num_nodes=8, depth=4, top_k=4)
-      notes[n] = f"EAGLE-2 (dynamic tree, 8 nodes, depth 4, top-4): {note}"
-    elif n == "mtp":
-      h, note = heads("mtp")
-      if h is None:
-        notes[n] = note
-        continue
-      methods[n], notes[n] = sj.MTP(h), f"MTP ({h.config.num_heads} modules): {note}"
-    else:
-      raise ValueError(f"unknown method {n!r}; known: {', '.join(METHODS)}")
-  return methods, notes
+  acc = T.per_rank_accuracy(heads.meta, heads.config.num_heads)
+  if acc is None or not acc.any():  # random heads: no held-out accuracy; Medusa's published
+    acc = T.prior_accuracies(heads.config.num_heads, top_k=5)
+  if medusa_nodes:
+    nodes, how = medusa_nodes, "given"
+  else:
+    cost = bench.measure_cost_curve(target, cost_sizes, reps=5)
+    # Up to the largest measured size only: beyond it the curve would be extrapolated.
+    nodes = T.choose_budget(cost, acc, max_nodes=max(cost_sizes) - 1)["num_nodes"]
+    how = "choose_budget"
+    log("cost curve c(T): " + ", ".join(f"{t}: {c:.2f}" for t, c in cost.items())
+        + f" -> Medusa tree of {nodes} nodes")
+  return T.build_tree(acc, nodes), nodes, how
 
 
 def select_prompts(model, category: str, n: int, max_tokens: int = 0,
@@ -271,7 +288,7 @@ def main(argv=None):
   new = args.max_new_tokens if args.max_new_tokens is not None else (32 if quick else 128)
   max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else (64 if quick else 0)
   cats = [c for c in args.categories.split(",") if c]
-  names = [m for m in args.methods.split(",") if m]
+  names = [sj_methods.canonical(m) or m for m in args.methods.split(",") if m]  # aliases too
   if bad := [c for c in cats if c not in CATEGORIES]:
     ap.error(f"--categories: unknown {', '.join(bad)}; choose from {', '.join(CATEGORIES)}")
   if bad := [m for m in names if m not in METHODS]:

@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import specjax as sj  # noqa: E402
 from specjax import cache as kv  # noqa: E402
+from specjax import methods as sj_methods  # noqa: E402
 
 PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "prompts")
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -126,8 +127,7 @@ def main():
   print("| ms | " + " | ".join(f"{curve[t]:.1f}" for t in sizes) + " |")
   print("| x one token | " + " | ".join(f"{curve[t] / curve[1]:.2f}" for t in sizes) + " |\n")
 
-  methods = {"autoregressive": sj.Autoregressive(), "prompt_lookup": sj.PromptLookup(),
-             "lookahead": sj.Lookahead()}
+  methods = {n: sj_methods.build(n, model) for n in ("autoregressive", "prompt-lookup", "lookahead")}
   prompts = load_prompts(n)
   allres = {name: [] for name in methods}
   rows = []
