@@ -78,16 +78,48 @@ def make_mesh(spec: "str | Mesh | dict | None" = None, devices: Sequence | None 
   """
   devices = list(jax.devices() if devices is None else devices)
   if isinstance(spec, Mesh):
-    unknown = [a for a in spec.axis_names if a not in AXES]
-    if unknown:
-      raise ShardingError(f"mesh has unknown axis name(s) {unknown}; specjax meshes use axes "
-                          f"{AXES} (build one with sj.sharding.make_mesh('data=2,model=4'))")
-    if tuple(spec.axis_names) == AXES:
-      return spec
-    sizes = dict(spec.shape)
-    arr = np.asarray(spec.devices).reshape(-1)
-    shape = tuple(sizes.get(a, 1) for a in AXES)
-    return _mesh(arr.reshape(shape))
+    return _from_mesh(spec)
+  sizes = _axis_sizes(spec)
+  fixed = math.prod(s for s in sizes.values() if s != -1)
+  for a, s in sizes.items():
+    if s == -1:
+      if len(devices) % fixed:
+        raise ShardingError(f"mesh={spec!r}: {len(devices)} devices do not divide by {fixed}")
+      sizes[a] = len(devices) // fixed
+  shape = tuple(int(sizes.get(a, 1)) for a in AXES)
+  n = math.prod(shape)
+  if n > len(devices):
+    raise ShardingError(
+        f"mesh={spec!r} needs {n} devices but only {len(devices)} exist "
+        f"({jax.default_backend()}; on CPU simulate more with "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={n} set before importing jax)")
+  try:
+    from jax.experimental import mesh_utils
+
+    arr = (mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+           if n == len(devices) else np.asarray(devices[:n]).reshape(shape))
+  except Exception:  # topologies mesh_utils cannot tile: plain device order is still correct
+    arr = np.asarray(devices[:n]).reshape(shape)
+  return _mesh(arr)
+
+
+def _from_mesh(spec: Mesh) -> Mesh:
+  """An existing Mesh as specjax's ("data", "model") mesh (its axes a subset of those)."""
+  unknown = [a for a in spec.axis_names if a not in AXES]
+  if unknown:
+    raise ShardingError(f"mesh has unknown axis name(s) {unknown}; specjax meshes use axes "
+                        f"{AXES} (build one with sj.sharding.make_mesh('data=2,model=4'))")
+  if tuple(spec.axis_names) == AXES:
+    return spec
+  sizes = dict(spec.shape)
+  arr = np.asarray(spec.devices).reshape(-1)
+  shape = tuple(sizes.get(a, 1) for a in AXES)
+  return _mesh(arr.reshape(shape))
+
+
+def _axis_sizes(spec) -> dict:
+  """None | {"model": 8} | "data=2,model=4" -> axis -> size (-1: the rest), checked: known axes,
+  integer sizes >= 1 or -1, at most one -1."""
   if spec is None:
     sizes = {"data": 1, "model": 1}
   elif isinstance(spec, dict):
@@ -117,27 +149,7 @@ def make_mesh(spec: "str | Mesh | dict | None" = None, devices: Sequence | None 
       raise ShardingError(f"mesh={spec!r}: axis {a}={s!r} must be an integer >= 1 (or -1: the rest)")
   if list(sizes.values()).count(-1) > 1:
     raise ShardingError(f"mesh={spec!r}: at most one axis may be -1")
-  fixed = math.prod(s for s in sizes.values() if s != -1)
-  for a, s in sizes.items():
-    if s == -1:
-      if len(devices) % fixed:
-        raise ShardingError(f"mesh={spec!r}: {len(devices)} devices do not divide by {fixed}")
-      sizes[a] = len(devices) // fixed
-  shape = tuple(int(sizes.get(a, 1)) for a in AXES)
-  n = math.prod(shape)
-  if n > len(devices):
-    raise ShardingError(
-        f"mesh={spec!r} needs {n} devices but only {len(devices)} exist "
-        f"({jax.default_backend()}; on CPU simulate more with "
-        f"XLA_FLAGS=--xla_force_host_platform_device_count={n} set before importing jax)")
-  try:
-    from jax.experimental import mesh_utils
-
-    arr = (mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
-           if n == len(devices) else np.asarray(devices[:n]).reshape(shape))
-  except Exception:  # topologies mesh_utils cannot tile: plain device order is still correct
-    arr = np.asarray(devices[:n]).reshape(shape)
-  return _mesh(arr)
+  return sizes
 
 
 def _mesh(arr: np.ndarray) -> Mesh:
