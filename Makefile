@@ -21,7 +21,8 @@ demo: $(STAMP)
 	$(BIN)/specjax demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests --durations=15
+	# Two workers: most tests are bound by XLA's compiles, which use one core each.
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests --durations=15
 
 bench: $(STAMP)
 	$(BIN)/specjax bench
