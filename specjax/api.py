@@ -18,8 +18,10 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
 
   method: a method object (sj.Eagle(heads), ...), a registered name (one of sj.METHODS or an
   alias: "eagle" builds EAGLE with its defaults and the heads shipped for `model`), or None
-  (autoregressive decoding).
+  (autoregressive decoding). The arguments are checked before a named method is built (which
+  may load its drafter), so a bad one fails at once.
   """
+  decode.check_arguments(max_new_tokens, temperature, top_k, top_p, seed, chat, stop_at_eos)
   return decode.generate(model, prompts, methods.resolve(method, model),
                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, seed=seed, chat=chat, stop_at_eos=stop_at_eos, mesh=mesh)

@@ -215,21 +215,22 @@ def _bench_methods(args) -> None:
         raise InputError(f"--methods {name}: cannot run on {args.model}: {e}") from e
       print(f"(skipping {name}: {e})", file=sys.stderr)
   ps, chat = bench.load_prompt_set(args.prompts, args.num_prompts)
+  used = {"set": ps.source, "path": ps.path, "count": len(ps)}  # what really ran
   chat = chat and not args.no_chat
   b = args.batch_size
   calls = -(-len(ps) // b)
   ps = (ps * (calls * b // len(ps) + 1))[:calls * b]  # a short last call is filled up from the start
-  cases = [bench.Case(ps[i * b:(i + 1) * b], chat, args.prompts) for i in range(calls)]
+  cases = [bench.Case(ps[i * b:(i + 1) * b], chat, used["set"]) for i in range(calls)]
   records = bench.run_cases(model, cases, methods, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, repeats=args.repeats,
                             stop_at_eos=args.stop_at_eos, desc="bench")
   summary = bench.summarize(records)
   rows = [{"method": n, **summary[n][bench.OVERALL]} for n in methods]
-  title = (f"{args.model}, {args.prompts}: {len(ps)} prompt(s) in {calls} call(s) of {b}, "
+  title = (f"{args.model}, {used['set']}: {len(ps)} prompt(s) in {calls} call(s) of {b}, "
            f"{args.max_new_tokens} new tokens, temperature {args.temperature:g}, {args.repeats} "
            f"timed run(s) per call; speedup = median per-call ratio to autoregressive")
   _print_rich_table(title, rows)
-  data = {"args": {k: v for k, v in vars(args).items() if k != "fn"},
+  data = {"args": {k: v for k, v in vars(args).items() if k != "fn"}, "prompts": used,
           "info": bench.machine_info(), "summary": rows, "records": records}
   if args.json:
     with open(args.json, "w") as f:
@@ -498,7 +499,9 @@ def main(argv=None) -> None:
   b.add_argument("--methods", default="", help="comma-separated (autoregressive is always run); "
                  "default: every available method that runs on the model")
   b.add_argument("--prompts", default="mt_bench",
-                 help="mt_bench | spec_bench[:category] | humaneval | gsm8k | a .jsonl/.txt path")
+                 help="mt_bench | spec_bench[:category] | humaneval | gsm8k (files found under "
+                      "$SPECJAX_PROMPTS or ../shared/data/prompts; an error if absent) | builtin "
+                      "(a small sample shipped with specjax) | a .jsonl/.txt path")
   b.add_argument("--num-prompts", type=int, default=5)
   b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together per call")
   b.add_argument("--max-new-tokens", type=int, default=128)

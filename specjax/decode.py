@@ -14,7 +14,7 @@ import dataclasses
 import math
 import time
 import weakref
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import flax.struct
 import jax
@@ -25,6 +25,7 @@ from specjax import cache as kv
 from specjax import malloc
 from specjax import sampling
 from specjax import sharding
+from specjax import validate
 from specjax.errors import InputError
 from specjax.model import forward_sequence
 from specjax.sampling import SamplingParams
@@ -329,41 +330,42 @@ def bucket_prompt_len(n: int) -> int:
   return _next_pow2(n, 16)
 
 
-def _check_number(name, value, ok, allowed):
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-      or not ok(value):
-    raise InputError(f"{name}={value!r} is invalid: {allowed}")
-
-
 def _encode(model, prompts, chat: bool) -> list[list[int]]:
-  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-    raise InputError(
-        f"prompts must be a list of strings or a list of token-id lists, got {type(prompts).__name__}")
-  if len(prompts) == 0:
-    raise InputError("prompts is empty: pass at least one prompt")
+  """prompts (checked by validate.prompts) -> token ids per prompt. chat applies the tokenizer's
+  chat template to text prompts; token-id prompts with chat=True are an error, not ignored."""
+  checked = validate.prompts(prompts, model.config.vocab_size)
+  if any(isinstance(p, str) for p in checked) and model.tokenizer is None:
+    i = next(i for i, p in enumerate(checked) if isinstance(p, str))
+    raise InputError(f"prompts[{i}] is text but model {model.name!r} has no tokenizer; "
+                     f"pass token ids")
+  if chat:
+    _check_chat(model, checked)
   out = []
-  for i, p in enumerate(prompts):
-    if isinstance(p, str):
-      if model.tokenizer is None:
-        raise InputError(f"prompts[{i}] is text but model {model.name!r} has no tokenizer; "
-                         f"pass token ids")
-      if chat:
-        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                  add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-      else:
-        ids = model.tokenizer.encode(p)
-    elif isinstance(p, Sequence) and all(isinstance(t, (int, np.integer)) for t in p):
-      ids = [int(t) for t in p]
-      bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
-      if bad:
-        raise InputError(f"prompts[{i}] has token id {bad[0]} outside [0, {model.config.vocab_size})")
+  for i, p in enumerate(checked):
+    if not isinstance(p, str):
+      ids = p
+    elif chat:
+      ids = model.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                add_generation_prompt=True, tokenize=True)
+      ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     else:
-      raise InputError(f"prompts[{i}] must be a string or a list of ints, got {type(p).__name__}")
+      ids = model.tokenizer.encode(p)
     if len(ids) == 0:
       raise InputError(f"prompts[{i}] is empty (no tokens): give every prompt at least one token")
     out.append(ids)
   return out
+
+
+def _check_chat(model, checked: list) -> None:
+  """chat=True needs text prompts and a tokenizer with a chat template."""
+  ids_at = [i for i, p in enumerate(checked) if not isinstance(p, str)]
+  if ids_at:
+    raise InputError(f"chat=True, but prompts[{ids_at[0]}] is token ids: the chat template "
+                     f"applies to text only; pass the prompt as a string, or apply the template "
+                     f"yourself and pass chat=False")
+  if getattr(model.tokenizer, "chat_template", None) is None:
+    raise InputError(f"chat=True, but model {model.name!r}'s tokenizer has no chat template; "
+                     f"pass chat=False (the prompts are then tokenised as they are)")
 
 
 class _CompileCache:
@@ -446,18 +448,25 @@ def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
   parameters (the target's and a method's, e.g. a draft model's) are placed by
   sj.sharding.DEFAULT_RULES unless already placed (load_model(..., mesh=)). Outputs are identical
   to one device. See docs/sharding.md.
+
+  prompts: a list of strings (tokenised; chat=True wraps each in the tokenizer's chat template)
+  or of token-id lists (ints in [0, V); chat=True with token ids is an error). temperature: 0 is
+  greedy, and so is any temperature below sampling.MIN_TEMPERATURE (1e-5), where logits /
+  temperature would overflow float32. Every argument is checked (specjax.validate) before
+  anything compiles: a bad one raises InputError naming it, its value and what is allowed.
   """
   malloc.tune()
-  _check_arguments(max_new_tokens, temperature, top_k, top_p, seed)
+  a = check_arguments(max_new_tokens, temperature, top_k, top_p, seed, chat, stop_at_eos)
+  max_new_tokens = a["max_new_tokens"]
   check_method(method)
   method.validate(model)
-  ids = _encode(model, prompts, chat)
+  ids = _encode(model, prompts, a["chat"])
   _check_context(model, ids, max_new_tokens)
   mesh = _plan_mesh(model, mesh, len(ids))
   p, s = _plan_shapes(ids, max_new_tokens, method)
   args = _device_args(model, method, ids, p, max_new_tokens,
-                      SamplingParams.make(len(ids), temperature, top_k, top_p),
-                      jax.random.PRNGKey(seed), _eos_ids(model, stop_at_eos))
+                      SamplingParams.make(len(ids), a["temperature"], a["top_k"], a["top_p"]),
+                      jax.random.PRNGKey(a["seed"]), _eos_ids(model, a["stop_at_eos"]))
   if mesh is not None:
     args = _place_on_mesh(mesh, args)
   prog = Program(model.graphdef, model.config, method, s, mesh)
@@ -471,15 +480,17 @@ def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
   return GenerateOutput(tokens, texts, stats)
 
 
-def _check_arguments(max_new_tokens, temperature, top_k, top_p, seed) -> None:
-  """The sampling arguments, before anything is encoded or compiled."""
-  _check_number("max_new_tokens", max_new_tokens, lambda v: int(v) == v and v >= 1,
-                "must be an integer >= 1")
-  _check_number("temperature", temperature, lambda v: v >= 0 and math.isfinite(v),
-                "must be a finite number >= 0 (0 = greedy)")
-  _check_number("top_k", top_k, lambda v: int(v) == v and v >= 0, "must be an integer >= 0 (0 = off)")
-  _check_number("top_p", top_p, lambda v: 0 < v <= 1, "must be in (0, 1] (1 = off)")
-  _check_number("seed", seed, lambda v: int(v) == v, "must be an integer")
+def check_arguments(max_new_tokens, temperature, top_k, top_p, seed, chat, stop_at_eos) -> dict:
+  """The sampling arguments, before anything is encoded or compiled -> them as plain Python
+  values (numpy / JAX scalars converted)."""
+  return dict(
+      max_new_tokens=validate.integer("max_new_tokens", max_new_tokens, 1),
+      temperature=validate.number("temperature", temperature, 0, what=" (0 = greedy)"),
+      top_k=validate.integer("top_k", top_k, 0, what=" (0 = off)"),
+      top_p=validate.number("top_p", top_p, 0, 1, lo_open=True, what=" (1 = off)"),
+      seed=validate.seed("seed", seed),
+      chat=validate.boolean("chat", chat),
+      stop_at_eos=validate.boolean("stop_at_eos", stop_at_eos))
 
 
 def _check_context(model, ids: list[list[int]], max_new_tokens: int) -> None:

@@ -1,6 +1,12 @@
 """Prompt sets for benchmarks: Spec-Bench, MT-Bench, GSM8K, HumanEval from ../shared/data/prompts
-(never copied into the repository), with a small built-in fallback so everything runs without
-them. Set SPECJAX_PROMPTS to point elsewhere."""
+(never copied into the repository; set SPECJAX_PROMPTS to point elsewhere), and a small built-in
+sample ("builtin") that runs anywhere.
+
+A named set that is not available is an error naming where it was looked for, never silently
+replaced: a benchmark titled "spec_bench:summarization" must have run on those prompts. Code that
+only needs some prompts (tests, notebooks) asks for the stand-in explicitly with fallback=True;
+what `load` returns says which prompts it really used (`Prompts.source`).
+"""
 
 from __future__ import annotations
 
@@ -17,20 +23,24 @@ FALLBACK = [
 ]
 
 
-def prompts_dir() -> str | None:
-  """The shared prompt folder: $SPECJAX_PROMPTS, else ../shared/data/prompts next to the project
-  (looked up from the working directory and from this package's location)."""
+def _candidates() -> list[str]:
+  """The folders prompts_dir tries, in order."""
   env = os.environ.get("SPECJAX_PROMPTS")
   if env:
-    return env if os.path.isdir(env) else None
+    return [env]
+  out = []
   for start in (os.getcwd(), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
     d = start
     for _ in range(4):
-      cand = os.path.join(d, "..", "shared", "data", "prompts")
-      if os.path.isdir(cand):
-        return os.path.normpath(cand)
+      out.append(os.path.normpath(os.path.join(d, "..", "shared", "data", "prompts")))
       d = os.path.dirname(d)
-  return None
+  return list(dict.fromkeys(out))
+
+
+def prompts_dir() -> str | None:
+  """The shared prompt folder: $SPECJAX_PROMPTS, else ../shared/data/prompts next to the project
+  (looked up from the working directory and from this package's location)."""
+  return next((d for d in _candidates() if os.path.isdir(d)), None)
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -42,55 +52,127 @@ def read_jsonl(path: str) -> list[dict]:
 
 SETS = {"mt_bench": "mt_bench.jsonl", "spec_bench": "spec_bench.jsonl",
         "humaneval": "humaneval.jsonl.gz", "gsm8k": "gsm8k_test.jsonl"}
+BUILTIN = "builtin"  # the FALLBACK list, asked for by name
+FILE_TYPES = (".jsonl", ".jsonl.gz", ".txt")  # prompt files load() reads
 
 
-def load(kind: str = "mt_bench", n: int | None = None) -> list[str]:
+class Prompts(list):
+  """A list of prompts that says where they came from. source: the set or file asked for, or
+  "builtin" (with the set it stands in for, if fallback=True was used); path: the file read
+  (None for the built-in sample)."""
+
+  def __init__(self, rows, source: str, path: str | None):
+    super().__init__(rows)
+    self.source = source
+    self.path = path
+
+
+def set_path(kind: str) -> str:
+  """The file holding the named set `kind` ("spec_bench:rag" -> .../spec_bench.jsonl), else an
+  InputError naming where it was looked for and how to point at it. Reads nothing."""
+  from specjax.errors import InputError
+
+  name = kind.partition(":")[0]
+  file = SETS[name]
+  d = prompts_dir()
+  if d and os.path.isfile(os.path.join(d, file)):
+    return os.path.join(d, file)
+  looked = [os.path.join(c, file) for c in ([d] if d else _candidates())]
+  env = ("SPECJAX_PROMPTS=" + os.environ["SPECJAX_PROMPTS"] if os.environ.get("SPECJAX_PROMPTS")
+         else "SPECJAX_PROMPTS is not set")
+  raise InputError(
+      f"prompt set {kind!r} is not available: no {file} in {', '.join(looked)} ({env}). Put "
+      f"{file} in a folder and set SPECJAX_PROMPTS to that folder, or pass the file's path; "
+      f"{BUILTIN!r} names the built-in sample of {len(FALLBACK)} prompts")
+
+
+def load(kind: str = "mt_bench", n: int | None = None, fallback: bool = False) -> Prompts:
   """First n prompts of a set: "mt_bench", "spec_bench" or "spec_bench:<category>", "humaneval",
-  "gsm8k", or a path to a .jsonl (field "prompt", "question" or "turns") / .txt (one per line);
-  n larger than the set repeats it. Without the shared prompt folder a named set falls back to a
-  small built-in list, so everything runs; an unknown set, an unknown category, a missing or
-  empty file, or n < 1 raises InputError."""
+  "gsm8k", "builtin" (a small sample shipped here), or a path to a .jsonl (field "prompt",
+  "question" or "turns") / .txt (one per line); n larger than the set repeats it.
+
+  A named set whose file is not found is an InputError saying where it was looked for, unless
+  fallback=True: then the built-in sample stands in, and the result's `source` says so. An
+  unknown set, an unknown category, a missing or empty file, or n < 1 raises InputError."""
   from specjax.errors import InputError, check_int
 
   if n is not None:
     check_int("n", n, 1, what="prompts to load")
   if not isinstance(kind, str) or not kind:
-    raise InputError(f"prompt set {kind!r} is invalid; use one of {', '.join(SETS)} or a file path")
-  rows: list[str] = []
+    raise InputError(f"prompt set {kind!r} is invalid; use one of {', '.join(SETS)}, "
+                     f"{BUILTIN!r} or a file path")
   if kind.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in kind or os.path.isfile(kind):
-    if not os.path.isfile(kind):
-      raise InputError(f"prompt file {kind!r}: no such file")
-    if kind.endswith(".txt"):
-      with open(kind) as f:
-        rows = [line.rstrip("\n") for line in f if line.strip()]
-    else:
-      for r in read_jsonl(kind):
-        rows.append(r.get("prompt") or r.get("question") or r["turns"][0])
-    if not rows:
-      raise InputError(f"prompt file {kind!r} holds no prompts")
+    rows, source, path = _read_file(kind), kind, kind
+  elif kind == BUILTIN:
+    rows, source, path = list(FALLBACK), BUILTIN, None
   else:
-    d = prompts_dir()
     name, sep, category = kind.partition(":")
     if name not in SETS:
-      raise InputError(f"prompt set {kind!r} unknown; use one of {', '.join(SETS)} or a file path")
+      raise InputError(f"prompt set {kind!r} unknown; use one of {', '.join(SETS)}, "
+                       f"{BUILTIN!r} or a file path")
     if sep and name != "spec_bench":
       raise InputError(f"prompt set {kind!r}: only spec_bench has categories")
-    path = os.path.join(d, SETS[name]) if d else ""
-    if not os.path.isfile(path):
-      rows = list(FALLBACK)
+    try:
+      path = set_path(kind)
+    except InputError:
+      if not fallback:
+        raise
+      rows, source, path = list(FALLBACK), f"{BUILTIN} (standing in for {kind}: not found)", None
     else:
-      known = set()
-      for r in read_jsonl(path):
-        known.add(r.get("category"))
-        if category and r.get("category") != category:
-          continue
-        rows.append(r.get("prompt") or r.get("question") or r["turns"][0])
-      if not rows:
-        raise InputError(f"prompt set {kind!r}: no prompts in category {category!r}; categories: "
-                         f"{', '.join(sorted(c for c in known if c))}")
-  if n is None:
-    return rows
-  return (rows * (n // len(rows) + 1))[:n]
+      rows, source = _read_set(kind, path, category), kind
+  if n is not None:
+    rows = (rows * (n // len(rows) + 1))[:n]
+  return Prompts(rows, source, path)
+
+
+def _read_file(path: str) -> list[str]:
+  """The prompts of a .txt (one per line) or .jsonl file."""
+  from specjax.errors import InputError
+
+  if not os.path.isfile(path):
+    raise InputError(f"prompt file {path!r}: no such file")
+  if not path.endswith(FILE_TYPES):
+    raise InputError(f"prompt file {path!r} is invalid: must end in {', '.join(FILE_TYPES)}")
+  if path.endswith(".txt"):
+    with open(path) as f:
+      rows = [line.rstrip("\n") for line in f if line.strip()]
+  else:
+    try:
+      table = read_jsonl(path)
+    except (ValueError, OSError, EOFError) as e:  # not JSON lines, or a broken .gz
+      raise InputError(f"prompt file {path!r}: cannot read it as JSON lines ({e})") from e
+    rows = [_text(r, f"{path}, row {i + 1}") for i, r in enumerate(table)]
+  if not rows:
+    raise InputError(f"prompt file {path!r} holds no prompts")
+  return rows
+
+
+def _text(row, where: str) -> str:
+  """A prompt row's text: its "prompt", "question" or first of "turns"."""
+  from specjax.errors import InputError
+
+  text = row.get("prompt") or row.get("question") or (row.get("turns") or [None])[0] \
+      if isinstance(row, dict) else None
+  if not isinstance(text, str):
+    raise InputError(f"{where}: a prompt row needs a string field \"prompt\", \"question\" or "
+                     f"\"turns\" (a list whose first item is the prompt), got {str(row)[:80]}")
+  return text
+
+
+def _read_set(kind: str, path: str, category: str) -> list[str]:
+  """The prompts of a named set's file, of one category if given."""
+  from specjax.errors import InputError
+
+  rows, known = [], set()
+  for r in read_jsonl(path):
+    known.add(r.get("category"))
+    if category and r.get("category") != category:
+      continue
+    rows.append(_text(r, path))
+  if not rows:
+    raise InputError(f"prompt set {kind!r}: no prompts in category {category!r}; categories: "
+                     f"{', '.join(sorted(c for c in known if c))}")
+  return rows
 
 
 def categories() -> list[str]:

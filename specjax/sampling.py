@@ -13,16 +13,28 @@ import jax
 import jax.numpy as jnp
 
 
+# Temperatures below this are greedy. Sampling divides the logits by the temperature: at 1e-38
+# a logit of 10 overflows float32 (max 3.4e38) to inf, softmax turns the row into NaN and every
+# token came out as the last vocabulary id. Long before that the result is greedy anyway: at
+# T < 1e-5 a runner-up 1e-3 below the top logit gets probability exp(-100), zero in float32, so
+# only exact ties (which greedy breaks by the lowest id) could differ.
+MIN_TEMPERATURE = 1e-5
+
+
 @flax.struct.dataclass
 class SamplingParams:
-  temperature: jax.Array  # [B] float32; 0 = greedy
+  temperature: jax.Array  # [B] float32; 0 = greedy (make() maps T < MIN_TEMPERATURE to 0)
   top_k: jax.Array  # [B] int32; 0 = off
   top_p: jax.Array  # [B] float32; 1 = off
 
   @classmethod
   def make(cls, batch: int, temperature=0.0, top_k=0, top_p=1.0) -> "SamplingParams":
+    """One value (or [B] values) of each setting -> [B] arrays. Temperatures below
+    MIN_TEMPERATURE become 0, so those rows take the greedy path everywhere (sampling,
+    acceptance and the all-greedy shortcuts test temperature == 0)."""
+    t = jnp.asarray(temperature, jnp.float32)
     return cls(
-        temperature=jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (batch,)),
+        temperature=jnp.broadcast_to(jnp.where(t < MIN_TEMPERATURE, 0.0, t), (batch,)),
         top_k=jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), (batch,)),
         top_p=jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,)),
     )
@@ -65,10 +77,11 @@ def probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
   """logits [B,...,V] -> the distribution to sample from [B,...,V] (float32).
 
   Temperature is applied first, then top-k, then top-p (HF's order). Rows with temperature 0
-  get the one-hot argmax.
+  (or below MIN_TEMPERATURE, for params not built by make) get the one-hot argmax.
   """
   logits = logits.astype(jnp.float32)
   t = _rows(sp.temperature, logits.ndim)
+  t = jnp.where(t < MIN_TEMPERATURE, 0.0, t)
   scaled = logits / jnp.where(t > 0, t, 1.0)
   needs_filter = jnp.any((sp.top_k > 0) | (sp.top_p < 1.0))
   scaled = jax.lax.cond(needs_filter, lambda x: _filter(x, sp.top_k, sp.top_p), lambda x: x, scaled)
@@ -130,6 +143,6 @@ def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:
   return jax.lax.cond(
       jnp.all(sp.temperature == 0),
       lambda: greedy,
-      lambda: jnp.where(_rows(sp.temperature, greedy.ndim) > 0,
+      lambda: jnp.where(_rows(sp.temperature, greedy.ndim) >= MIN_TEMPERATURE,
                         sample_probs(key, probs(logits, sp)), greedy),
   )

@@ -47,7 +47,9 @@ class _Source:
     arr = self._get(name)
     if tuple(arr.shape) != tuple(shape):
       raise WeightsError(f"{self.where}: tensor {name!r} read as {arr.shape}, expected {shape}")
-    return np.asarray(arr, dtype=np.float32)
+    arr = np.asarray(arr, dtype=np.float32)
+    _check_finite(arr, name, self.where)
+    return arr
 
   def check_all_used(self) -> None:
     extra = sorted(
@@ -124,6 +126,22 @@ def _convert(cfg: ModelConfig, src: _Source) -> dict:
   flat = _gpt2_params(cfg, src) if cfg.arch == "gpt2" else _llama_params(cfg, src)
   src.check_all_used()
   return flat
+
+
+def _check_finite(arr: np.ndarray, name: str, where: str) -> None:
+  """WeightsError if a tensor holds NaN or inf. Such a checkpoint otherwise loads without a word
+  and generates garbage (NaN logits: every token the last vocabulary id). One sum per tensor
+  finds it (NaN and inf propagate); only a non-finite sum, which large finite values can also
+  overflow to, pays for the element-wise check."""
+  with np.errstate(over="ignore", invalid="ignore"):
+    total = arr.sum()
+  if np.isfinite(total) or np.isfinite(arr).all():
+    return
+  bad = ~np.isfinite(arr)
+  first = tuple(int(i) for i in np.argwhere(bad)[0])
+  raise WeightsError(f"{where}: tensor {name!r} holds {int(bad.sum())} non-finite value(s) "
+                     f"(NaN or inf; the first, {arr[first]}, at index {first}): the checkpoint "
+                     f"is corrupt or was saved after training diverged")
 
 
 # ----------------------------------------------------------------------------- HF directories

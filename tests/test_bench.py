@@ -166,8 +166,9 @@ def test_mt_bench_is_read_round_robin_over_its_categories(monkeypatch, tmp_path)
 
 
 def test_prompts_load_errors_and_fallback(monkeypatch, tmp_path):
-  """prompts.load: the shared set when present, the built-in list when the folder is absent, and
-  a specific InputError for an unknown set or category, a missing or empty file, or n < 1."""
+  """prompts.load: the shared set when present, an error saying where it looked when the folder
+  is absent (the built-in list only when asked for), and a specific InputError for an unknown
+  set or category, a missing or empty file, or n < 1."""
   from specjax import prompts
   from specjax.errors import InputError
 
@@ -186,7 +187,12 @@ def test_prompts_load_errors_and_fallback(monkeypatch, tmp_path):
     with pytest.raises(InputError, match=msg):
       prompts.load(*args)
   monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path / "absent"))
-  assert prompts.load("humaneval", 2) == prompts.FALLBACK[:2]
+  with pytest.raises(InputError, match=r"prompt set 'humaneval' is not available: no "
+                     r"humaneval.jsonl.gz in .*absent.* set SPECJAX_PROMPTS"):
+    prompts.load("humaneval", 2)
+  stand_in = prompts.load("humaneval", 2, fallback=True)  # asked for: the built-in sample
+  assert stand_in == prompts.FALLBACK[:2] and stand_in.path is None
+  assert stand_in.source == "builtin (standing in for humaneval: not found)"
 
 
 def test_markdown_table():
@@ -260,6 +266,8 @@ def test_cli_bench_writes_json_csv_and_plot(tiny_dir, tmp_path, capsys):
   shown = capsys.readouterr().out
   assert "prompt-lookup" in shown and "speedup" in shown and "tau" in shown
   data = json.load(open(paths["json"]))
+  assert data["prompts"]["set"] == "spec_bench:summarization" and data["prompts"]["count"] == 3
+  assert data["prompts"]["path"].endswith("spec_bench.jsonl")  # the prompts that really ran
   assert [r["method"] for r in data["summary"]] == ["autoregressive", "prompt-lookup", "lookahead"]
   assert all(r["identical"] for r in data["summary"])
   assert {r["batch"] for r in data["records"]} == {2} and len(data["records"]) == 3 * 2

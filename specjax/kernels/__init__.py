@@ -2,6 +2,9 @@
 
     matmul.py   a weight-streaming matmul (matmul.cc through jax.ffi) for 1..32-row products,
                 beside its pure-JAX fallback: `dense`, `pack_weight`, loading and ISA control
+    blocks.py   a matmul on GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; blocks.cc
+                through jax.ffi) beside its dequantise-in-JAX fallback: `blocks_dense`,
+                `pack_blocks`, `dequantize`
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
@@ -15,7 +18,8 @@ from specjax.kernels.matmul import (BLOCK_WIDTHS, ENV, ISAS, MAX_ROWS, TARGET,
                                     KernelFallbackWarning, _reset_for_tests, available,
                                     block_width, dense, isa, load, pack_weight, set_isa,
                                     switched_off, threads)
+from specjax.kernels.blocks import QTYPES, blocks_dense, dequantize, pack_blocks
 
-__all__ = ["BLOCK_WIDTHS", "ENV", "ISAS", "MAX_ROWS", "TARGET", "KernelFallbackWarning",
-           "available", "block_width", "dense", "isa", "load", "matmul", "pack_weight", "set_isa",
-           "switched_off", "threads"]
+__all__ = ["BLOCK_WIDTHS", "ENV", "ISAS", "MAX_ROWS", "QTYPES", "TARGET", "KernelFallbackWarning",
+           "available", "block_width", "blocks", "blocks_dense", "dense", "dequantize", "isa",
+           "load", "matmul", "pack_blocks", "pack_weight", "set_isa", "switched_off", "threads"]

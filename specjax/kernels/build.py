@@ -1,5 +1,8 @@
 """Builds specjax's C++ kernels with the system C++ compiler into a per-user cache, once.
 
+Each library in LIBRARIES (the fp32 matmul, the GGUF-blocks matmul) is one source compiled once per
+instruction-set part and linked into its own shared library.
+
 The shared library lands in `$SPECJAX_CACHE/kernels/<key>/` (default `~/.cache/specjax`), where
 <key> hashes the source, the build flags, the machine architecture and the installed jaxlib
 version (the XLA FFI headers come from that jaxlib), so a new jaxlib or an edited kernel builds a
@@ -25,6 +28,14 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-Wall")
 PARTS_X86 = (("SJ_MAIN", ()), ("SJ_AVX512", ("-mavx512f", "-mavx512vl", "-mavx2", "-mfma")),
              ("SJ_AVX2", ("-mavx2", "-mfma")), ("SJ_SCALAR", ()))
 PARTS_OTHER = (("SJ_MAIN", ()), ("SJ_SCALAR", ()))
+# name -> (source, library file, extra flags per part (or "*" for every part), headers whose text
+# joins the cache key). blocks.cc needs F16C on its AVX2 path (fp16 scales) and no FMA contraction
+# (its dequantised weights round as the reference's do).
+LIBRARIES = {
+    "matmul": ("matmul.cc", LIB_NAME, {}, ()),
+    "blocks": ("blocks.cc", "libspecjax_blocks.so",
+               {"*": ("-ffp-contract=off",), "SJ_AVX2": ("-mf16c",)}, ("pool.h",)),
+}
 
 
 class BuildError(RuntimeError):
@@ -56,25 +67,40 @@ def _parts():
   return PARTS_X86 if platform.machine() in ("x86_64", "AMD64") else PARTS_OTHER
 
 
-def build_key() -> str:
+def _library(library: str):
+  if library not in LIBRARIES:
+    raise ValueError(f"library={library!r}: expected one of {sorted(LIBRARIES)}")
+  source, lib_name, extra, headers = LIBRARIES[library]
+  here = os.path.dirname(__file__)
+  return (os.path.join(here, source), lib_name, extra,
+          tuple(os.path.join(here, h) for h in headers))
+
+
+def build_key(library: str = "matmul") -> str:
   import jaxlib
 
+  source, _, extra, headers = _library(library)
   h = hashlib.sha256()
-  with open(SOURCE, "rb") as f:
-    h.update(f.read())
+  for path in (source, *headers):
+    with open(path, "rb") as f:
+      h.update(f.read())
   h.update(repr((BASE_FLAGS, _parts(), platform.machine(), jaxlib.__version__)).encode())
+  if extra:  # (none for the matmul: its key, and so its cached build, stay as they were)
+    h.update(repr(sorted(extra.items())).encode())
   return h.hexdigest()[:16]
 
 
-def library_path(cache_dir: str | None = None) -> str:
-  return os.path.join(cache_dir or cache_root(), build_key(), LIB_NAME)
+def library_path(cache_dir: str | None = None, library: str = "matmul") -> str:
+  return os.path.join(cache_dir or cache_root(), build_key(library), _library(library)[1])
 
 
-def build(cxx: str | None = None, cache_dir: str | None = None, *, force: bool = False) -> str:
+def build(cxx: str | None = None, cache_dir: str | None = None, *, force: bool = False,
+          library: str = "matmul") -> str:
   """Returns the path of the built library, compiling it first if the cache lacks it."""
   import jax
 
-  out = library_path(cache_dir)
+  source, lib_name, extra, _ = _library(library)
+  out = library_path(cache_dir, library)
   if os.path.isfile(out) and not force:
     return out
   compiler = find_compiler(cxx)
@@ -84,15 +110,15 @@ def build(cxx: str | None = None, cache_dir: str | None = None, *, force: bool =
     procs, objs = [], []
     for part, flags in _parts():  # compiled in parallel; `main` (the FFI headers) is the slowest
       obj = os.path.join(tmp, part + ".o")
-      cmd = [compiler, *BASE_FLAGS, *flags, f"-DSJ_PART={part}", "-I", include, "-c", SOURCE,
-             "-o", obj]
+      cmd = [compiler, *BASE_FLAGS, *flags, *extra.get("*", ()), *extra.get(part, ()),
+             f"-DSJ_PART={part}", "-I", include, "-c", source, "-o", obj]
       procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
       objs.append(obj)
     for cmd, p in procs:
       log = p.communicate()[0].decode(errors="replace")
       if p.returncode != 0:
         raise BuildError(f"compiling the kernels failed: {' '.join(cmd)}\n{log[-3000:]}")
-    tmp_lib = os.path.join(tmp, LIB_NAME)
+    tmp_lib = os.path.join(tmp, lib_name)
     cmd = [compiler, "-shared", "-pthread", *objs, "-o", tmp_lib]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if p.returncode != 0:

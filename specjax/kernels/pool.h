@@ -1,0 +1,136 @@
+// A small persistent thread pool that shares one call's chunks between the caller and its workers.
+//
+// The same design as the pool inside matmul.cc, made generic (a chunk function and a context) so
+// that a second kernel library does not grow a second copy of the logic: persistent workers
+// (created on the first threaded call) claim chunks through an atomic counter with the calling
+// thread, so a worker that is slow to wake (or a core busy with another process) costs balance,
+// never correctness; the caller only waits for chunks a worker has already claimed. A second
+// concurrent caller finds the pool busy and runs its call alone. Workers spin briefly between
+// calls (a forward issues its products microseconds apart), then sleep on a futex. Nothing is
+// allocated per call. Include it from one translation unit of a library (it defines its globals).
+
+#pragma once
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+namespace sj_pool {
+
+// Runs chunk c of a call described by ctx.
+typedef void ChunkFn(const void* ctx, long c);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+inline long futex(std::atomic<uint32_t>* addr, int op, uint32_t val) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, nullptr, nullptr, 0);
+}
+
+struct Pool {
+  std::atomic<uint32_t> gen{0};     // bumped to publish a job (futex word)
+  std::atomic<uint32_t> closed{0};  // = gen once the caller has stopped taking chunks
+  std::atomic<long> next{0};        // next chunk to claim
+  std::atomic<int> active{0};       // workers inside a job
+  std::atomic<int> sleepers{0};
+  std::atomic<bool> busy{false};
+  int threads = 1;                  // including the caller
+  std::atomic<long> spin_us{200};
+  ChunkFn* fn = nullptr;
+  const void* ctx = nullptr;
+  long nchunks = 0;
+
+  void claim_all() {
+    for (;;) {
+      const long c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= nchunks) return;
+      fn(ctx, c);
+    }
+  }
+
+  void worker() {
+    uint32_t seen = gen.load();
+    for (;;) {
+      wait_for_job(seen);
+      active.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t g = gen.load(std::memory_order_seq_cst);
+      if (closed.load(std::memory_order_seq_cst) != g) claim_all();
+      seen = g;
+      active.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  void wait_for_job(uint32_t seen) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0;; ++i) {
+      if (gen.load(std::memory_order_acquire) != seen) return;
+      cpu_relax();
+      if ((i & 255) == 255) {
+        if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us)) break;
+        sched_yield();  // let other runnable threads on this core go first
+      }
+    }
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    while (gen.load(std::memory_order_seq_cst) == seen) futex(&gen, FUTEX_WAIT_PRIVATE, seen);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  // Runs chunks 0..n-1 of fn(ctx, .), on the workers too unless the pool is busy or single.
+  void run(ChunkFn* f, const void* c, long n) {
+    if (threads <= 1 || n <= 1 || busy.exchange(true, std::memory_order_acquire)) {
+      for (long i = 0; i < n; ++i) f(c, i);
+      return;
+    }
+    fn = f;
+    ctx = c;
+    nchunks = n;
+    next.store(0, std::memory_order_relaxed);
+    const uint32_t g = gen.load(std::memory_order_relaxed) + 1;
+    gen.store(g, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) > 0) futex(&gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+    claim_all();
+    closed.store(g, std::memory_order_seq_cst);
+    while (active.load(std::memory_order_seq_cst) != 0) cpu_relax();
+    busy.store(false, std::memory_order_release);
+  }
+};
+
+// $SPECJAX_KERNEL_THREADS, else min(cores available to this process, 4): memory bandwidth
+// saturates long before many cores.
+inline int default_threads() {
+  if (const char* s = std::getenv("SPECJAX_KERNEL_THREADS")) {
+    int n = std::atoi(s);
+    if (n >= 1) return std::min(n, 64);
+  }
+  cpu_set_t set;
+  int n = 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  return std::max(1, std::min(n, 4));
+}
+
+inline Pool g_pool;
+inline std::once_flag g_pool_once;
+
+inline Pool& pool() {
+  std::call_once(g_pool_once, [] {
+    g_pool.threads = default_threads();
+    if (const char* s = std::getenv("SPECJAX_KERNEL_SPIN_US")) g_pool.spin_us = std::atol(s);
+    for (int i = 1; i < g_pool.threads; ++i) std::thread([] { g_pool.worker(); }).detach();
+  });
+  return g_pool;
+}
+
+}  // namespace sj_pool
