@@ -16,6 +16,7 @@ from conftest import tiny_model
 
 class ByteTokenizer:
   """Enough of a tokenizer for corpus tests: bytes -> ids, a fixed chat wrapper, an EOS id."""
+  chat_template = "[1, 2] + ids[:40] + [3]"  # what apply_chat_template below does
 
   def __init__(self, vocab: int):
     self.vocab, self.eos_token_id, self.name_or_path = vocab, vocab - 1, "bytes"
