@@ -1,7 +1,7 @@
 """Builds specjax's C++ kernels with the system C++ compiler into a per-user cache, once.
 
-Each library in LIBRARIES (the fp32 matmul, the GGUF-blocks matmul) is one source compiled once per
-instruction-set part and linked into its own shared library.
+Each library in LIBRARIES (the fp32 matmul, the GGUF-blocks matmul, the Q4_1 integer dot) is one
+source compiled once per instruction-set part and linked into its own shared library.
 
 The shared library lands in `$SPECJAX_CACHE/kernels/<key>/` (default `~/.cache/specjax`), where
 <key> hashes the source, the build flags, the machine architecture and the installed jaxlib
@@ -35,6 +35,11 @@ LIBRARIES = {
     "matmul": ("matmul.cc", LIB_NAME, {}, ()),
     "blocks": ("blocks.cc", "libspecjax_blocks.so",
                {"*": ("-ffp-contract=off",), "SJ_AVX2": ("-mf16c",)}, ("pool.h",)),
+    # qdot.cc's AVX-512 path needs BW and VNNI (vpdpbusd); no contraction, so that every path folds
+    # the blocks with the same explicit fmas.
+    "qdot": ("qdot.cc", "libspecjax_qdot.so",
+             {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni")},
+             ("pool.h",)),
 }
 
 
@@ -42,10 +47,15 @@ class BuildError(RuntimeError):
   """The kernels could not be built (no compiler, a compile error, ...); the message says why."""
 
 
+def user_cache(*parts: str) -> str:
+  """specjax's per-user cache folder, `$SPECJAX_CACHE` else `~/.cache/specjax`, joined with parts
+  (the kernels build under "kernels", specjax.calibrate keeps cost curves under "calibration")."""
+  root = os.environ.get("SPECJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "specjax"))
+  return os.path.join(root, *parts)
+
+
 def cache_root() -> str:
-  return os.path.join(
-      os.environ.get("SPECJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "specjax")),
-      "kernels")
+  return user_cache("kernels")
 
 
 def find_compiler(cxx: str | None = None) -> str:

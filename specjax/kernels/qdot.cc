@@ -1,0 +1,517 @@
+// y[M,N] = x[M,K] @ W for W [K,N] stored as Q4_1 blocks (32 k per block: 4-bit q, fp32 scale d
+// and min m per block and output), with the activations quantized to int8 per 32-block: llama.cpp's
+// Q4_1 x Q8_1 integer dot product.
+//
+// The arithmetic, per row m, per block b along K (x's 32 values x_i of that block):
+//
+//   amax = max |x_i|;  inv = amax > 0 ? 127 / amax : 0;  xq_i = rint(x_i * inv) clipped to +-127
+//   dx = amax / 127;   sx = sum xq_i                     (fp32, round-half-even, int32)
+//   y[m,n] = sum_b  d[b,n] * dx * isum[b,n]  +  m[b,n] * (dx * sx),  isum = sum_i q[b,i,n] * xq_i
+//
+// isum is an exact int32 (|isum| <= 32 * 15 * 127). Each output folds the blocks in order, b = 0,
+// 1, ..., as acc = fma(d * dx, isum, acc); acc = fma(m, dx * sx, acc), on every path (the scalar
+// path calls fma too, and this file is compiled with -ffp-contract=off), so the three paths give
+// the same bits and a row's result does not depend on which other rows share the call.
+//
+// Why: a decode step reads every weight once, so its cost is the bytes. A packed Q4_1 record is
+// 0.75 bytes per weight where the fp32 copy is 4, and the integer dot (vpdpbusd: 64 u8 x s8
+// products summed in fours into 16 int32 lanes per instruction) costs less than dequantising to
+// fp32 and multiplying.
+//
+// Packed layout (specjax/kernels/qdot.py packs it): the N outputs are taken 16 at a time (a group,
+// zero-padded past N) and group g's block b is one record of 384 bytes:
+//
+//   d[16] fp32 | m[16] fp32 | 4 chunks of 64 bytes: byte 4j + t of chunk c holds
+//                              q[k = 4c + t][column j] in its low nibble, q[16 + 4c + t][j] in its high
+//
+// so one 64-byte load, masked or shifted, is the u8 operand of vpdpbusd for 16 columns x 4 k (lane
+// j's four bytes are column j's k = 4c..4c+3) and a broadcast of 4 bytes of xq is the s8 operand.
+// A group is one contiguous stream of K/32 records, read once per call by the first row tile and
+// re-read from L1 by the others. On AVX2 the same record feeds vpmaddubsw (8 columns per half):
+// eight u8 x s8 pair sums of at most 2 * 15 * 127 add up to at most 30480 in int16, exact.
+//
+// Like matmul.cc, this file is compiled once per part (SJ_PART = main, avx512, avx2, scalar) with
+// its own -m flags (avx512 adds BW and VNNI) and the path is chosen at run time; part `main` holds
+// the XLA FFI handler, the ISA choice, the activation quantization's scratch and the thread pool.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define SJ_MAIN 0
+#define SJ_AVX512 1
+#define SJ_AVX2 2
+#define SJ_SCALAR 3
+
+#ifndef SJ_PART
+#error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
+#endif
+
+namespace {
+
+constexpr long kGroup = 16;    // output columns per group
+constexpr long kBlock = 32;    // k per block
+constexpr long kRecord = 384;  // bytes per group-block record
+constexpr long kQOff = 128;    // the nibbles' offset in a record
+constexpr long kMaxM = 64;     // rows per call
+
+inline float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// One row's activations, scalar (the AVX-512 part has a vector copy with the same results): per
+// block of 32, xq, dx and dx * sx. Out-of-range conversions (non-finite x) give -127, as
+// vcvtps2dq's integer indefinite does before the clamp.
+inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+  for (long b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.0f;
+    for (int i = 0; i < kBlock; ++i) {
+      const float a = std::fabs(xb[i]);
+      amax = a > amax ? a : amax;
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sx = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const float r = std::nearbyint(xb[i] * inv);  // the default mode: round half to even
+      int32_t v = r >= -2147483648.0f && r < 2147483648.0f ? int32_t(r) : INT32_MIN;
+      v = v < -127 ? -127 : v > 127 ? 127 : v;
+      xq[b * kBlock + i] = int8_t(v);
+      sx += v;
+    }
+    dx[b] = amax / 127.0f;
+    dxs[b] = dx[b] * float(sx);
+  }
+}
+
+}  // namespace
+
+// out[r][0..15] (row stride ldo) = rows r < `rows` of the quantized activations (xq row stride ldq,
+// dx / dxs row stride ldd) times one group's nblk records; rows <= kMaxM.
+typedef void GroupFn(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
+                     const uint8_t* w, long nblk, long rows, float* out, long ldo);
+// One row of k activations -> xq[k], dx[k/32], dxs[k/32].
+typedef void QuantFn(const float* x, long k, int8_t* xq, float* dx, float* dxs);
+
+#if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
+#include <immintrin.h>
+
+#include <array>
+#include <utility>
+
+#ifndef SJ_QDOT_PREFETCH
+#define SJ_QDOT_PREFETCH 4  // records ahead (0: none)
+#endif
+
+namespace {
+
+inline void prefetch_record(const uint8_t* p) {
+  if constexpr (SJ_QDOT_PREFETCH > 0)
+    for (int l = 0; l < kRecord / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(p + SJ_QDOT_PREFETCH * kRecord + 64 * l),
+                   _MM_HINT_T0);
+}
+
+#if SJ_PART == SJ_AVX512
+
+constexpr int kTile = 8;  // rows per register tile: 8 accumulators + 8 nibble vectors + d, m
+
+template <int MT>
+void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
+          const float* __restrict dxs, long ldd, const uint8_t* __restrict w, long nblk,
+          float* __restrict out, long ldo, bool first) {
+  __m512 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord;
+    if (first) prefetch_record(p);
+    const __m512 d = _mm512_loadu_ps(p), mn = _mm512_loadu_ps(p + 64);
+    __m512i q[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(p + kQOff + 64 * c);
+      q[c] = _mm512_and_si512(v, low);
+      q[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    for (int r = 0; r < MT; ++r) {
+      const int8_t* xr = xq + r * ldq + b * kBlock;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        s0 = _mm512_dpbusd_epi32(s0, q[c], _mm512_set1_epi32(load_i32(xr + 4 * c)));
+        s1 = _mm512_dpbusd_epi32(s1, q[c + 4], _mm512_set1_epi32(load_i32(xr + 16 + 4 * c)));
+      }
+      const __m512 is = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * ldd + b])), is, acc[r]);
+      acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(dxs[r * ldd + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+
+typedef void TileFn(const int8_t*, long, const float*, const float*, long, const uint8_t*, long,
+                    float*, long, bool);
+
+template <int... Ms>
+constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms...>) {
+  return {&tile<Ms + 1>...};
+}
+
+void group(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
+           const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  static constexpr auto table = tiles(std::make_integer_sequence<int, kTile>{});
+  for (long r = 0; r < rows; r += kTile) {
+    const long mt = rows - r < kTile ? rows - r : kTile;
+    table[mt - 1](xq + r * ldq, ldq, dx + r * ldd, dxs + r * ldd, ldd, w, nblk, out + r * ldo,
+                  ldo, r == 0);
+  }
+}
+
+// quant_row_scalar's arithmetic, 16 lanes at a time (the same operations, so the same bits).
+void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+  for (long b = 0; b < k / kBlock; ++b) {
+    const __m512 a = _mm512_loadu_ps(x + b * kBlock), c = _mm512_loadu_ps(x + b * kBlock + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 vi = _mm512_set1_ps(inv);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    const __m512i qa = _mm512_max_epi32(_mm512_min_epi32(
+        _mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), hi), lo);
+    const __m512i qc = _mm512_max_epi32(_mm512_min_epi32(
+        _mm512_cvtps_epi32(_mm512_mul_ps(c, vi)), hi), lo);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + b * kBlock), _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + b * kBlock + 16), _mm512_cvtepi32_epi8(qc));
+    const int32_t sx = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+    dx[b] = amax / 127.0f;
+    dxs[b] = dx[b] * float(sx);
+  }
+}
+
+#else  // SJ_AVX2
+
+constexpr int kTile = 4;  // rows per register tile (16 ymm: 8 nibble vectors, d, m, 4 accumulators)
+
+// One half (8 columns) of the group: h = 0 columns 0..7, h = 1 columns 8..15.
+template <int MT>
+void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
+          const float* __restrict dxs, long ldd, const uint8_t* __restrict w, long nblk,
+          float* __restrict out, long ldo, int h, bool first) {
+  __m256 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord;
+    if (first) prefetch_record(p);
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32 * h));
+    const __m256 mn = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 64 + 32 * h));
+    __m256i q[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQOff + 64 * c + 32 * h));
+      q[c] = _mm256_and_si256(v, low);
+      q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    for (int r = 0; r < MT; ++r) {
+      const int8_t* xr = xq + r * ldq + b * kBlock;
+      __m256i s = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(load_i32(xr)));
+      for (int c = 1; c < 4; ++c)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[c], _mm256_set1_epi32(load_i32(xr + 4 * c))));
+      for (int c = 0; c < 4; ++c)
+        s = _mm256_add_epi16(
+            s, _mm256_maddubs_epi16(q[c + 4], _mm256_set1_epi32(load_i32(xr + 16 + 4 * c))));
+      const __m256 is = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[r * ldd + b])), is, acc[r]);
+      acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(dxs[r * ldd + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) _mm256_storeu_ps(out + r * ldo + 8 * h, acc[r]);
+}
+
+typedef void TileFn(const int8_t*, long, const float*, const float*, long, const uint8_t*, long,
+                    float*, long, int, bool);
+
+template <int... Ms>
+constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms...>) {
+  return {&tile<Ms + 1>...};
+}
+
+void group(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
+           const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  static constexpr auto table = tiles(std::make_integer_sequence<int, kTile>{});
+  for (int h = 0; h < 2; ++h)
+    for (long r = 0; r < rows; r += kTile) {
+      const long mt = rows - r < kTile ? rows - r : kTile;
+      table[mt - 1](xq + r * ldq, ldq, dx + r * ldd, dxs + r * ldd, ldd, w, nblk, out + r * ldo,
+                    ldo, h, h == 0 && r == 0);
+    }
+}
+
+void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+  quant_row_scalar(x, k, xq, dx, dxs);
+}
+
+#endif
+
+}  // namespace
+
+#if SJ_PART == SJ_AVX512
+extern "C" GroupFn sj_qdot_group_avx512;
+extern "C" QuantFn sj_qdot_quant_avx512;
+void sj_qdot_group_avx512(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
+                          const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo);
+}
+void sj_qdot_quant_avx512(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+  quant_row(x, k, xq, dx, dxs);
+}
+#else
+extern "C" GroupFn sj_qdot_group_avx2;
+extern "C" QuantFn sj_qdot_quant_avx2;
+void sj_qdot_group_avx2(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
+                        const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo);
+}
+void sj_qdot_quant_avx2(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+  quant_row(x, k, xq, dx, dxs);
+}
+#endif
+
+#elif SJ_PART == SJ_SCALAR
+
+// Portable reference path: plain loops, the vector paths' fold (fma per block, blocks in order).
+extern "C" GroupFn sj_qdot_group_scalar;
+extern "C" QuantFn sj_qdot_quant_scalar;
+
+void sj_qdot_group_scalar(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
+                          const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  for (long r = 0; r < rows; ++r)
+    for (int j = 0; j < kGroup; ++j) out[r * ldo + j] = 0.0f;
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord;
+    uint8_t q[kBlock][kGroup];
+    for (int c = 0; c < 4; ++c)
+      for (int j = 0; j < kGroup; ++j)
+        for (int t = 0; t < 4; ++t) {
+          const uint8_t v = p[kQOff + 64 * c + 4 * j + t];
+          q[4 * c + t][j] = v & 15;
+          q[16 + 4 * c + t][j] = v >> 4;
+        }
+    for (long r = 0; r < rows; ++r) {
+      const int8_t* xr = xq + r * ldq + b * kBlock;
+      const float dxr = dx[r * ldd + b], dsr = dxs[r * ldd + b];
+      for (int j = 0; j < kGroup; ++j) {
+        int32_t isum = 0;
+        for (int i = 0; i < kBlock; ++i) isum += int32_t(q[i][j]) * int32_t(xr[i]);
+        float& o = out[r * ldo + j];
+        o = std::fma(load_f32(p + 4 * j) * dxr, float(isum), o);
+        o = std::fma(load_f32(p + 64 + 4 * j), dsr, o);
+      }
+    }
+  }
+}
+
+void sj_qdot_quant_scalar(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+  quant_row_scalar(x, k, xq, dx, dxs);
+}
+
+#elif SJ_PART == SJ_MAIN
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "pool.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__)
+extern "C" GroupFn sj_qdot_group_avx512, sj_qdot_group_avx2, sj_qdot_group_scalar;
+extern "C" QuantFn sj_qdot_quant_avx512, sj_qdot_quant_avx2, sj_qdot_quant_scalar;
+#else  // only the portable path is built elsewhere
+extern "C" GroupFn sj_qdot_group_scalar;
+extern "C" QuantFn sj_qdot_quant_scalar;
+#define sj_qdot_group_avx512 sj_qdot_group_scalar
+#define sj_qdot_group_avx2 sj_qdot_group_scalar
+#define sj_qdot_quant_avx512 sj_qdot_quant_scalar
+#define sj_qdot_quant_avx2 sj_qdot_quant_scalar
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// ----------------------------------------------------------------------------- ISA choice
+
+enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+int detect_isa() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+      __builtin_cpu_supports("fma"))
+    return kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+#endif
+  return kScalar;
+}
+
+std::atomic<int> g_isa{detect_isa()};
+
+struct Path {
+  GroupFn* group;
+  QuantFn* quant;
+};
+
+Path path() {
+  switch (g_isa.load(std::memory_order_relaxed)) {
+    case kAvx512: return {sj_qdot_group_avx512, sj_qdot_quant_avx512};
+    case kAvx2: return {sj_qdot_group_avx2, sj_qdot_quant_avx2};
+    default: return {sj_qdot_group_scalar, sj_qdot_quant_scalar};
+  }
+}
+
+// ----------------------------------------------------------------------------- one call
+
+struct Job {
+  const int8_t* xq;  // [m, k]
+  const float* dx;   // [m, nblk]
+  const float* dxs;  // [m, nblk]
+  const uint8_t* w;  // [ng, nblk, record]
+  float* y;          // [m, n]
+  long m, k, n, ng, nblk;
+  long groups_per_chunk;
+  GroupFn* fn;
+};
+
+void run_groups(const Job& j, long g0, long g1) {
+  alignas(64) float buf[kMaxM * kGroup];
+  for (long g = g0; g < g1; ++g) {
+    const long col = g * kGroup;
+    const uint8_t* w = j.w + g * j.nblk * kRecord;
+    if (col + kGroup <= j.n) {  // a full group: straight into y
+      j.fn(j.xq, j.k, j.dx, j.dxs, j.nblk, w, j.nblk, j.m, j.y + col, j.n);
+      continue;
+    }
+    j.fn(j.xq, j.k, j.dx, j.dxs, j.nblk, w, j.nblk, j.m, buf, kGroup);
+    for (long r = 0; r < j.m; ++r)
+      std::memcpy(j.y + r * j.n + col, buf + r * kGroup, (j.n - col) * sizeof(float));
+  }
+}
+
+void run_chunk(const void* ctx, long c) {
+  const Job& j = *static_cast<const Job*>(ctx);
+  const long g0 = c * j.groups_per_chunk;
+  run_groups(j, g0, std::min(j.ng, g0 + j.groups_per_chunk));
+}
+
+// Below this much work (weight bytes, times the row tiles that re-read them) a call is not worth
+// waking another thread for.
+constexpr long kThreadedBytes = 128 * 1024;
+
+// The quantized activations: per calling thread, grown as needed (allocation only when a call
+// needs more than any before it on this thread).
+struct Scratch {
+  std::vector<int8_t> xq;
+  std::vector<float> dx, dxs;
+};
+
+void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n) {
+  static thread_local Scratch s;
+  const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlock;
+  if (long(s.xq.size()) < m * k) s.xq.resize(m * k);
+  if (long(s.dx.size()) < m * nblk) {
+    s.dx.resize(m * nblk);
+    s.dxs.resize(m * nblk);
+  }
+  const Path f = path();
+  for (long r = 0; r < m; ++r)
+    f.quant(x + r * k, k, s.xq.data() + r * k, s.dx.data() + r * nblk, s.dxs.data() + r * nblk);
+  Job j{s.xq.data(), s.dx.data(), s.dxs.data(), w, y, m, k, n, ng, nblk, ng, f.group};
+  sj_pool::Pool& p = sj_pool::pool();
+  const long work = ng * nblk * kRecord * ((m + 7) / 8);
+  if (work >= kThreadedBytes && p.threads > 1) {
+    j.groups_per_chunk = std::max<long>(1, ng / (p.threads * 8));
+    p.run(run_chunk, &j, (ng + j.groups_per_chunk - 1) / j.groups_per_chunk);
+  } else {
+    run_groups(j, 0, ng);
+  }
+}
+
+// ----------------------------------------------------------------------------- XLA FFI
+
+ffi::Error QdotF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                   ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
+    return ffi::Error::InvalidArgument(
+        "specjax_qdot_f32: expected x[M,K], w[ng,K/32,384], y[M,N]");
+  const long m = xd[0], k = xd[1], ng = wd[0], n = yd[1];
+  if (yd[0] != m || m > kMaxM)
+    return ffi::Error::InvalidArgument("specjax_qdot_f32: M mismatch or M > 64");
+  if (k % kBlock != 0 || wd[1] != k / kBlock || wd[2] != kRecord || n > ng * kGroup ||
+      n <= (ng - 1) * kGroup)
+    return ffi::Error::InvalidArgument("specjax_qdot_f32: bad packed layout");
+  if (m == 0 || n == 0) return ffi::Error::Success();
+  if (k == 0) {
+    std::memset(y->typed_data(), 0, m * n * sizeof(float));
+    return ffi::Error::Success();
+  }
+  qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQdotF32, QdotF32,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+// ----------------------------------------------------------------------------- ctypes API
+
+#define SJ_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+// The instruction set in use: 0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni.
+SJ_EXPORT int specjax_qdot_isa() { return g_isa.load(); }
+
+// The best instruction set this CPU supports (what specjax_qdot_isa starts as).
+SJ_EXPORT int specjax_qdot_detected_isa() { return detect_isa(); }
+
+// Forces a path (tests run every path on one machine); refuses one the CPU lacks. Returns the
+// path in use afterwards.
+SJ_EXPORT int specjax_qdot_set_isa(int isa) {
+  if (isa >= kScalar && isa <= detect_isa()) g_isa.store(isa);
+  return g_isa.load();
+}
+
+SJ_EXPORT int specjax_qdot_threads() { return sj_pool::pool().threads; }
+
+// The activation quantization alone (tests): x[m][k] -> xq[m][k], dx[m][k/32], dxs[m][k/32].
+SJ_EXPORT void specjax_qdot_quantize(const float* x, long m, long k, int8_t* xq, float* dx,
+                                     float* dxs) {
+  const Path f = path();
+  for (long r = 0; r < m; ++r)
+    f.quant(x + r * k, k, xq + r * k, dx + r * (k / kBlock), dxs + r * (k / kBlock));
+}
+
+// y = the product on host pointers, outside XLA (benchmarks without a jit in between).
+SJ_EXPORT void specjax_qdot_f32(const float* x, const uint8_t* w, float* y, long m, long k,
+                                long n) {
+  qdot_dense(x, w, y, m, k, n);
+}
+
+}  // extern "C"
+
+#endif

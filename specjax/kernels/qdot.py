@@ -1,0 +1,304 @@
+"""An integer-dot CPU kernel: int8 activations times Q4_1 weight blocks (llama.cpp's Q4_1 x Q8_1
+arithmetic) through jax.ffi, beside its pure-JAX reference.
+
+    y[M,N] = x[M,K] @ W,   W [K,N] as 32-k blocks of 4-bit q with an fp32 scale d and min m,
+    w[k,n] = d[b,n] * q[b,i,n] + m[b,n] for k = 32 b + i,   M in [1, MAX_ROWS]
+
+Why. A decode step reads every weight once, so its time is the weights' bytes; a quantized
+self-draft reads a Q4_1 copy (0.75 bytes a weight as packed here, against 4 for fp32) and
+multiplies it by int8 activations with the CPU's integer dot (AVX-512 VNNI's vpdpbusd), never
+turning a weight back into a float.
+
+The math (the kernel, qdot.cc, and `reference` compute exactly this; they differ only in float
+summation order). Per row m and per 32-block b along K:
+
+    amax = max |x|;  inv = 127 / amax if amax > 0 else 0   (float32)
+    xq = round-half-to-even(x * inv) clipped to [-127, 127] (int8);  dx = amax / 127 (float32)
+    sx = sum xq (int32);  isum[n] = sum_i q[b,i,n] * xq[i] (int32, exact)
+    y[m,n] = sum_b  d[b,n] * dx * isum[n] + m[b,n] * dx * sx
+
+so y is x's per-block int8 quantization times the dequantised weight; it is not x @ W exactly (the
+activations lose about 1/254 of each block's range). Non-finite activations give unspecified
+values.
+
+Layout. `pack(q, d, m)` (q uint8 [K/32, 32, N] in 0..15, d and m float32 [K/32, N]) returns uint8
+[ceil(N/16), K/32, 384]: per group of 16 outputs (zero-padded past N) and block, d[16] and m[16]
+as little-endian float32, then 4 chunks of 64 bytes whose byte 4j + t holds q[4c + t] of column j
+in its low nibble and q[16 + 4c + t] in its high one (chunk c): one 64-byte load feeds vpdpbusd for
+16 outputs x 4 k (qdot.cc says more).
+
+When the kernel runs. `dense(x, packed, n, k)` calls it iff M = prod(x.shape[:-1]) is in
+[1, MAX_ROWS], SPECJAX_KERNELS is not off and the library is built and loaded on a CPU with
+AVX-512 F/BW/VL/VNNI or AVX2+FMA; otherwise it runs `reference` in XLA (the same result up to
+float summation order). A failed build warns once (KernelFallbackWarning).
+SPECJAX_KERNELS_ISA=avx512|avx2|scalar forces a path, as for the other kernels; every path gives
+the same bits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.kernels import build
+from specjax.kernels.matmul import ISAS, KernelFallbackWarning, switched_off
+
+TARGET = "specjax_qdot_f32"
+MAX_ROWS = 64   # the largest M = B*T sent to the kernel; larger calls use the reference
+GROUP = 16      # output columns per packed group
+BLOCK = 32      # k per block
+RECORD = 384    # bytes per (group, block): d[16], m[16] float32, 256 bytes of nibbles
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def check_shape(n, k) -> None:
+  """N >= 1 outputs and K a positive multiple of 32, or a ValueError naming the argument."""
+  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    raise ValueError(f"n={n!r}: the number of outputs must be an int >= 1")
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < BLOCK or k % BLOCK:
+    raise ValueError(f"k={k!r}: the reduced dimension must be a positive multiple of {BLOCK} "
+                     "(the Q4_1 blocks run along it)")
+
+
+def packed_shape(n: int, k: int) -> tuple[int, int, int]:
+  """[ceil(N/16), K/32, 384]: the packed layout's shape."""
+  check_shape(n, k)
+  return -(-int(n) // GROUP), int(k) // BLOCK, RECORD
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def pack(q, d, m) -> np.ndarray:
+  """Q4_1 blocks -> the kernel's layout [ceil(N/16), K/32, 384] uint8.
+
+  q: integers [K/32, 32, N] in 0..15 (block b's 32 quants of each output, k = 32 b + i);
+  d, m: floats [K/32, N] (each block's scale and min per output), taken as float32.
+  """
+  q, d, m = np.asarray(q), np.asarray(d), np.asarray(m)
+  if q.ndim != 3 or q.shape[1] != BLOCK or q.shape[0] < 1 or q.shape[2] < 1:
+    raise ValueError(f"q: expected [K/32, 32, N] with K/32 >= 1 and N >= 1, got shape {q.shape}")
+  if not np.issubdtype(q.dtype, np.integer):
+    raise ValueError(f"q: expected integers in 0..15, got dtype {q.dtype}")
+  if q.size and (q.min() < 0 or q.max() > 15):
+    raise ValueError(f"q: expected values in 0..15, got [{q.min()}, {q.max()}]")
+  nblk, _, n = q.shape
+  for name, a in (("d", d), ("m", m)):
+    if a.shape != (nblk, n):
+      raise ValueError(f"{name}: expected shape {(nblk, n)} (K/32, N) to match q, got {a.shape}")
+    if not np.issubdtype(a.dtype, np.floating):
+      raise ValueError(f"{name}: expected a float array, got dtype {a.dtype}")
+  ng = -(-n // GROUP)
+  pad = ng * GROUP - n
+  qp = np.pad(q.astype(np.uint8), ((0, 0), (0, 0), (0, pad)))      # [nblk, 32, ng*16]
+  qp = qp.reshape(nblk, 2, 4, 4, ng, GROUP)                         # k = 16 h + 4 c + t
+  qp = qp.transpose(4, 0, 1, 2, 5, 3)                               # [ng, nblk, h, c, j, t]
+  nib = (qp[:, :, 0] | (qp[:, :, 1] << 4)).reshape(ng, nblk, 256)
+
+  def field(a):  # [nblk, N] -> [ng, nblk, 64] bytes of float32 (little-endian)
+    a = np.pad(a.astype("<f4"), ((0, 0), (0, pad))).reshape(nblk, ng, GROUP).transpose(1, 0, 2)
+    return np.ascontiguousarray(a).view(np.uint8).reshape(ng, nblk, 4 * GROUP)
+
+  return np.ascontiguousarray(np.concatenate([field(d), field(m), nib], axis=-1))
+
+
+def unpack(packed, n: int, k: int):
+  """pack undone in JAX: the packed layout -> (q uint8 [K/32, 32, N], d, m float32 [K/32, N])."""
+  ng, nblk, _ = packed_shape(n, k)
+  p = jnp.asarray(packed)
+  _check_packed(p, n, k)
+
+  def field(o):
+    f = jax.lax.bitcast_convert_type(p[..., o:o + 64].reshape(ng, nblk, GROUP, 4), jnp.float32)
+    return f.transpose(1, 0, 2).reshape(nblk, ng * GROUP)[:, :n]
+
+  b = p[..., 128:].reshape(ng, nblk, 4, GROUP, 4)                   # [ng, nblk, c, j, t]
+  q = jnp.stack([b & 15, b >> 4], axis=2)                           # [ng, nblk, h, c, j, t]
+  q = q.transpose(1, 2, 3, 5, 0, 4).reshape(nblk, BLOCK, ng * GROUP)[..., :n]
+  return q, field(0), field(64)
+
+
+def _check_packed(p, n, k):
+  shape = packed_shape(n, k)
+  if tuple(p.shape) != shape or p.dtype != jnp.uint8:
+    raise ValueError(f"packed: expected uint8 {shape} for n={n}, k={k}; got {p.dtype} "
+                     f"{tuple(p.shape)}")
+
+
+# ----------------------------------------------------------------------------- loading
+
+_lock = threading.Lock()
+_state: dict = {"tried": False, "lib": None, "reason": None}
+
+
+def _detect_isa(lib) -> int:
+  """The best path this CPU supports (0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni). Tests replace
+  this hook to simulate a CPU without vector instructions."""
+  return lib.specjax_qdot_detected_isa()
+
+
+def load(cxx: str | None = None, cache_dir: str | None = None):
+  """The loaded library (ctypes.CDLL), building it on first use; None if unavailable. Tried once
+  per process: a failure warns once (KernelFallbackWarning) and is remembered."""
+  with _lock:
+    if _state["tried"]:
+      return _state["lib"]
+    _state["tried"] = True
+    try:
+      _state["lib"] = _load(cxx, cache_dir)
+    except Exception as e:  # noqa: BLE001 -- any failure means: use the reference, say why once
+      _state["reason"] = str(e)
+      warnings.warn(f"specjax.kernels.qdot unavailable, using its JAX reference instead: {e}",
+                    KernelFallbackWarning, stacklevel=3)
+    return _state["lib"]
+
+
+def _load(cxx, cache_dir):
+  path = build.build(cxx, cache_dir, library="qdot")
+  lib = ctypes.CDLL(path)
+  for name in ("specjax_qdot_isa", "specjax_qdot_detected_isa", "specjax_qdot_set_isa",
+               "specjax_qdot_threads"):
+    getattr(lib, name).restype = ctypes.c_int
+  lib.specjax_qdot_set_isa.argtypes = [ctypes.c_int]
+  lib.specjax_qdot_quantize.restype = None
+  lib.specjax_qdot_quantize.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+  forced = os.environ.get("SPECJAX_KERNELS_ISA", "").strip().lower()
+  if forced:
+    if forced not in ISAS:
+      raise ValueError(f"SPECJAX_KERNELS_ISA={forced!r}: expected one of {sorted(ISAS)}")
+    if lib.specjax_qdot_set_isa(ISAS[forced]) != ISAS[forced]:
+      raise RuntimeError(f"SPECJAX_KERNELS_ISA={forced}: this CPU does not support it")
+  else:
+    best = _detect_isa(lib)
+    if best < ISAS["avx2"]:
+      raise RuntimeError("this CPU has neither AVX-512 VNNI nor AVX2+FMA: the portable kernel "
+                         "would be slower than the reference in XLA")
+    lib.specjax_qdot_set_isa(best)
+  if not _state.get("registered"):  # once per process, even if a test makes us load again
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxQdotF32), platform="cpu")
+    _state["registered"] = True
+  return lib
+
+
+def available() -> bool:
+  """Whether the kernel is switched on, built, loaded and worth using here (builds it on first
+  call; SPECJAX_KERNELS=0 gives False without building)."""
+  return not switched_off() and load() is not None
+
+
+def isa() -> str | None:
+  """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
+  lib = load()
+  return None if lib is None else {v: k for k, v in ISAS.items()}[lib.specjax_qdot_isa()]
+
+
+def set_isa(name: str) -> str:
+  """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
+  if name not in ISAS:
+    raise ValueError(f"name={name!r}: expected one of {sorted(ISAS)}")
+  lib = load()
+  if lib is None:
+    raise RuntimeError("specjax.kernels.qdot unavailable: " + str(_state["reason"]))
+  return {v: k for k, v in ISAS.items()}[lib.specjax_qdot_set_isa(ISAS[name])]
+
+
+def threads() -> int:
+  """The kernel's thread-pool size (1 when it is unavailable)."""
+  lib = load()
+  return 1 if lib is None else lib.specjax_qdot_threads()
+
+
+def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
+  """The kernel's activation quantization alone, on the path in use (tests): x float32 [M, K] ->
+  (xq int8 [M, K], dx float32 [M, K/32])."""
+  lib = load()
+  if lib is None:
+    raise RuntimeError("specjax.kernels.qdot unavailable: " + str(_state["reason"]))
+  x = np.ascontiguousarray(x, np.float32)
+  if x.ndim != 2 or x.shape[1] % BLOCK:
+    raise ValueError(f"x: expected [M, K] with K a multiple of {BLOCK}, got shape {x.shape}")
+  m, k = x.shape
+  xq = np.zeros((m, k), np.int8)
+  dx = np.zeros((m, k // BLOCK), np.float32)
+  dxs = np.zeros((m, k // BLOCK), np.float32)
+  lib.specjax_qdot_quantize(x.ctypes.data, m, k, xq.ctypes.data, dx.ctypes.data, dxs.ctypes.data)
+  return xq, dx
+
+
+def _reset_for_tests():
+  """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
+  with _lock:
+    _state.update(tried=False, lib=None, reason=None)
+
+
+# ----------------------------------------------------------------------------- the op
+
+
+def quantize_activations(x2):
+  """x2 float32 [M, K] -> (xq int32 [M, K/32, 32], dx float32 [M, K/32]) in JAX: the math above."""
+  m, k = x2.shape
+  xb = x2.reshape(m, k // BLOCK, BLOCK)
+  amax = jnp.max(jnp.abs(xb), axis=-1)
+  pos = amax > 0
+  inv = jnp.where(pos, jnp.float32(127) / jnp.where(pos, amax, 1), jnp.float32(0))
+  xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int32)  # half to even
+  return xq, amax / jnp.float32(127)
+
+
+def reference(x2, packed, n: int, k: int) -> jax.Array:
+  """The product in XLA, blocks folded in order as the kernel folds them: the fallback."""
+  q, d, mn = unpack(packed, n, k)
+  xq, dx = quantize_activations(x2)
+  dxs = dx * jnp.sum(xq, axis=-1).astype(jnp.float32)  # [M, nblk]
+
+  def step(y, blk):
+    qb, db, mb, xqb, dxb, dxsb = blk
+    isum = jax.lax.dot_general(xqb, qb.astype(jnp.int32), (((1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.int32)  # [M, N]
+    y = y + (db[None, :] * dxb[:, None]) * isum.astype(jnp.float32)
+    return y + mb[None, :] * dxsb[:, None], None
+
+  y0 = jnp.zeros((x2.shape[0], n), jnp.float32)
+  xs = (q, d, mn, xq.transpose(1, 0, 2), dx.T, dxs.T)
+  return jax.lax.scan(step, y0, xs)[0]
+
+
+def _ffi(x2, packed, n: int):
+  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
+                          vmap_method="sequential")(x2, packed)
+
+
+def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
+  """x2 [..., K] (float; computed in float32) times the packed Q4_1 weight [K, N] -> [..., N]
+  float32, with x2's rows quantized to int8 per 32-block (the math above).
+
+  The kernel for M = prod(x2.shape[:-1]) in [1, MAX_ROWS] when available, else `reference` in
+  XLA; the two agree up to float summation order. Not differentiable."""
+  check_shape(n, k)
+  shape = getattr(x2, "shape", None)
+  dtype = getattr(x2, "dtype", None)
+  if shape is None or dtype is None:
+    raise ValueError(f"x2: expected an array [..., K], got {type(x2).__name__}")
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f"x2: expected a float array, got dtype {dtype}")
+  if len(shape) < 1 or tuple(shape[-1:]) != (k,):
+    raise ValueError(f"x2: expected a last dimension of k={k}, got shape {tuple(shape)}")
+  if not hasattr(packed, "shape") or not hasattr(packed, "dtype"):
+    raise ValueError(f"packed: expected an array, got {type(packed).__name__}")
+  _check_packed(packed, n, k)
+  m = int(np.prod(shape[:-1], dtype=np.int64))
+  x = jnp.asarray(x2).reshape(m, k).astype(jnp.float32)
+  if not 1 <= m <= MAX_ROWS or not available():
+    y = reference(x, packed, n, k)
+  else:
+    y = _ffi(x, packed, n)
+  return y.reshape(*shape[:-1], n)
