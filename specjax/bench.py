@@ -56,30 +56,12 @@ def measure_read_bandwidth(nbytes: int = 512 << 20, repeats: int = 7) -> float:
 def measure_cost_curve(model, sizes=(1, 2, 4, 8, 16, 32, 64), *, cache_len: int = 512,
                        filled: int = 256, reps: int = 9) -> dict[int, float]:
   """c(T): the time of one T-token forward (model.apply, batch 1, a cache of `cache_len` slots
-  with `filled` entries) over the time of a 1-token forward, medians of `reps` interleaved runs.
-  This is the curve `specjax.tree.choose_budget` and the methods' predictions read."""
-  import jax
-  import jax.numpy as jnp
+  with `filled` entries) over the time of a 1-token forward, medians of `reps` interleaved runs,
+  measured now (`specjax.calibrate.measure`; `calibrate.cost_curve` is the cached curve the
+  methods' defaults and method="auto" read)."""
+  from specjax import calibrate
 
-  from specjax import cache as kv
-
-  sizes = sorted(set([1, *sizes]))
-  fns = {}
-  for t in sizes:
-    cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
-    toks = jnp.zeros((1, t), jnp.int32)
-    pos = filled + jnp.arange(t)[None]
-    mask = kv.causal_mask(cache.lengths, t, cache_len)
-    f = jax.jit(lambda p, c, toks=toks, pos=pos, mask=mask: model.apply(p, toks, pos, c, mask)[0])
-    jax.block_until_ready(f(model.params, cache))
-    fns[t] = (f, cache)
-  times = {t: [] for t in sizes}
-  for _ in range(reps):
-    for t in sizes:
-      f, cache = fns[t]
-      times[t].append(min(time_call(lambda: jax.block_until_ready(f(model.params, cache)), 1)))
-  base = median(times[1])
-  return {t: median(v) / base for t, v in times.items()}
+  return calibrate.measure(model, sizes, cache_len=cache_len, filled=filled, reps=reps)
 
 
 def save_report(out_dir: str, stem: str, data: dict, markdown: str,

@@ -1,0 +1,181 @@
+"""The device's cost curve c(T), measured once per device, model and software, and kept on disk.
+
+c(T) = the time of one T-token forward of the target / the time of a one-token forward: batch 1,
+a cache of 512 slots with 256 filled, the jitted `model.apply`, medians of interleaved runs (every
+size once per round, so a load that comes and goes on a shared machine touches all sizes alike).
+It is what the methods' default settings are chosen from (specjax/methods/defaults.py: a bigger
+tree or a longer chain pays c(N + 1) per step) and what `method="auto"` predicts with.
+
+    calibrate.cost_curve(model)    # {1: 1.0, 2: 1.5, 4: 1.7, ...}: measured once, then read
+    calibrate.calibration(model)   # the whole record: curve, seconds, source, path, key
+
+The record is a JSON file under the user cache (`$SPECJAX_CACHE`, else `~/.cache/specjax`, folder
+`calibration/`), named by a hash of its key: the device kind and platform, the model's name and a
+hash of its config, its dtype, the jax and jaxlib versions, whether the model runs on the CPU
+kernel (specjax.packing.on_kernel) and then the kernel's build key, ISA and threads, and the
+measurement's own settings. A record is read back only when its stored key equals the one computed
+now, so any change (a new jaxlib, bfloat16 weights, the kernel switched off) measures afresh. Files
+are written under a temporary name and renamed into place; a file that cannot be read or parsed is
+measured again, never an error.
+
+Switches (`SPECJAX_CALIBRATION`): "0" / "off" / "false" / "no": nothing is measured or read, the
+curve is DEFAULT_CURVE; "quick": fewer sizes and rounds (QUICK_SIZES, 3 rounds: tests); anything
+else (or unset): the full measurement (SIZES, 7 rounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+from specjax import cache as kv
+from specjax import packing
+from specjax.kernels import build
+
+ENV = "SPECJAX_CALIBRATION"
+OFF = ("0", "off", "false", "no")
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+QUICK_SIZES = (1, 2, 4, 8, 16)
+REPS, QUICK_REPS = 7, 3
+CACHE_LEN, FILLED = 512, 256
+FORMAT = 1
+
+# The curve used when calibration is switched off: SmolLM2-135M in float32 with the CPU kernel on
+# the 2-core CPU this project benchmarks on, the mean of two quiet runs (docs/performance.md,
+# 2026-11-22 12:55); past 16 tokens interpolate_cost extends the last segment's slope. Another
+# device's curve differs (a GPU's is far flatter): measure it.
+DEFAULT_CURVE = {1: 1.0, 2: 1.07, 4: 1.135, 8: 1.505, 16: 2.33}
+
+
+def mode() -> str:
+  """"off", "quick" or "full", from SPECJAX_CALIBRATION."""
+  v = os.environ.get(ENV, "").strip().lower()
+  return "off" if v in OFF else "quick" if v == "quick" else "full"
+
+
+def folder() -> str:
+  return build.user_cache("calibration")
+
+
+def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
+                    reps: int = REPS) -> dict[int, float]:
+  """{T: median seconds of one T-token forward}: model.apply jitted per T (compiled and run once
+  before timing), then `reps` rounds that each time every size once."""
+  sizes = sorted(set([1, *sizes]))
+  fns = {}
+  for t in sizes:
+    cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
+    toks = jnp.zeros((1, t), jnp.int32)
+    pos = filled + jnp.arange(t)[None]
+    mask = kv.causal_mask(cache.lengths, t, cache_len)
+    f = jax.jit(lambda p, c, toks=toks, pos=pos, mask=mask: model.apply(p, toks, pos, c, mask)[0])
+    jax.block_until_ready(f(model.params, cache))
+    fns[t] = (f, cache)
+  times = {t: [] for t in sizes}
+  for _ in range(reps):
+    for t in sizes:
+      f, cache = fns[t]
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(model.params, cache))
+      times[t].append(time.perf_counter() - t0)
+  return {t: float(statistics.median(v)) for t, v in times.items()}
+
+
+def measure(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
+            reps: int = REPS) -> dict[int, float]:
+  """c(T) = seconds(T) / seconds(1), as measured now (no cache)."""
+  secs = measure_seconds(model, sizes, cache_len=cache_len, filled=filled, reps=reps)
+  return {t: s / secs[1] for t, s in secs.items()}
+
+
+def cache_key(model, quick: bool = False) -> dict:
+  """Everything a measured curve depends on (see the module docstring)."""
+  import jaxlib
+
+  from specjax import kernels
+
+  dev = jax.devices()[0]
+  config = json.dumps(dataclasses.asdict(model.config), sort_keys=True, default=str)
+  on = packing.on_kernel(model)
+  return {
+      "format": FORMAT, "device": dev.device_kind, "platform": dev.platform,
+      "model": model.name, "config": hashlib.sha256(config.encode()).hexdigest()[:16],
+      "dtype": jnp.dtype(model.dtype).name, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+      "kernel": {"build": build.build_key(), "isa": kernels.isa(), "threads": kernels.threads()}
+      if on else None,
+      "sizes": list(QUICK_SIZES if quick else SIZES), "reps": QUICK_REPS if quick else REPS,
+      "cache_len": CACHE_LEN, "filled": FILLED,
+  }
+
+
+def path_for(key: dict) -> str:
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+  return os.path.join(folder(), f"{key['model'] or 'model'}-{digest}.json".replace(os.sep, "_"))
+
+
+def read(path: str, key: dict) -> dict | None:
+  """The record at path if it is whole and was measured under `key`; None otherwise."""
+  try:
+    with open(path) as f:
+      rec = json.load(f)
+    curve = {int(t): float(c) for t, c in rec["curve"].items()}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return None
+  if rec.get("key") != key or curve.get(1) != 1.0 or not all(c > 0 for c in curve.values()):
+    return None
+  return dict(rec, curve=curve)
+
+
+def write(path: str, record: dict) -> None:
+  """Writes record as JSON under a temporary name in the same folder, then renames it into place
+  (a reader sees the old file or the new one, never half of one)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(record, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def calibration(model) -> dict:
+  """The cost curve of `model` on this device: {"curve": {T: c(T)}, "source": "cache" | "measured"
+  | "default", "path", "key", and "seconds" {T: s} when measured}. Measures (and writes) only when
+  no record with this key is on disk; SPECJAX_CALIBRATION=0 returns DEFAULT_CURVE untouched."""
+  m = mode()
+  if m == "off":
+    return {"curve": dict(DEFAULT_CURVE), "source": "default", "path": None, "key": None}
+  quick = m == "quick"
+  key = cache_key(model, quick)
+  path = path_for(key)
+  rec = read(path, key)
+  if rec is not None:
+    return dict(rec, source="cache", path=path)
+  print(f"specjax: measuring the cost curve of {model.name or 'the model'} on {key['device']} once "
+        f"(kept in {folder()}; {ENV}=0 uses a default curve)", file=sys.stderr, flush=True)
+  secs = measure_seconds(model, key["sizes"], cache_len=CACHE_LEN, filled=FILLED, reps=key["reps"])
+  curve = {t: s / secs[1] for t, s in secs.items()}
+  curve[1] = 1.0
+  rec = {"key": key, "curve": curve, "seconds": secs, "measured_at": time.time()}
+  try:
+    write(path, rec)
+  except OSError:  # a read-only cache folder: use the curve, measure again next time
+    pass
+  return dict(rec, source="measured", path=path)
+
+
+def cost_curve(model) -> dict[int, float]:
+  """{T: c(T)} for `model` on this device (see `calibration`)."""
+  return calibration(model)["curve"]
