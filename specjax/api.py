@@ -7,7 +7,7 @@ through the registry in specjax/methods.
 
 from __future__ import annotations
 
-from specjax import decode, methods
+from specjax import auto, decode, methods
 from specjax.decode import GenerateOutput
 
 
@@ -17,11 +17,19 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
   """Generates up to max_new_tokens for each prompt; see specjax.decode.generate.
 
   method: a method object (sj.Eagle(heads), ...), a registered name (one of sj.METHODS or an
-  alias: "eagle" builds EAGLE with its defaults and the heads shipped for `model`), or None
-  (autoregressive decoding). The arguments are checked before a named method is built (which
-  may load its drafter), so a bad one fails at once.
+  alias: "eagle" builds EAGLE with its defaults and the heads shipped for `model`), "auto" (the
+  available method and settings with the highest predicted tokens per second on this device,
+  specjax/auto.py; its choice is reported in `out.stats["auto"]`), or None (autoregressive
+  decoding). The arguments are checked before a named method is built (which may load its
+  drafter), so a bad one fails at once.
   """
   decode.check_arguments(max_new_tokens, temperature, top_k, top_p, seed, chat, stop_at_eos)
-  return decode.generate(model, prompts, methods.resolve(method, model),
-                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, chat=chat, stop_at_eos=stop_at_eos, mesh=mesh)
+  report = None
+  if auto.is_auto(method):
+    method, report = auto.choose(model)
+  out = decode.generate(model, prompts, methods.resolve(method, model),
+                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, chat=chat, stop_at_eos=stop_at_eos, mesh=mesh)
+  if report is not None:
+    out.stats["auto"] = report
+  return out

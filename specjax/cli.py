@@ -14,10 +14,10 @@ def _method_options(name: str, args) -> dict:
   """The CLI's settings of method `name` (a registry name) as its factory's options: everything
   else about building a method (defaults, the shipped drafter for the model) is the registry's
   (specjax.methods)."""
-  if name == "draft":
-    return {"draft": args.draft, "gamma": args.gamma}
+  if name == "draft":  # gamma / nodes 0: chosen from the cost curve (specjax/methods/defaults.py)
+    return {"draft": args.draft, "gamma": args.gamma or None}
   if name == "layer-skip":
-    return {"exit_layer": args.exit_layer or None, "gamma": args.gamma}
+    return {"exit_layer": args.exit_layer or None, "gamma": args.gamma or None}
   if name in ("medusa", "mtp"):
     return {"heads": args.heads}
   if name == "eagle":
@@ -45,41 +45,51 @@ def _add_method(p: argparse.ArgumentParser) -> None:
   from specjax import methods
 
   p.add_argument("--method", default="autoregressive",
-                 help=f"{' | '.join(methods.names())} (or an alias: self-spec, pld, ...; draft, "
-                 f"medusa, eagle and mtp need a drafter: the one shipped for --model, or --draft / "
-                 f"--heads)")
+                 help=f"{' | '.join(methods.names())} | auto (or an alias: self-spec, pld, ...; "
+                 f"draft, medusa, eagle and mtp need a drafter: the one shipped for --model, or "
+                 f"--draft / --heads; auto: the available method with the highest predicted "
+                 f"tokens/s on this device)")
   _add_method_options(p)
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
   """The methods' settings, shared by generate / demo (--method) and bench (--methods)."""
   p.add_argument("--draft", default="smollm2-135m-draft", help="the draft model of method draft")
-  p.add_argument("--gamma", type=int, default=3, help="draft / layer-skip: tokens drafted per step "
-                 "(3 measured best for the shipped draft on a CPU)")
+  p.add_argument("--gamma", type=int, default=0, help="draft / layer-skip: tokens drafted per step "
+                 "(0: chosen from this device's cost curve and the draft's recorded acceptance)")
   p.add_argument("--exit-layer", type=int, default=0, help="layer-skip: layers of the drafter "
                  "(0: a quarter of the model's)")
   p.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
   p.add_argument("--nodes", type=int, default=0,
-                 help="eagle: tree nodes verified per step (0 = sj.Eagle's default, 32; 8 was "
-                 "fastest on the 2-core CPU, where verifying more tokens costs more)")
+                 help="eagle: tree nodes verified per step (0: chosen from this device's cost "
+                 "curve and the heads' recorded acceptance; sj.Eagle's own default is 32)")
 
 
 def _make_method(name: str, model, args):
-  """The registry's method `name` (or an alias) for model, with the CLI's settings."""
-  from specjax import methods
+  """The registry's method `name` (or an alias) for model, with the CLI's settings; "auto": the
+  method specjax.auto chooses (its choice is printed to stderr)."""
+  from specjax import auto, methods
   from specjax.errors import InputError
 
+  if auto.is_auto(name):
+    method, report = auto.choose(model)
+    print(f"auto: {report['method']} {json.dumps(report['settings'], default=str)[:200]}, "
+          f"predicted {report['predicted_speedup']:.2f}x", file=sys.stderr)
+    return method
   canonical = methods.canonical(name)
   if canonical is None:
-    raise InputError(f"--method {name!r} is unknown; available: {', '.join(methods.names())}")
+    raise InputError(f"--method {name!r} is unknown; available: "
+                     f"{', '.join(methods.names())}, auto")
   return methods.build(canonical, model, **_method_options(canonical, args))
 
 
 def cmd_generate(args) -> None:
   import specjax as sj
 
+  from specjax import auto
+
   model = sj.load_model(args.model)
-  method = _make_method(args.method, model, args)
+  method = auto.NAME if auto.is_auto(args.method) else _make_method(args.method, model, args)
   out = sj.generate(model, args.prompt, method, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     seed=args.seed, chat=args.chat)
@@ -180,9 +190,10 @@ def _check_bench_args(args) -> list[str]:
   names = [n.strip() for n in args.methods.split(",") if n.strip()] if args.methods else \
       registry.names()
   for n in names:
-    if registry.canonical(n) is None:
-      raise InputError(f"--methods: {n!r} is unknown; available: {', '.join(registry.names())}")
-  names = [registry.canonical(n) for n in names]
+    if registry.canonical(n) is None and n.lower() != "auto":
+      raise InputError(f"--methods: {n!r} is unknown; available: "
+                       f"{', '.join(registry.names())}, auto")
+  names = [registry.canonical(n) or "auto" for n in names]
   bench.check_prompt_set(args.prompts)
   for flag, path, ext in (("--json", args.json, ""), ("--csv", args.csv, ""),
                           ("--plot", args.plot, ".png")):

@@ -13,6 +13,11 @@ from specjax import prompts
 
 EIGHT_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 
+# Unit tests time nothing (timing lives in bench.py and experiments/): the methods' defaults come
+# from specjax.calibrate.DEFAULT_CURVE and no cost curve is measured or written to the user's
+# cache. tests/test_calibrate.py switches calibration on where it tests it.
+os.environ["SPECJAX_CALIBRATION"] = "0"
+
 
 def pytest_collection_modifyitems(config, items):
   """Tests marked eight_devices run only in a process started with 8 simulated devices

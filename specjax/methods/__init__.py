@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from specjax import registry as assets
 from specjax.errors import InputError
+from specjax.methods import defaults
 from specjax.methods.autoregressive import Autoregressive
 from specjax.methods.draft import DraftModel, SelfSpeculative
 from specjax.methods.eagle import Eagle
@@ -32,7 +33,8 @@ from specjax.methods.prompt_lookup import PromptLookup
 class Entry:
   """One registered method.
 
-  factory(target, **options) -> the method for `target` (a specjax Model) with its defaults;
+  factory(target, **options) -> the method for `target` (a specjax Model) with its defaults
+  (a size knob's default is chosen from the device's cost curve: methods/defaults.py);
   options override them (the class's own arguments, plus `draft=` / `heads=` where a drafter is
   needed: an object, or a shipped name / file to load). requires(target) -> None where the
   method can run on target without further options, else the reason (e.g. no shipped heads)."""
@@ -164,12 +166,21 @@ def _heads(kind: str, heads, target):
 
 
 def _with_heads(cls, kind: str):
-  return lambda target, heads=None, **options: cls(_heads(kind, heads, target), **options)
+  """A heads method's factory: its defaults chosen from the cost curve (methods/defaults.py)."""
+  def factory(target, heads=None, **options):
+    h = _heads(kind, heads, target)
+    return cls(h, **defaults.choose(kind, target, h, options))
+  return factory
+
+
+def _draft(target, draft=None, **options):
+  d = _draft_model(draft, target)
+  return DraftModel(d, **defaults.choose("draft", target, d, options))
 
 
 def _layer_skip(target, exit_layer=None, **options):
   k = exit_layer or max(1, target.config.num_layers // 4)
-  return SelfSpeculative(exit_layer=k, **options)
+  return SelfSpeculative(exit_layer=k, **defaults.choose("layer-skip", target, k, options))
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -181,8 +192,7 @@ register(Entry("prompt-lookup", PromptLookup, lambda target, **o: PromptLookup(*
                "copies what followed an earlier occurrence of the last n-gram", aliases=("pld",)))
 register(Entry("lookahead", Lookahead, lambda target, **o: Lookahead(**o),
                "Jacobi iterations make n-grams that become drafts (Fu et al. 2024)"))
-register(Entry("draft", DraftModel,
-               lambda target, draft=None, **o: DraftModel(_draft_model(draft, target), **o),
+register(Entry("draft", DraftModel, _draft,
                "a small draft model proposes gamma tokens (Leviathan et al. 2023)", trained=True,
                requires=_needs_shipped("draft", "draft"), aliases=("draft-model", "sps")))
 register(Entry("layer-skip", SelfSpeculative, _layer_skip,

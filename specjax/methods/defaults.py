@@ -1,0 +1,196 @@
+"""Default settings chosen from the device's cost curve and the drafter's recorded acceptance.
+
+Each registry factory with a size knob asks one function here for its defaults; explicit options
+always win (a factory given any of a method's knobs skips the choice: the class fills the rest).
+Every choice maximises the predicted speedup over autoregressive decoding at batch 1,
+
+    speedup = tau / (c(tokens verified) + drafting cost),
+
+c being the cost curve of the target on this device (specjax.calibrate: a T-token forward over a
+one-token one) and tau the expected tokens per step from the drafter's held-out numbers, the ones
+its training wrote into its file:
+
+    draft        asset_header held_out_top1: the draft's argmax agrees with the target's, per token
+    medusa       heads.meta held_out top1_k / top5_k per head (tree.per_rank_accuracy)
+    eagle        heads.meta held_out top1, top1_2 .. top1_D: the head's top-1 at each unrolled depth
+    mtp          heads.meta held_out top1_k: module k's top-1
+    layer-skip   nothing is recorded: LAYER_SKIP_PRIOR (measured at exit L/4 on SmolLM2-135M)
+
+Drafting costs are the weights a drafter reads per forward over those the target reads (`reads`):
+at batch 1 a forward streams its weights once, so that ratio is its cost in target forwards.
+
+Each function returns a Choice; `recorded` says whether tau rests on a measurement (method="auto"
+compares only those, see specjax/auto.py). Prompt lookup and lookahead record no acceptance and
+keep their classes' defaults (their acceptance is the text's, not a drafter's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from specjax import tree as trees
+from specjax.methods.eagle import capacity
+
+MAX_GAMMA = 16  # the longest chain a default may draft (each gamma is its own compiled program)
+MAX_NODES = 64  # the largest tree a default may verify
+LAYER_SKIP_PRIOR = 0.1  # per-token acceptance of an untrained exit at L/4 (measured 0.01-0.09)
+RANK_SHARE = 0.45  # rank r+1's accuracy over rank r's where only top-1 is recorded (as the prior)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """settings: the factory's chosen options ({} = the class's own defaults); speedup / tau: the
+  prediction (None without one); table: [(size, tau, cost, speedup), ...]; basis: where tau came
+  from; recorded: tau rests on the drafter's held-out numbers."""
+  settings: dict
+  speedup: float | None = None
+  tau: float | None = None
+  table: tuple = ()
+  basis: str = "none"
+  recorded: bool = False
+
+
+def _layer(c) -> int:
+  """Weights of one decoder layer of config c."""
+  e, f = c.hidden_size, c.intermediate_size
+  return (e * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * e
+          + e * f * (3 if c.gated_mlp else 2))
+
+
+def reads(target, layers: float = 0, extra: int = 0, rows: int | None = None) -> float:
+  """The weights a drafter forward reads (`layers` decoder layers of the target's type, `extra`
+  other weights, an LM head over `rows` tokens; None: no head) over those of a target forward."""
+  c = target.config
+  full = c.num_layers * _layer(c) + c.hidden_size * c.vocab_size
+  return (layers * _layer(c) + extra + (rows or 0) * c.hidden_size) / full
+
+
+def _held(meta) -> dict:
+  return (meta or {}).get("held_out") or {}
+
+
+def _chain(cost, acceptance, draft_cost, max_gamma, basis, recorded=True) -> Choice:
+  r = trees.choose_chain(cost, acceptance, draft_cost=draft_cost, max_gamma=max_gamma)
+  return Choice({"gamma": r["gamma"]}, r["speedup"], r["tau"], tuple(r["table"]), basis, recorded)
+
+
+def draft_gamma(target, draft, cost) -> Choice:
+  """draft: gamma = argmax tau(g) / (c(g + 1) + g d), tau(g) = sum_{i<=g} a^i with a the draft's
+  held-out top-1 agreement and d = reads(draft's layers + its head's rows) (Leviathan et al.)."""
+  header = getattr(draft, "asset_header", None) or {}
+  a = header.get("held_out_top1", _held(header).get("top1"))
+  if a is None:
+    return Choice({})
+  vocab = getattr(draft, "vocab_subset", None)
+  dc, tc = draft.config, target.config
+  rows = dc.vocab_size if vocab is None else len(vocab)
+  d = (dc.num_layers * _layer(dc) + dc.hidden_size * rows) / (
+      tc.num_layers * _layer(tc) + tc.hidden_size * tc.vocab_size)
+  return _chain(cost, [a], d, MAX_GAMMA, f"draft held-out top-1 {a:.3f}")
+
+
+def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:
+  """layer-skip: gamma = argmax tau(g) / (c(g + 1) + g d) with the prior a = LAYER_SKIP_PRIOR
+  (no acceptance is recorded for an untrained exit) and d = reads(exit_layer layers + the head)."""
+  d = reads(target, exit_layer, rows=target.config.vocab_size)
+  return _chain(cost, [LAYER_SKIP_PRIOR], d, MAX_GAMMA, f"prior a={LAYER_SKIP_PRIOR}",
+                recorded=False)
+
+
+def mtp_gamma(target, heads, cost) -> Choice:
+  """mtp: gamma (modules that draft) = argmax tau(g) / (c(g + 1) + g m), tau(g) = 1 + sum_i
+  prod_{j<=i} top1_j (module j's held-out top-1) and m = reads(one layer + fc 2E x E + head)."""
+  held, k = _held(heads.meta), heads.config.num_heads
+  acc = [held[f"top1_{i}"] for i in range(k) if f"top1_{i}" in held]
+  if len(acc) < k:
+    return Choice({})
+  e = target.config.hidden_size
+  m = reads(target, 1, 2 * e * e, heads.config.vocab_subset or heads.config.vocab_size)
+  return _chain(cost, acc, m, k, "mtp held-out top-1 per module")
+
+
+def medusa_tree(target, heads, cost) -> Choice:
+  """medusa: the tree of N nodes (build_tree on per-rank accuracies, tree.per_rank_accuracy) with
+  N = argmax (1 + E[accepted](N)) / (c(N + 1) + h), h = reads(the K heads' blocks + one head
+  over the subset): tree.choose_budget."""
+  k = heads.config.num_heads
+  acc = trees.per_rank_accuracy(heads.meta, k)
+  if acc is None:
+    return Choice({})
+  c = heads.config
+  h = reads(target, 0, k * c.num_layers * c.hidden_size ** 2, c.vocab_subset or c.vocab_size)
+  r = trees.choose_budget(cost, acc, max_nodes=MAX_NODES, step_overhead=h)
+  return Choice({"tree": r["tree"]}, r["speedup"], r["tau"], tuple(r["table"]),
+                "medusa held-out top-1 / top-5 per head", True)
+
+
+def eagle_accuracies(meta) -> np.ndarray | None:
+  """[D, 5] per-depth, per-rank accuracies from EAGLE's held-out top-1 at each unrolled depth
+  (top1, top1_2, ...); ranks below the first take RANK_SHARE of the rank above."""
+  held, top1 = _held(meta), []
+  for key in ["top1"] + [f"top1_{d}" for d in range(2, 65)]:
+    if key not in held:
+      break
+    top1.append(float(held[key]))
+  if not top1:
+    return None
+  return np.clip(np.array(top1)[:, None] * RANK_SHARE ** np.arange(5)[None, :], 0.0, 1.0)
+
+
+def eagle_budget(target, heads, cost) -> Choice:
+  """eagle: for each depth D up to the recorded ones, choose_budget's N on the accuracies of
+  `eagle_accuracies` with overhead D f (f = reads(one layer + fc 2E x E + head over the subset):
+  one head forward per depth); the best (N, D) wins, and top_k is the tree's widest rank (raised
+  until EAGLE-2's expansion holds N nodes)."""
+  acc = eagle_accuracies(heads.meta)
+  if acc is None:
+    return Choice({})
+  c = heads.config
+  f = reads(target, 1, 2 * c.hidden_size ** 2, c.vocab_subset or c.vocab_size)
+  best = None
+  for depth in range(1, len(acc) + 1):
+    r = trees.choose_budget(cost, acc[:depth], max_nodes=MAX_NODES, step_overhead=depth * f)
+    if best is None or r["speedup"] > best[1]["speedup"]:
+      best = (depth, r)
+  depth, r = best
+  tree = r["tree"]
+  n = tree.num_nodes  # (a head with few recorded ranks may grow fewer nodes than asked for)
+  top_k = min(tree.ranks_needed(), n)
+  while capacity(tree.max_depth, top_k) < n:
+    top_k += 1
+  settings = {"num_nodes": n, "depth": tree.max_depth, "top_k": top_k}
+  return Choice(settings, r["speedup"], r["tau"], tuple(r["table"]),
+                "eagle held-out top-1 per depth", True)
+
+
+# registry name -> (the chooser, the method's knobs: any of them given skips the choice, the
+# attribute of a built method that holds what the chooser reads).
+CHOOSERS = {
+    "draft": (draft_gamma, ("gamma",), "draft"),
+    "layer-skip": (layer_skip_gamma, ("gamma",), "exit_layer"),
+    "medusa": (medusa_tree, ("tree",), "heads"),
+    "eagle": (eagle_budget, ("tree", "num_nodes", "depth", "top_k"), "heads"),
+    "mtp": (mtp_gamma, ("gamma",), "heads"),
+}
+
+
+def choose(name: str, target, drafter, options: dict) -> dict:
+  """The options to build method `name` with: `options` as given, plus the chosen defaults
+  (from the target's cost curve) unless one of the method's knobs is among them."""
+  if name not in CHOOSERS:
+    return dict(options)
+  fn, knobs, _ = CHOOSERS[name]
+  if any(options.get(k) is not None for k in knobs):
+    return dict(options)
+  from specjax import calibrate
+
+  given = {k: v for k, v in options.items() if k not in knobs}  # (knobs given as None)
+  return {**fn(target, drafter, calibrate.cost_curve(target)).settings, **given}
+
+
+def predict(name: str, target, method, cost) -> Choice:
+  """The Choice behind a built method's settings (for method="auto")."""
+  fn, _, attr = CHOOSERS[name]
+  return fn(target, getattr(method, attr), cost)

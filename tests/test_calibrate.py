@@ -1,0 +1,177 @@
+"""The cost curve's cache (specjax/calibrate.py), the defaults chosen from it
+(specjax/methods/defaults.py) and method="auto" (specjax/auto.py). Nothing here times anything
+that matters: the timer is replaced by a counting fake, except one quick real measurement."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax.numpy as jnp
+import pytest
+
+import specjax as sj
+from specjax import calibrate, methods
+from specjax import tree as T
+from specjax.heads import save_heads
+
+from conftest import random_prompts, tiny_config, tiny_model
+
+
+@pytest.fixture
+def fake_timer(monkeypatch, tmp_path):
+  """Calibration on (quick), cached under tmp_path, measured by a fake that counts its calls."""
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  monkeypatch.setenv(calibrate.ENV, "quick")
+  calls = []
+
+  def seconds(model, sizes, **kw):
+    calls.append(model.name)
+    return {t: 1e-3 * (1.0 + 0.05 * (t - 1)) for t in sorted(set([1, *sizes]))}
+
+  monkeypatch.setattr(calibrate, "measure_seconds", seconds)
+  return calls
+
+
+def _files(tmp_path):
+  d = tmp_path / "calibration"
+  return sorted(os.listdir(d)) if d.is_dir() else []
+
+
+def test_the_cache_is_written_reused_and_rewritten_when_corrupt(fake_timer, tmp_path):
+  m = tiny_model()
+  first = calibrate.calibration(m)
+  assert first["source"] == "measured" and len(fake_timer) == 1
+  assert first["curve"][1] == 1.0 and first["curve"][16] == pytest.approx(1.75)
+  assert _files(tmp_path) == [os.path.basename(first["path"])]  # no temporary file left behind
+  again = calibrate.calibration(m)
+  assert again["source"] == "cache" and len(fake_timer) == 1 and again["curve"] == first["curve"]
+  for bad in ("{not json", json.dumps({"key": first["key"], "curve": {"1": "x"}}),
+              json.dumps({"key": dict(first["key"], jax="0.0"), "curve": {"1": 1.0}})):
+    with open(first["path"], "w") as f:
+      f.write(bad)
+    assert calibrate.calibration(m)["source"] == "measured"
+  assert len(fake_timer) == 4
+  assert calibrate.calibration(m)["source"] == "cache" and len(fake_timer) == 4
+
+
+def test_a_changed_key_measures_again(fake_timer, monkeypatch):
+  from specjax import kernels
+
+  base = tiny_model()
+  calibrate.calibration(base)
+  variants = [sj.Model.random(tiny_config(), seed=0, dtype=jnp.bfloat16),  # dtype
+              tiny_model(num_layers=3),  # the model's config
+              sj.Model(base.config, base.graphdef, base.params, name="other")]  # its name
+  for v in variants:
+    assert calibrate.calibration(v)["source"] == "measured"
+  assert len(fake_timer) == 4
+  monkeypatch.setattr(calibrate.packing, "on_kernel", lambda model: True)  # the kernel flag
+  monkeypatch.setattr(kernels, "isa", lambda: "avx2")
+  monkeypatch.setattr(kernels, "threads", lambda: 2)
+  on = calibrate.calibration(base)
+  assert on["source"] == "measured" and on["key"]["kernel"]["isa"] == "avx2"
+  monkeypatch.setattr(kernels, "isa", lambda: "scalar")  # another ISA
+  assert calibrate.calibration(base)["source"] == "measured" and len(fake_timer) == 6
+  monkeypatch.setattr(kernels, "isa", lambda: "avx2")
+  assert calibrate.calibration(base)["source"] == "cache" and len(fake_timer) == 6
+
+
+def test_the_off_switch_gives_the_default_curve(monkeypatch, tmp_path):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  monkeypatch.setenv(calibrate.ENV, "0")
+  monkeypatch.setattr(calibrate, "measure_seconds", lambda *a, **k: pytest.fail("measured"))
+  rec = calibrate.calibration(tiny_model())
+  assert rec["source"] == "default" and rec["curve"] == calibrate.DEFAULT_CURVE
+  assert not (tmp_path / "calibration").exists()
+
+
+def test_a_real_quick_measurement():
+  c = calibrate.measure(tiny_model(), (2, 4), reps=2)
+  assert sorted(c) == [1, 2, 4] and c[1] == 1.0 and all(v > 0 for v in c.values())
+
+
+def test_choose_chain_follows_the_curve():
+  assert T.chain_tau([0.5], 2) == pytest.approx(1.75)
+  assert T.chain_tau([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+  flat = T.choose_chain({1: 1.0, 64: 1.0}, [0.9], max_gamma=8)
+  steep = T.choose_chain({1: 1.0, 2: 2.0, 3: 3.0}, [0.9], max_gamma=8)
+  assert flat["gamma"] == 8 and steep["gamma"] == 1 and len(flat["table"]) == 8
+  costly = T.choose_chain({1: 1.0, 64: 1.0}, [0.9], draft_cost=0.3, max_gamma=8)
+  assert costly["gamma"] < 8
+  assert costly["speedup"] == pytest.approx(max(r[3] for r in costly["table"]))
+
+
+def _heads(target, kind, held, **kw):
+  return dataclasses.replace(sj.init_heads(target, kind, seed=1, scale=0.3, **kw),
+                             meta={"held_out": held})
+
+
+MEDUSA_HELD = {f"top{k}_{i}": a for i in range(4) for k, a in ((1, 0.9 - 0.1 * i), (5, 0.97))}
+
+
+def test_defaults_come_from_the_curve_and_explicit_arguments_win(monkeypatch):
+  target = tiny_model(num_layers=8)  # (a drafter of one layer then costs a fraction of it)
+  curve = {"now": {1: 1.0, 64: 1.0}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+  mtp = _heads(target, "mtp", {"top1_0": 0.9, "top1_1": 0.8, "top1_2": 0.7}, num_heads=3)
+  draft = tiny_model(seed=1, num_layers=1)
+  draft.asset_header = {"held_out_top1": 0.95}
+  medusa = _heads(target, "medusa", MEDUSA_HELD)
+  eagle = _heads(target, "eagle", {"top1": 0.8, "top1_2": 0.7, "top1_3": 0.6})
+  assert methods.build("mtp", target, heads=mtp).gamma == 3  # verifying more is free
+  assert methods.build("draft", target, draft=draft).gamma > 5
+  assert methods.build("medusa", target, heads=medusa).tree.num_nodes == 64
+  assert methods.build("eagle", target, heads=eagle).num_nodes == 64
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}  # every verified token costs a forward
+  assert methods.build("mtp", target, heads=mtp).gamma == 1
+  assert methods.build("draft", target, draft=draft).gamma == 1
+  assert methods.build("medusa", target, heads=medusa).tree.num_nodes == 1
+  e = methods.build("eagle", target, heads=eagle)
+  assert (e.num_nodes, e.depth, e.top_k) == (1, 1, 1)
+  assert methods.build("mtp", target, heads=mtp, gamma=2).gamma == 2
+  assert methods.build("draft", target, draft=draft, gamma=3).gamma == 3
+  assert methods.build("medusa", target, heads=medusa, tree=[(0,), (0, 0)]).tree.num_nodes == 2
+  e = methods.build("eagle", target, heads=eagle, num_nodes=16)
+  assert (e.num_nodes, e.depth, e.top_k) == (16, 5, 8)  # the class fills what was not given
+  assert methods.build("layer-skip", target, gamma=4).gamma == 4
+  unrecorded = sj.init_heads(target, "mtp", num_heads=2, seed=4, scale=0.3)
+  assert methods.build("mtp", target, heads=unrecorded).gamma == 2  # nothing recorded: the class's
+
+
+def _ship_medusa(monkeypatch, target, path):
+  save_heads(_heads(target, "medusa", MEDUSA_HELD), str(path))
+  monkeypatch.setattr(methods, "shipped", lambda kind, t: str(path) if kind == "medusa" else None)
+
+
+def test_auto_reports_its_choice_and_is_exact(monkeypatch, tmp_path):
+  target = tiny_model()
+  prompts = random_prompts(3, target.config.vocab_size, seed=2)
+  ref = sj.generate(target, prompts, max_new_tokens=12).tokens
+  plain = sj.generate(target, prompts, "auto", max_new_tokens=12)
+  assert plain.tokens == ref and plain.stats["auto"]["method"] == "autoregressive"
+  _ship_medusa(monkeypatch, target, tmp_path / "medusa.npz")
+  out = sj.generate(target, prompts, "auto", max_new_tokens=12)
+  report = out.stats["auto"]
+  assert out.tokens == ref and out.stats["method"] == "medusa"
+  assert report["method"] == "medusa" and report["predicted_speedup"] > 1.0
+  assert report["cost_source"] == "default" and report["settings"]["tree"]["num_nodes"] >= 1
+  rows = {r["method"]: r for r in report["table"]}
+  assert list(rows) == methods.available(target)
+  assert rows["autoregressive"]["predicted_speedup"] == 1.0
+  for name in ("prompt-lookup", "lookahead", "layer-skip"):
+    assert rows[name]["predicted_speedup"] is None and "not compared" in rows[name]["basis"]
+  json.dumps(report)  # plain data
+
+
+def test_auto_in_the_cli_and_a_bad_name(monkeypatch, tmp_path):
+  import argparse
+
+  from specjax import cli
+
+  target = tiny_model()
+  _ship_medusa(monkeypatch, target, tmp_path / "medusa.npz")
+  assert isinstance(cli._make_method("auto", target, argparse.Namespace()), sj.Medusa)
+  with pytest.raises(sj.InputError, match="'autox' is not a decoding method: registered names"):
+    sj.generate(target, [[1, 2, 3]], "autox", max_new_tokens=2)
