@@ -175,3 +175,16 @@ def test_auto_in_the_cli_and_a_bad_name(monkeypatch, tmp_path):
   assert isinstance(cli._make_method("auto", target, argparse.Namespace()), sj.Medusa)
   with pytest.raises(sj.InputError, match="'autox' is not a decoding method: registered names"):
     sj.generate(target, [[1, 2, 3]], "autox", max_new_tokens=2)
+
+
+def test_auto_reads_the_shipped_drafters_records(smollm2):
+  """On the embedded model every shipped drafter's held-out numbers give a prediction (nothing is
+  compiled: auto builds the methods and predicts, generate is not called)."""
+  from specjax import auto
+
+  method, report = auto.choose(smollm2)
+  rows = {r["method"]: r for r in report["table"]}
+  for name in ("draft", "medusa", "eagle", "mtp"):
+    assert rows[name]["predicted_speedup"] > 0 and "held-out" in rows[name]["basis"], rows[name]
+  assert report["predicted_speedup"] == max(r["predicted_speedup"] or 0 for r in rows.values())
+  assert method.name == methods.get(report["method"]).cls.name
