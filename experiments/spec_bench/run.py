@@ -148,7 +148,8 @@ def _settings(n: str, target, drafter, source: str, medusa_nodes: int, cost_size
     return ({"heads": drafter, "num_nodes": 8, "depth": 4, "top_k": 4},
             f"EAGLE-2 (dynamic tree, 8 nodes, depth 4, top-4): {source}")
   if n == "mtp":
-    return {"heads": drafter}, f"MTP ({drafter.config.num_heads} modules): {source}"
+    k = drafter.config.num_heads  # every module drafts (explicit: the registry would choose)
+    return {"heads": drafter, "gamma": k}, f"MTP ({k} modules): {source}"
   entry = sj_methods.REGISTRY[n]  # a method with no settings here runs with the registry's
   return {}, f"{entry.cls.__name__} (the registry's defaults): {entry.description}"
 
