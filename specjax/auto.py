@@ -37,7 +37,8 @@ def _candidate(name: str, model, cost) -> dict:
     return dict(row, predicted_speedup=1.0, tau=1.0, basis="baseline",
                 built=methods.build(name, model))
   if name not in defaults.CHOOSERS:
-    return dict(row, basis="no recorded acceptance (depends on the text): not compared")
+    return dict(row, basis="no chooser with recorded acceptance (specjax/methods/defaults.py): "
+                           "not compared")
   try:
     m = methods.build(name, model)
   except SpecJaxError as e:  # e.g. a shipped drafter that does not fit: say why, go on
