@@ -233,6 +233,7 @@ def test_bad_input_raises_before_compiling():
 
 def test_fallback_without_compiler(monkeypatch, tmp_path):
   """No compiler: one KernelFallbackWarning, then the JAX reference, same values."""
+  monkeypatch.delenv("SPECJAX_KERNELS", raising=False)  # (switched off, it would not even try)
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SPECJAX_CXX", "/nonexistent/g++")
   qdot._reset_for_tests()
