@@ -104,6 +104,47 @@ def test_parity_with_numpy(isa_path):
 
 
 @needs_kernel
+def test_activations_round_half_to_even():
+  """x * 127 / amax exactly halfway rounds to even (vcvtps2dq's default mode, numpy's rint,
+  jnp.round), on every path and in the JAX reference; all-zero blocks give zeros."""
+  x = np.zeros((2, 64), np.float32)
+  ties = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.25, -3.75], np.float32)
+  x[0, 0], x[0, 1:11] = 127, ties  # amax = 127: inv = 1, x * inv = x
+  x[1, 32:] = np.linspace(-1, 1, 32, dtype=np.float32)
+  want = np.zeros((2, 64), np.int8)
+  want[0, 0], want[0, 1:11] = 127, [0, 2, 2, 0, -2, -2, 126, -126, 3, -4]
+  want[1, 32:] = np.rint(x[1, 32:] * np.float32(127)).astype(np.int8)
+  before = qdot.isa()
+  try:
+    for name in _paths():
+      qdot.set_isa(name)
+      xq, dx = qdot.quantize_rows(x)
+      np.testing.assert_array_equal(xq, want, err_msg=name)
+      np.testing.assert_array_equal(dx, np.float32([[1, 0], [0, np.float32(1) / 127]]))
+  finally:
+    qdot.set_isa(before)
+  jq, jdx = qdot.quantize_activations(jnp.asarray(x))
+  np.testing.assert_array_equal(np.asarray(jq).reshape(2, 64), want)
+  np.testing.assert_array_equal(jdx, dx)
+
+
+@needs_kernel
+def test_odd_inputs():
+  """M = 0 gives [0, N] (the reference path); bfloat16 activations run as float32; a numpy packed
+  array works as well as a jax one."""
+  rng = np.random.default_rng(8)
+  n, k = 24, 64
+  q, d, m = random_q41(rng, n, k)
+  packed = qdot.pack(q, d, m)
+  assert qdot.dense(jnp.zeros((0, k)), packed, n, k).shape == (0, n)
+  x = random_x(rng, 4, k)
+  xb = jnp.asarray(x, jnp.bfloat16)
+  y = qdot.dense(xb, packed, n, k)
+  assert y.dtype == jnp.float32
+  np.testing.assert_array_equal(y, qdot.dense(np.asarray(xb.astype(jnp.float32)), packed, n, k))
+
+
+@needs_kernel
 def test_paths_give_the_same_bits():
   """Every path folds the blocks with the same fmas in the same order: identical results."""
   rng = np.random.default_rng(1)
