@@ -211,6 +211,7 @@ def test_reference_and_switched_off(monkeypatch):
   assert qdot.TARGET not in lower(x[:3])
   off = qdot.dense(x[:3], packed, n, k)
   assert_close(off, x[:3], q, d, m)
+  assert_close(qdot.dense(x[:1], packed, n, k), x[:1], q, d, m)  # (one row: a batched dot)
   monkeypatch.delenv("SPECJAX_KERNELS")
   if qdot.available():  # (another M: the switch is read at trace time, and traces are cached)
     assert qdot.TARGET in lower(x[:5])
