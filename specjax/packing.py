@@ -58,18 +58,26 @@ def _attr(obj, names):
   return obj
 
 
-def _sites(decoder):
-  """(owner module, packed attribute name, weight [K,N] or [N,K], transposed) for every dense
-  product of a model.Decoder: LAYER_SITES in each layer, then the head."""
+def _keyed_sites(decoder):
+  """(site, owner module, packed attribute name, weight [K,N] or [N,K], transposed) for every
+  dense product of a model.Decoder: LAYER_SITES in each layer, then the head; site is the
+  weight's path ("layers", i, "attn", "wqkv") or ("head",)."""
   e = decoder.cfg.hidden_size
-  for block in decoder.layers:
+  for i, block in enumerate(decoder.layers):
     for path, as_matrix in LAYER_SITES:
       owner = _attr(block, path[:-1])
-      yield owner, PREFIX + path[-1], as_matrix(getattr(owner, path[-1])[...], e), False
+      yield (("layers", i) + path, owner, PREFIX + path[-1],
+             as_matrix(getattr(owner, path[-1])[...], e), False)
   if decoder.cfg.tie_word_embeddings:
-    yield decoder, PREFIX + "head", decoder.embed[...], True
+    yield ("head",), decoder, PREFIX + "head", decoder.embed[...], True
   else:
-    yield decoder, PREFIX + "head", decoder.lm_head[...], False
+    yield ("head",), decoder, PREFIX + "head", decoder.lm_head[...], False
+
+
+def _sites(decoder):
+  """_keyed_sites without the site."""
+  for _, *rest in _keyed_sites(decoder):
+    yield tuple(rest)
 
 
 def _rebuild(model, module):
@@ -112,6 +120,32 @@ def pack(model, *, warn: bool = True):
   for owner, name, w, transposed in _sites(module):
     setattr(owner, name, Packed(jnp.asarray(kernels.pack_weight(
         np.asarray(w), transposed=transposed, num_threads=nt))))
+  return _rebuild(model, module)
+
+
+def pack_blocks(model, blocks: dict):
+  """Like `pack`, with a site's GGUF blocks as its packed copy where `blocks` has them.
+
+  blocks: {site: (rows uint8 [N, K/block * bytes], type name)} as weights.gguf_blocks returns
+  (rows in the output order of the [K, N] matrix the model multiplies by). Those products read
+  the stored blocks (kernels.blocks_dense); every other site gets the fp32 packed copy. The
+  blocks encode the same numbers as the model's float32 parameters (which stay, for prefill's
+  XLA products and for training), so logits agree up to summation order."""
+  if is_packed(model):
+    model = unpack(model)
+  nt = kernels.threads()
+  module = model.module()
+  for site, owner, name, w, transposed in _keyed_sites(module):
+    n = w.shape[0] if transposed else w.shape[1]
+    k = w.shape[1] if transposed else w.shape[0]
+    if site in blocks:
+      rows, kind = blocks[site]
+      if rows.shape[0] != n:
+        raise ValueError(f"blocks for {site}: {rows.shape[0]} rows, the weight has {n} outputs")
+      packed = kernels.pack_blocks(rows, n, k, kind)
+    else:
+      packed = kernels.pack_weight(np.asarray(w), transposed=transposed, num_threads=nt)
+    setattr(owner, name, Packed(jnp.asarray(packed)))
   return _rebuild(model, module)
 
 

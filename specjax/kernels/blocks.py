@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels import build
+from specjax.kernels import matmul
 from specjax.kernels.matmul import ISAS, KernelFallbackWarning, switched_off
 
 TARGET = "specjax_blocks_f32"
@@ -69,6 +70,16 @@ def qtype_name(qtype) -> str:
   if isinstance(name, str) and name.upper() in QTYPES:
     return name.upper()
   raise ValueError(f"qtype={qtype!r}: unsupported block type; supported: {sorted(QTYPES)}")
+
+
+def qtype_of(shape) -> str:
+  """The block type of a packed copy, read off its shape [ng, K/block, 16 * block bytes] (every
+  supported type has its own block size in bytes)."""
+  for name, (_, _, tb, _) in QTYPES.items():
+    if shape[-1] == GROUP * tb:
+      return name
+  raise ValueError(f"packed shape {tuple(shape)}: no supported block type has "
+                   f"{shape[-1] / GROUP} bytes per block")
 
 
 def check_shape(n: int, k: int, qtype) -> None:
@@ -295,3 +306,43 @@ def blocks_dense(x: jax.Array, packed: jax.Array, n: int, k: int, qtype) -> jax.
   else:
     y = _ffi(x2, packed, n, name)
   return y.reshape(*x.shape[:-1], n)
+
+
+@jax.custom_vjp
+def _blocks_op(x2, w2, packed):
+  """x2 [M,K] @ w2 [K,N] read from w2's GGUF blocks (w2 only read when differentiated)."""
+  n, k = w2.shape[1], x2.shape[1]
+  return blocks_dense(x2, packed, n, k, qtype_of(packed.shape))
+
+
+def _blocks_fwd(x2, w2, packed):
+  return matmul._xla(x2, w2, False), (x2, w2)
+
+
+def _blocks_bwd(res, g):
+  x2, w2 = res
+  return g @ w2.T, x2.T @ g, None
+
+
+_blocks_op.defvjp(_blocks_fwd, _blocks_bwd)
+
+
+def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
+          transposed: bool = False) -> jax.Array:
+  """`kernels.dense` for either kind of packed copy: x [..., K] @ w [K, *out] (or w [N, K]
+  transposed) -> [..., *out].
+
+  packed uint8: w's GGUF blocks (pack_blocks, same values as w): the blocks kernel for M =
+  prod(x.shape[:-1]) in [1, MAX_ROWS] when it is available, else XLA's dot on w (prefill, other
+  devices; the same weights, so the same numbers up to summation order). Any other packed copy
+  (or none): matmul.dense. Gradients always flow through XLA's dot on w.
+  """
+  if getattr(packed, "dtype", None) != jnp.uint8:  # none, fp32 layout, or a quantized copy
+    return matmul.dense(x, w, packed, transposed=transposed)
+  k = x.shape[-1]
+  out = w.shape[:1] if transposed else w.shape[1:]
+  m = int(np.prod(x.shape[:-1], dtype=np.int64))
+  if not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available():
+    return matmul._xla(x, w, transposed)
+  w2 = w.T if transposed else w.reshape(k, -1)
+  return _blocks_op(x.reshape(m, k), w2, packed).reshape(*x.shape[:-1], *out)

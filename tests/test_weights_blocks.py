@@ -1,0 +1,185 @@
+"""load_model(..., weights="blocks"): decode's dense products read a GGUF's quantized blocks as
+stored. Tiny GGUF files are written here with the gguf package (no download); the embedded
+SmolLM2 (Q4_1 layers, a Q8_0 embedding) checks the real file."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, GGUFReader, quants
+
+import specjax as sj
+from specjax import cache as kv
+from specjax import kernels
+from specjax.errors import InputError
+from specjax.kernels import KernelFallbackWarning, blocks
+from specjax.packing import PREFIX
+
+
+def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, layers=2):
+  """A tiny random llama GGUF; types maps a tensor's name (without "blk.i.") to its block type
+  (default: Q4_1 for the layers, Q8_0 for the embedding, which is also the tied head)."""
+  types = types or {}
+  rng = np.random.default_rng(seed)
+  w = GGUFWriter(str(path), "llama")
+  w.add_context_length(256)
+  w.add_embedding_length(e)
+  w.add_block_count(layers)
+  w.add_feed_forward_length(f)
+  w.add_head_count(h)
+  w.add_head_count_kv(k)
+  w.add_layer_norm_rms_eps(1e-5)
+  w.add_rope_freq_base(10000.0)
+  w.add_vocab_size(v)
+
+  def tensor(name, shape, default):
+    kind = types.get(name.split(".", 2)[-1] if name.startswith("blk.") else name, default)
+    a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+    if kind == "F32":
+      w.add_tensor(name, a)
+    else:
+      w.add_tensor(name, quants.quantize(a, getattr(Q, kind)), raw_dtype=getattr(Q, kind))
+
+  tensor("token_embd.weight", (v, e), "Q8_0")
+  for i in range(layers):
+    b = f"blk.{i}."
+    w.add_tensor(b + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+    w.add_tensor(b + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+    for name, shape in (("attn_q", (h * d, e)), ("attn_k", (k * d, e)), ("attn_v", (k * d, e)),
+                        ("attn_output", (e, h * d)), ("ffn_gate", (f, e)), ("ffn_up", (f, e)),
+                        ("ffn_down", (e, f))):
+      tensor(b + name + ".weight", shape, "Q4_1")
+  w.add_tensor("output_norm.weight", np.ones(e, np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+  return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_gguf):
+  return (sj.load_model(tiny_gguf, tokenizer=False),
+          sj.load_model(tiny_gguf, tokenizer=False, weights="blocks"))
+
+
+def logits(model, toks):
+  b, t = toks.shape
+  c = model.init_cache(b, 128)
+  pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+  lg, _, _ = jax.jit(model.apply)(model.params, toks, pos, c, kv.causal_mask(c.lengths, t, 128, 0))
+  return np.asarray(lg)
+
+
+def packed_copies(model):
+  return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(model.params)
+          if PREFIX in jax.tree_util.keystr(p)}
+
+
+def test_every_product_reads_blocks(pair):
+  _, b = pair
+  copies = packed_copies(b)
+  assert len(copies) == 4 * 2 + 1  # four products per layer, and the head
+  assert all(x.dtype == jnp.uint8 for x in copies.values())
+  assert b.weights == "blocks"
+
+
+def test_packed_blocks_are_the_files_bytes(tiny_gguf, pair):
+  """attn_output (no reordering) and the tied head hold exactly the GGUF tensor's bytes."""
+  _, b = pair
+  tensors = {t.name: t for t in GGUFReader(tiny_gguf).tensors}
+  module = b.module()
+  wo = module.layers[1].attn.packed_wo[...]
+  raw = np.asarray(tensors["blk.1.attn_output.weight"].data, np.uint8)
+  got = np.asarray(blocks.unpack_blocks(wo, 64, 64, "Q4_1")).reshape(raw.shape)
+  np.testing.assert_array_equal(got, raw)
+  head = np.asarray(blocks.unpack_blocks(module.packed_head[...], 128, 64, "Q8_0"))
+  np.testing.assert_array_equal(head.reshape(-1), np.asarray(tensors["token_embd.weight"].data).reshape(-1))
+
+
+@pytest.mark.parametrize("t", [1, 5, 64, 70])  # 70 rows: beyond the kernel, XLA on the float32 copy
+def test_logits_match_float32(pair, t):
+  a, b = pair
+  toks = jnp.asarray(np.random.default_rng(t).integers(0, 128, (1, t)))
+  la, lb = logits(a, toks), logits(b, toks)
+  assert np.abs(la - lb).max() <= 1e-5 * np.abs(la).max()
+
+
+METHODS = {
+    "autoregressive": lambda target: sj.Autoregressive(),
+    "prompt-lookup": lambda target: sj.PromptLookup(ngram=2, num_tokens=4),
+    "layer-skip": lambda target: sj.SelfSpeculative(exit_layer=1, gamma=3),
+    "draft": lambda target: sj.DraftModel(draft=target, gamma=3),  # the blocks model drafts too
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_greedy_identical_to_float32_batch4(pair, method):
+  a, b = pair
+  rng = np.random.default_rng(1)
+  prompts = [rng.integers(0, 128, int(n)).tolist() for n in (3, 9, 14, 6)]
+  prompts = [p + p for p in prompts]
+  ref = sj.generate(a, prompts, sj.Autoregressive(), max_new_tokens=16).tokens
+  assert sj.generate(b, prompts, METHODS[method](b), max_new_tokens=16).tokens == ref
+
+
+def test_mixed_block_types_stay_float32_with_a_warning(tmp_path):
+  """q/k/v of different types cannot share one fused product; an F32 tensor has no blocks."""
+  path = write_gguf(tmp_path / "mixed.gguf", {"attn_k.weight": "Q8_0", "ffn_down.weight": "F32",
+                                              "attn_output.weight": "Q4_0"})
+  with pytest.warns(KernelFallbackWarning, match="stay float32"):
+    b = sj.load_model(path, tokenizer=False, weights="blocks")
+  a = sj.load_model(path, tokenizer=False)
+  kinds = {k.split("'")[-2]: x.dtype for k, x in packed_copies(b).items()
+           if k.startswith("['layers'][0]")}
+  assert kinds["packed_wqkv"] == jnp.float32 and kinds["packed_w_out"] == jnp.float32
+  assert kinds["packed_wo"] == jnp.uint8 and kinds["packed_w_in"] == jnp.uint8
+  toks = jnp.asarray([[5, 9, 77, 3]])
+  la, lb = logits(a, toks), logits(b, toks)
+  assert np.abs(la - lb).max() <= 1e-5 * np.abs(la).max()
+
+
+def test_switched_off_kernel_falls_back_to_float32_products(pair, monkeypatch):
+  a, b = pair
+  monkeypatch.setenv(kernels.ENV, "0")
+  toks = jnp.asarray([[1, 2, 3]])
+  assert np.abs(logits(a, toks) - logits(b, toks)).max() <= 1e-5 * np.abs(logits(a, toks)).max()
+
+
+def test_bad_weights_arguments_raise_before_loading(tiny_gguf, tmp_path):
+  with pytest.raises(InputError, match="weights='int4' is invalid: must be one of"):
+    sj.load_model(tiny_gguf, weights="int4")
+  with pytest.raises(InputError, match="cannot be combined with kernels=False"):
+    sj.load_model(tiny_gguf, weights="blocks", kernels=False)
+  from tinyhf import save_tiny_hf
+
+  hf = save_tiny_hf(str(tmp_path / "hf"))
+  with pytest.raises(InputError, match="needs a GGUF checkpoint"):
+    sj.load_model(hf, weights="blocks", tokenizer=False)
+
+
+@pytest.mark.slow
+def test_smollm2_blocks_logits_and_tokens(smollm2):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", KernelFallbackWarning)  # every product has its blocks
+    b = sj.load_model("smollm2-135m", weights="blocks")
+    assert all(x.dtype == jnp.uint8 for x in packed_copies(b).values())
+  ids = smollm2.tokenizer.encode("The history of the printing press begins")
+  toks = jnp.asarray([ids])
+  la, lb = logits(smollm2, toks[:, :1]), logits(b, toks[:, :1])
+  assert np.abs(la - lb).max() <= 1e-5 * np.abs(la).max()
+  la, lb = logits(smollm2, toks), logits(b, toks)
+  assert np.abs(la - lb).max() <= 1e-5 * np.abs(la).max()
+  prompts = ["Tell me about the moon.", "Write a python function that reverses a list."]
+  ref = sj.generate(smollm2, prompts, max_new_tokens=32, chat=True).tokens
+  assert sj.generate(b, prompts, max_new_tokens=32, chat=True).tokens == ref
