@@ -7,7 +7,7 @@ from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJax
                             WeightsError)
 from specjax.heads import init_heads, load_heads
 from specjax.methods import (MTP, Autoregressive, DraftModel, Eagle, Lookahead, Medusa,
-                             PromptLookup, SelfSpeculative)
+                             PromptLookup, QuantizedDraft, SelfSpeculative)
 from specjax.methods import names as _method_names
 from specjax.model import Model
 from specjax.weights import load_model
@@ -17,6 +17,6 @@ METHODS = tuple(_method_names())  # the registered method names (specjax.methods
 __all__ = [
     "METHODS", "MTP", "Autoregressive", "ConfigError", "DecodeState", "DraftModel", "Eagle",
     "GenerateOutput", "InputError", "Lookahead", "Medusa", "Method", "Model", "ModelConfig",
-    "ModelNotFoundError", "PromptLookup", "SelfSpeculative", "SpecJaxError", "WeightsError",
-    "generate", "init_heads", "load_heads", "load_model",
+    "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative", "SpecJaxError",
+    "WeightsError", "generate", "init_heads", "load_heads", "load_model",
 ]

@@ -33,9 +33,11 @@ from specjax.kernels import dense
 
 
 def _packed(module, name):
-  """The load-time packed copy of a dense weight for the kernel (specjax/packing.py), or None."""
+  """The load-time packed copy of a dense weight for the kernel (specjax/packing.py), a quantized
+  copy (a quantized self-draft's, specjax/methods/quantized.py: a pytree, hence get_value), or
+  None."""
   v = getattr(module, "packed_" + name, None)
-  return None if v is None else v[...]
+  return None if v is None else v.get_value()
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:

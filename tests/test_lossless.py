@@ -70,6 +70,19 @@ SAMPLING_METHODS += [
 ]
 
 
+# ---- methods/quantized.py: the target drafts for itself with 4- / 8-bit weights and int8
+# activations, writing into the target's cache (shared) or keeping its own.
+
+GREEDY_METHODS += [
+    ("quantized", lambda target: sj.QuantizedDraft(gamma=3)),
+    ("quantized/own-8bit", lambda target: sj.QuantizedDraft(bits=8, cache="own", gamma=3)),
+]
+SAMPLING_METHODS += [
+    ("quantized", lambda target: sj.QuantizedDraft(gamma=2)),
+    ("quantized/own-8bit", lambda target: sj.QuantizedDraft(bits=8, cache="own", gamma=2)),
+]
+
+
 # ---- methods/medusa.py (issue 11): Medusa heads over a static tree. Random heads (scale large
 # enough that some candidates are accepted) and heads fitted to the target's own greedy text;
 # exact multi-draft verification, token matching ("greedy" rule) and typical acceptance (lossy:

@@ -27,6 +27,7 @@ from specjax.methods.lookahead import Lookahead
 from specjax.methods.medusa import Medusa
 from specjax.methods.mtp import MTP
 from specjax.methods.prompt_lookup import PromptLookup
+from specjax.methods.quantized import QuantizedDraft
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +201,9 @@ register(Entry("layer-skip", SelfSpeculative, _layer_skip,
                requires=lambda t: None if t.config.num_layers >= 2 else
                "layer-skip needs a target of at least 2 layers",
                aliases=("self-spec", "self-speculative", "selfspeculative")))
+register(Entry("quantized", QuantizedDraft, lambda target, **o: QuantizedDraft(**o),
+               "the target drafts for itself with 4-bit weights and int8 activations (QSpec)",
+               aliases=("qspec", "quantized-draft", "quantized-self-draft")))
 register(Entry("medusa", Medusa, _with_heads(Medusa, "medusa"),
                "extra heads on the target's last hidden state, a static tree (Cai et al. 2024)",
                trained=True, requires=_needs_shipped("medusa", "heads")))
@@ -212,5 +216,5 @@ register(Entry("mtp", MTP, _with_heads(MTP, "mtp"),
                requires=_needs_shipped("mtp", "heads")))
 
 __all__ = ["Autoregressive", "DraftModel", "Eagle", "Entry", "Lookahead", "MTP", "Medusa",
-           "PromptLookup", "REGISTRY", "SelfSpeculative", "available", "build", "canonical",
-           "get", "names", "register", "resolve", "shipped"]
+           "PromptLookup", "QuantizedDraft", "REGISTRY", "SelfSpeculative", "available", "build",
+           "canonical", "get", "names", "register", "resolve", "shipped"]

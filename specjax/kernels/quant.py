@@ -1,0 +1,177 @@
+"""Dense products in low precision, in pure JAX: 4- or 8-bit weight blocks times int8 activations.
+
+    y[M,N] ~ x[M,K] @ W[K,N],   W cast once to blocks of 32 along K,   x cast to int8 per call
+
+What a quantized self-draft (specjax/methods/quantized.py) multiplies by. This file is the
+reference and the fallback on every device (on a TPU or GPU it is the path itself); on a CPU with
+the integer-dot kernel (kernels/qdot.py: AVX-512 VNNI / AVX2), 4-bit products of 1..64 rows run
+there instead, on the same math up to float summation order.
+
+The math. K is zero-padded to a multiple of 32 (weights and activations: the pads multiply zeros
+and add nothing); block b holds k = 32 b + i, i in [0, 32).
+
+  weights, cast once (per block b, per output column n; w_i = W[32 b + i, n]):
+    Q4_1 (bits=4)  d = (max w - min w) / 15,  m = min w,  q_i = round((w_i - m) / d) in 0..15
+                   (q = 0 where d = 0), so w_i ~ d q_i + m. Weights dequantised from a GGUF Q4_1
+                   tensor come back as the same q (and d, m up to float rounding).
+    Q8_0 (bits=8)  d = max |w| / 127,  q_i = round(w_i / d) in -127..127 (0 where d = 0), w ~ d q.
+
+  activations, per call (per row, per block; llama.cpp's Q8_1):
+    amax = max |x_i|,  inv = 127 / amax if amax > 0 else 0   (float32)
+    xq_i = round-half-to-even(x_i * inv) clipped to [-127, 127]   (int8)
+    dx = amax / 127   (float32),   sx = sum_i xq_i   (int32)
+
+  the product (isum = sum_i q_i xq_i, an exact int32 from `lax.dot_general` on int8 operands):
+    Q4_1   y[m,n] = sum_b  (d[b,n] dx[m,b]) isum[m,b,n] + m[b,n] (dx[m,b] sx[m,b])
+    Q8_0   y[m,n] = sum_b  (d[b,n] dx[m,b]) isum[m,b,n]
+
+A quantized weight (`QWeight`, a pytree) knows how to multiply itself (`QWeight.product`), so
+`kernels.dense(x, w, packed)` takes one in place of a float packed copy without this module being
+imported below it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BLOCK = 32  # k per block
+BITS = (4, 8)  # Q4_1, Q8_0
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "d", "m", "packed"],
+                   meta_fields=["bits", "k"])
+@dataclasses.dataclass(frozen=True)
+class QWeight:
+  """A [K, N] weight in blocks of 32 along K (see the module docstring)."""
+  q: jax.Array  # [Kp/32, 32, N] int8: 0..15 (bits 4) or -127..127 (bits 8); Kp = K rounded up to 32
+  d: jax.Array  # [Kp/32, N] float32 scales
+  m: jax.Array | None  # [Kp/32, N] float32 block minima (bits 4), None (bits 8)
+  packed: jax.Array | None  # the integer-dot kernel's copy of (q, d, m) (bits 4, CPU), or None
+  bits: int
+  k: int  # K before padding
+
+  @property
+  def n(self) -> int:
+    return self.q.shape[-1]
+
+  @property
+  def dtype(self):
+    """float32, the dtype of its products (so code that tells packed copies apart by dtype, as
+    kernels.dense does, passes it on to matmul.dense, which calls `product`)."""
+    return jnp.dtype(jnp.float32)
+
+  def product(self, x: jax.Array) -> jax.Array:
+    """x [..., K] -> [..., N] float32 (`qdense`)."""
+    return qdense(x, self)
+
+
+def _padded(k: int) -> int:
+  return -(-k // BLOCK) * BLOCK
+
+
+def _check_bits(bits) -> None:
+  if isinstance(bits, bool) or bits not in BITS:
+    raise ValueError(f"bits={bits!r}: expected one of {BITS} (Q4_1 or Q8_0 blocks)")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast(w: jax.Array, bits: int):
+  """w [Kp, N] float32 -> (q [Kp/32, 32, N] int8, d [Kp/32, N], m [Kp/32, N] or None)."""
+  wb = w.reshape(-1, BLOCK, w.shape[-1])  # [Kp/32, 32, N]
+  if bits == 4:
+    lo, hi = jnp.min(wb, axis=1), jnp.max(wb, axis=1)
+    d = (hi - lo) / 15
+    inv = jnp.where(d > 0, 1 / jnp.where(d > 0, d, 1), 0)
+    q = jnp.clip(jnp.round((wb - lo[:, None]) * inv[:, None]), 0, 15)
+    return q.astype(jnp.int8), d, lo
+  amax = jnp.max(jnp.abs(wb), axis=1)
+  inv = jnp.where(amax > 0, 127 / jnp.where(amax > 0, amax, 1), 0)
+  q = jnp.clip(jnp.round(wb * inv[:, None]), -127, 127)
+  return q.astype(jnp.int8), amax / 127, None
+
+
+def _qdot():
+  """The integer-dot kernel module if it is here and usable, else None."""
+  try:
+    from specjax.kernels import qdot
+  except ImportError:  # pragma: no cover -- a checkout without the kernel
+    return None
+  return qdot if qdot.available() else None
+
+
+def quantize_weight(w, bits: int = 4, *, pack: bool | None = None) -> QWeight:
+  """w [K, N] (any float) -> QWeight of 4-bit (Q4_1) or 8-bit (Q8_0) blocks, cast once.
+
+  pack: also lay the blocks out for the integer-dot kernel (bits 4 only). None = where the default
+  device is a CPU and the kernel is available."""
+  _check_bits(bits)
+  w = jnp.asarray(w, jnp.float32)
+  if w.ndim != 2 or w.shape[0] < 1 or w.shape[1] < 1:
+    raise ValueError(f"w: expected a 2-D weight [K, N], got shape {w.shape}")
+  k = w.shape[0]
+  w = jnp.pad(w, ((0, _padded(k) - k), (0, 0)))
+  q, d, m = _cast(w, bits)
+  if pack is None:
+    pack = bits == 4 and jax.default_backend() == "cpu" and _qdot() is not None
+  packed = None
+  if pack:
+    if bits != 4:
+      raise ValueError(f"pack=True: the integer-dot kernel takes 4-bit blocks, not bits={bits}")
+    from specjax.kernels import qdot
+    packed = jnp.asarray(qdot.pack(np.asarray(q), np.asarray(d), np.asarray(m)))
+  return QWeight(q, d, m, packed, bits, k)
+
+
+def quantize_activations(x: jax.Array):
+  """x [M, Kp] float32 (Kp a multiple of 32) -> (xq int8 [M, Kp/32, 32], dx float32 [M, Kp/32],
+  sx int32 [M, Kp/32]): per row, per block, llama.cpp's Q8_1 (module docstring)."""
+  mrows, kp = x.shape
+  xb = x.reshape(mrows, kp // BLOCK, BLOCK)
+  amax = jnp.max(jnp.abs(xb), axis=-1)
+  pos = amax > 0
+  inv = jnp.where(pos, jnp.float32(127) / jnp.where(pos, amax, 1), jnp.float32(0))
+  xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int8)  # half to even
+  return xq, amax / jnp.float32(127), jnp.sum(xq.astype(jnp.int32), axis=-1)
+
+
+def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
+  """x2 [M, Kp] float32 -> [M, N] float32 in XLA: the math of the module docstring."""
+  xq, dx, sx = quantize_activations(x2)
+  isum = jax.lax.dot_general(xq, qw.q, (((2,), (1,)), ((1,), (0,))),
+                             preferred_element_type=jnp.int32)  # [Kp/32, M, N]
+  y = (qw.d[:, None, :] * dx.T[:, :, None]) * isum.astype(jnp.float32)
+  if qw.m is not None:
+    y = y + qw.m[:, None, :] * (dx * sx.astype(jnp.float32)).T[:, :, None]
+  return jnp.sum(y, axis=0)
+
+
+def qdense(x: jax.Array, qw: QWeight) -> jax.Array:
+  """x [..., K] (any float; computed in float32) times the quantized weight -> [..., N] float32.
+
+  On the integer-dot kernel where qw carries its packed copy and M = prod(x.shape[:-1]) is in
+  [1, qdot.MAX_ROWS], else `_reference` in XLA (the same up to float summation order)."""
+  if x.shape[-1] != qw.k:
+    raise ValueError(f"x: expected a last dimension of K={qw.k}, got shape {x.shape}")
+  lead = x.shape[:-1]
+  rows = int(np.prod(lead, dtype=np.int64))
+  kp = _padded(qw.k)
+  x2 = jnp.pad(x.reshape(rows, qw.k).astype(jnp.float32), ((0, 0), (0, kp - qw.k)))
+  qdot = _qdot() if qw.packed is not None else None
+  if qdot is not None and 1 <= rows <= qdot.MAX_ROWS:
+    y = qdot.dense(x2, qw.packed, qw.n, kp)
+  else:
+    y = _reference(x2, qw)
+  return y.reshape(*lead, qw.n)
+
+
+def dequantize(qw: QWeight) -> jax.Array:
+  """The weight the blocks stand for, [K, N] float32: d q + m (Q4_1) or d q (Q8_0)."""
+  w = qw.d[:, None, :] * qw.q.astype(jnp.float32)
+  if qw.m is not None:
+    w = w + qw.m[:, None, :]
+  return w.reshape(-1, qw.n)[:qw.k]

@@ -1,0 +1,183 @@
+"""Quantized self-drafting (QSpec, ML-SpecQD style): the target drafts for itself in cheaper arithmetic.
+
+The draft is the target network itself with every dense product (each layer's QKV, output and MLP
+projections, and the LM head; tied heads from the embedding transposed) in low precision: weights
+cast once per model to 4-bit (Q4_1) or 8-bit (Q8_0) blocks of 32, activations quantized per row to
+int8 blocks on every call (specjax/kernels/quant.py; on a CPU with the integer-dot kernel, 4-bit
+products of up to 64 rows run there). The embedding lookup, norms, RoPE and attention stay in the
+target's float arithmetic. Verification is the unchanged target, so the method is exact: greedy
+output is identical to autoregressive decoding and sampling follows the target's distribution
+(the shared chain step, methods/draft.py's `_Speculative`).
+
+How the draft runs the target's forward: a copy of the target's module (merged at trace time)
+whose `packed_<weight>` variables hold the quantized weights; `kernels.dense` multiplies by a
+quantized weight when it is given one (model._packed reads it), so model.py has no second path.
+
+  cache="shared"  the draft writes its approximate K/V into the target's own cache at the slots
+                  verification then rewrites (as layer-skip does): drafts attend to the target's
+                  exact K/V of every committed token. No extra memory, no extra prefill.
+  cache="own"     a separate cache the draft prefills on the prompt and keeps (as a draft model
+                  does, re-feeding two tokens a round): the draft sees only its own K/V.
+
+Statistics: those of every chain method, plus per draft position i: `acceptance_by_position`
+(how often d_i was accepted when d_1..d_{i-1} were and d_i was drafted: the position's alpha)
+and `accepted_by_position` (rounds in which d_i was accepted, over all rounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax import cache as kv
+from specjax import packing
+from specjax.decode import DecodeState
+from specjax.errors import InputError
+from specjax.kernels import quant
+from specjax.methods.draft import _Speculative
+from specjax.model import forward_sequence
+
+CACHES = ("shared", "own")
+
+
+class Quantized(nnx.Variable):
+  """A quantized copy of a dense weight (kernels/quant.QWeight) in a draft's module; never saved."""
+
+
+_CAST: dict = {}  # (id(model.params), bits) -> (weakref to params, weights): cast once per model
+
+
+def quantized_weights(model, bits: int) -> tuple:
+  """Every dense weight of `model` as a QWeight [K, N], in `packing._sites` order (each layer's
+  LAYER_SITES, then the head), cast once per model and bit width."""
+  key = (id(model.params), bits)
+  hit = _CAST.get(key)
+  if hit is not None and hit[0]() is model.params:
+    return hit[1]
+  module = model.module()
+  out = tuple(quant.quantize_weight(w.T if transposed else w, bits)
+              for _, _, w, transposed in packing._sites(module))
+  try:
+    ref = weakref.ref(model.params, lambda _r: _CAST.pop(key, None))
+  except TypeError:  # params that cannot be weakly referenced: cast every time
+    return out
+  _CAST[key] = (ref, out)
+  return out
+
+
+def draft_module(graphdef, params, weights: tuple):
+  """The target's module (graphdef, params) with every dense product through `weights`
+  (quantized_weights' order): the draft. Called inside jit; costs nothing at run time."""
+  module = nnx.merge(graphdef, params)
+  sites = list(packing._sites(module))
+  if len(sites) != len(weights):
+    raise ValueError(f"{len(weights)} quantized weights for a model of {len(sites)} dense products")
+  for (owner, name, _, _), qw in zip(sites, weights):
+    setattr(owner, name, Quantized(qw))
+  return module
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedDraft(_Speculative):
+  """The target drafts gamma tokens for itself with 4- or 8-bit weights and int8 activations.
+
+  bits    4 (Q4_1 blocks) or 8 (Q8_0 blocks)
+  cache   "shared" (the target's cache) or "own" (a separate draft cache); see the module docstring
+  gamma, adaptive, min_gamma, threshold: as for every chain method (methods/draft.py).
+  """
+  bits: int = 4
+  gamma: int = 6
+  adaptive: bool = False
+  min_gamma: int = 1
+  threshold: float = 0.0
+  cache: str = "shared"
+
+  name = "quantized"
+
+  def __post_init__(self):
+    if isinstance(self.bits, bool) or not isinstance(self.bits, (int, np.integer)) or \
+        self.bits not in quant.BITS:
+      raise InputError(f"bits={self.bits!r} is invalid: must be 4 (Q4_1 blocks) or 8 (Q8_0 blocks)")
+    if not isinstance(self.cache, str) or self.cache not in CACHES:
+      raise InputError(f"cache={self.cache!r} is invalid: must be 'shared' (the target's cache) "
+                       f"or 'own' (a separate draft cache)")
+    super().__post_init__()
+
+  @property
+  def refeed(self) -> int:
+    """Tokens the first draft forward of a round feeds: a separate cache re-syncs on two."""
+    return 2 if self.cache == "own" else 1
+
+  def arrays(self, model):
+    """The quantized weights; with cache="own" also the target's params (the same buffers), which
+    `init` needs to prefill the draft's cache (a method's init sees its arrays, not params)."""
+    out = {"quantized": quantized_weights(model, self.bits)}
+    return out if self.cache == "shared" else dict(out, params=model.params)
+
+  def init(self, prog, arrays, state, hidden):
+    """The statistics; with cache="own", also the draft's cache, prefilled on the prompt by the
+    draft itself (it keeps prompt[:-1]: the next round re-feeds two tokens)."""
+    b, s = state.seq.shape
+    out = self._init_stats(b)
+    if self.cache == "shared":
+      return out
+    cfg = prog.config
+    dcache = kv.init(cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim,
+                     state.cache.layers[0]["k"].dtype)
+    module = draft_module(prog.graphdef, arrays["params"], arrays["quantized"])
+    _, _, dcache = forward_sequence(cfg, module, state.seq[:, :hidden.shape[1]], cache=dcache,
+                                    lengths=state.prompt_len, empty_cache=True,
+                                    logits_at=jnp.zeros((b, 1), jnp.int32))
+    return dict(out, cache=kv.rollback(dcache, state.prompt_len - 1))
+
+  # --- drafter hooks -------------------------------------------------------------------------
+
+  def _draft_cache(self, state: DecodeState) -> kv.KVCache:
+    return state.cache if self.cache == "shared" else state.method["cache"]
+
+  def _with_draft_cache(self, state: DecodeState, dcache: kv.KVCache) -> DecodeState:
+    if self.cache == "shared":
+      return state.replace(cache=dcache)
+    return state.replace(method=dict(state.method, cache=dcache))
+
+  def _draft_forward(self, prog, params, arrays, dcache, tokens, start):
+    b, t = tokens.shape
+    dcache = kv.rollback(dcache, start)
+    pos = start[:, None] + jnp.arange(t)[None, :]
+    module = draft_module(prog.graphdef, params, arrays["quantized"])
+    logits, _, dcache = module(tokens, pos, dcache, prog.causal_mask(start, t),
+                               logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    return logits[:, 0], dcache
+
+  # --- statistics ----------------------------------------------------------------------------
+
+  def _init_stats(self, b):
+    z = jnp.zeros((b, self.gamma), jnp.int32)
+    return dict(super()._init_stats(b), reached_at=z, accepted_at=z)
+
+  def _count(self, state, m, active, g, n, widest):
+    """Every chain method's counts, plus per draft position: reached (drafted, every earlier
+    draft accepted) and accepted."""
+    state = super()._count(state, m, active, g, n, widest)
+    i = jnp.arange(self.gamma)[None, :]
+    a = active[:, None]
+    reached = a & (i < g[:, None]) & (i <= n[:, None])
+    accepted = a & (i < n[:, None])
+    return state.replace(method=dict(state.method, reached_at=m["reached_at"] + reached,
+                                     accepted_at=m["accepted_at"] + accepted))
+
+  def stats(self, state) -> dict:
+    out = super().stats(state)
+    m = state.method
+    reached = np.asarray(m["reached_at"]).sum(0)
+    accepted = np.asarray(m["accepted_at"]).sum(0)
+    rounds = max(1, int(np.sum(m["rounds"])))
+    out.update(bits=self.bits, cache=self.cache,
+               acceptance_by_position=[float(a / r) if r else None
+                                       for a, r in zip(accepted, reached)],
+               accepted_by_position=[float(a / rounds) for a in accepted])
+    return out
