@@ -22,7 +22,7 @@
 // zero-padded past N) and group g's block b is one record of 384 bytes:
 //
 //   d[16] fp32 | m[16] fp32 | 4 chunks of 64 bytes: byte 4j + t of chunk c holds
-//                              q[k = 4c + t][column j] in its low nibble, q[16 + 4c + t][j] in its high
+//                             q[k = 4c + t][column j] (low nibble), q[16 + 4c + t][j] (high)
 //
 // so one 64-byte load, masked or shifted, is the u8 operand of vpdpbusd for 16 columns x 4 k (lane
 // j's four bytes are column j's k = 4c..4c+3) and a broadcast of 4 bytes of xq is the s8 operand.
@@ -224,11 +224,10 @@ void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
     for (int r = 0; r < MT; ++r) {
       const int8_t* xr = xq + r * ldq + b * kBlock;
       __m256i s = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(load_i32(xr)));
-      for (int c = 1; c < 4; ++c)
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[c], _mm256_set1_epi32(load_i32(xr + 4 * c))));
-      for (int c = 0; c < 4; ++c)
-        s = _mm256_add_epi16(
-            s, _mm256_maddubs_epi16(q[c + 4], _mm256_set1_epi32(load_i32(xr + 16 + 4 * c))));
+      for (int c = 1; c < 8; ++c) {  // (q[c] holds k = 4c..4c+3)
+        const __m256i xb = _mm256_set1_epi32(load_i32(xr + 4 * c));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[c], xb));
+      }
       const __m256 is = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
       acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[r * ldd + b])), is, acc[r]);
       acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(dxs[r * ldd + b]), acc[r]);
