@@ -65,6 +65,17 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
                  "curve and the heads' recorded acceptance; sj.Eagle's own default is 32)")
 
 
+WEIGHTS_FLAG = dict(default="float32", choices=("float32", "blocks"),
+                    help="blocks: a GGUF model's dense products read its quantized blocks as "
+                    "stored (same numbers as float32, fewer bytes; see sj.load_model)")
+
+
+def _load(args):
+  import specjax as sj
+
+  return sj.load_model(args.model, weights=getattr(args, "weights", "float32"))
+
+
 def _make_method(name: str, model, args):
   """The registry's method `name` (or an alias) for model, with the CLI's settings; "auto": the
   method specjax.auto chooses (its choice is printed to stderr)."""
@@ -88,7 +99,7 @@ def cmd_generate(args) -> None:
 
   from specjax import auto
 
-  model = sj.load_model(args.model)
+  model = _load(args)
   method = auto.NAME if auto.is_auto(args.method) else _make_method(args.method, model, args)
   out = sj.generate(model, args.prompt, method, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -118,7 +129,7 @@ def cmd_demo(args) -> None:
 
   bench.use_compile_cache()
   with bench.timed_step(f"loading {args.model}") as step:
-    model = sj.load_model(args.model)
+    model = _load(args)
     step["note"] = str(model)
   methods = {}
   for name in _registry_names():
@@ -214,7 +225,7 @@ def _bench_methods(args) -> None:
   names = _check_bench_args(args)
   explicit = bool(args.methods)
   print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
-  model = sj.load_model(args.model)
+  model = _load(args)
   methods = {}
   for name in names:
     try:
@@ -490,6 +501,7 @@ def main(argv=None) -> None:
 
   g = sub.add_parser("generate", help="generate text for one or more prompts")
   g.add_argument("--model", default=DEFAULT_MODEL)
+  g.add_argument("--weights", **WEIGHTS_FLAG)
   g.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
   _add_sampling(g)
   _add_method(g)
@@ -497,6 +509,7 @@ def main(argv=None) -> None:
 
   d = sub.add_parser("demo", help="run every method on the embedded default model")
   d.add_argument("--model", default=DEFAULT_MODEL)
+  d.add_argument("--weights", **WEIGHTS_FLAG)
   d.add_argument("--max-new-tokens", type=int, default=64)
   d.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt")
   _add_method(d)
@@ -505,6 +518,7 @@ def main(argv=None) -> None:
   b = sub.add_parser("bench", help="time methods against autoregressive (or specjax vs "
                      "transformers) in one run")
   b.add_argument("--model", default=DEFAULT_MODEL, help="a named model, a local HF directory or a .gguf")
+  b.add_argument("--weights", **WEIGHTS_FLAG)
   b.add_argument("--vs-transformers", action="store_true",
                  help="autoregressive specjax vs transformers' PyTorch generate, same weights")
   b.add_argument("--methods", default="", help="comma-separated (autoregressive is always run); "

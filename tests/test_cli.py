@@ -17,7 +17,7 @@ def test_unknown_model_is_a_clean_error(capsys):
 def test_unknown_method_is_a_clean_error(capsys, monkeypatch):
   import specjax as sj
 
-  monkeypatch.setattr(sj, "load_model", lambda name: object())
+  monkeypatch.setattr(sj, "load_model", lambda name, **kw: object())
   with pytest.raises(SystemExit) as e:
     cli.main(["generate", "--prompt", "hi", "--method", "telepathy"])
   assert e.value.code == 2
