@@ -21,7 +21,8 @@ quantized weight when it is given one (model._packed reads it), so model.py has 
 
 Statistics: those of every chain method, plus per draft position i: `acceptance_by_position`
 (how often d_i was accepted when d_1..d_{i-1} were and d_i was drafted: the position's alpha)
-and `accepted_by_position` (rounds in which d_i was accepted, over all rounds).
+and `accepted_by_position` (rounds in which d_i was accepted, over all rounds); their counts
+summed over rows are `reached_at` and `accepted_at`.
 """
 
 from __future__ import annotations
@@ -179,5 +180,6 @@ class QuantizedDraft(_Speculative):
     out.update(bits=self.bits, cache=self.cache,
                acceptance_by_position=[float(a / r) if r else None
                                        for a, r in zip(accepted, reached)],
-               accepted_by_position=[float(a / rounds) for a in accepted])
+               accepted_by_position=[float(a / rounds) for a in accepted],
+               reached_at=reached.tolist(), accepted_at=accepted.tolist())  # the counts
     return out
