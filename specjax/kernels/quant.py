@@ -140,7 +140,12 @@ def quantize_activations(x: jax.Array):
 
 
 def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
-  """x2 [M, Kp] float32 -> [M, N] float32 in XLA: the math of the module docstring."""
+  """x2 [M, Kp] float32 -> [M, N] float32 in XLA: the math of the module docstring.
+
+  A single row is multiplied as two (itself twice): XLA's CPU integer dot takes a slow path for
+  one row, 49 ms against 2 ms for two on SmolLM2-135M's 576 x 49152 head (2-core CPU)."""
+  if x2.shape[0] == 1:
+    return _reference(jnp.concatenate([x2, x2]), qw)[:1]
   xq, dx, sx = quantize_activations(x2)
   isum = jax.lax.dot_general(xq, qw.q, (((2,), (1,)), ((1,), (0,))),
                              preferred_element_type=jnp.int32)  # [Kp/32, M, N]
