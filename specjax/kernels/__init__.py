@@ -5,6 +5,9 @@
     blocks.py   a matmul on GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; blocks.cc
                 through jax.ffi) beside its dequantise-in-JAX fallback: `blocks_dense`,
                 `pack_blocks`, `dequantize`
+    quant.py    4- / 8-bit weight blocks (Q4_1, Q8_0) times int8 activations in pure JAX (a
+                quantized self-draft's products; qdot.py's kernel where available): `QWeight`,
+                `quantize_weight`, `quantize_activations`, `qdense`
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
@@ -20,7 +23,10 @@ from specjax.kernels.matmul import (BLOCK_WIDTHS, ENV, ISAS, MAX_ROWS, TARGET,
                                     block_width, isa, load, pack_weight, set_isa,
                                     switched_off, threads)
 from specjax.kernels.blocks import QTYPES, blocks_dense, dense, dequantize, pack_blocks
+from specjax.kernels import quant
+from specjax.kernels.quant import QWeight, qdense, quantize_activations, quantize_weight
 
 __all__ = ["BLOCK_WIDTHS", "ENV", "ISAS", "MAX_ROWS", "QTYPES", "TARGET", "KernelFallbackWarning",
-           "available", "block_width", "blocks", "blocks_dense", "dense", "dequantize", "isa",
-           "load", "matmul", "pack_blocks", "pack_weight", "set_isa", "switched_off", "threads"]
+           "QWeight", "available", "block_width", "blocks", "blocks_dense", "dense", "dequantize",
+           "isa", "load", "matmul", "pack_blocks", "pack_weight", "qdense", "quant",
+           "quantize_activations", "quantize_weight", "set_isa", "switched_off", "threads"]
