@@ -179,3 +179,15 @@ def test_registry_entry(target):
   m = methods.build("qspec", target, bits=8, gamma=2)
   assert m == sj.QuantizedDraft(bits=8, gamma=2)
   assert methods.REGISTRY["quantized"].available(target)
+
+
+def test_gguf_q4_1_weights_come_back_exactly(smollm2):
+  """The embedded SmolLM2's layers were dequantised from GGUF Q4_1 blocks: cast to Q4_1 again,
+  they give back the same weights (to float rounding), so its 4-bit draft differs from the
+  target only in its int8 activations and its head (a Q8_0 embedding, which 4 bits cannot hold)."""
+  from specjax import packing
+  sites = list(packing._sites(smollm2.module()))
+  for _, _, w, _ in sites[:4]:  # layer 0: wqkv, wo, w_in, w_out
+    w = np.asarray(w)
+    back = np.asarray(quant.dequantize(quant.quantize_weight(w, 4, pack=False)))
+    np.testing.assert_allclose(back, w, rtol=0, atol=1e-6)
