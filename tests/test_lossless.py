@@ -78,7 +78,6 @@ GREEDY_METHODS += [
     ("quantized/own-8bit", lambda target: sj.QuantizedDraft(bits=8, cache="own", gamma=3)),
 ]
 SAMPLING_METHODS += [
-    ("quantized", lambda target: sj.QuantizedDraft(gamma=2)),
     ("quantized/own-8bit", lambda target: sj.QuantizedDraft(bits=8, cache="own", gamma=2)),
 ]
 
