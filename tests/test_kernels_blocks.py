@@ -156,12 +156,20 @@ def test_leading_dims_and_loop():
   w = reference(raw, "Q8_0")
   assert _err(y.reshape(6, n), x.reshape(6, k), w) < 1e-5
 
+  # Each of 500 chained calls is checked against XLA's product of the same input. (Comparing two
+  # separate 500-step trajectories assumed the kernel summed in XLA's order: this map is chaotic
+  # (gain ~30), and two sums that round differently, each within 1e-5 of the exact product, part
+  # after a few steps.)
   def loop(h):
-    return jax.lax.fori_loop(0, 500, lambda i, h: jnp.tanh(
-        blocks.blocks_dense(h, packed, n, k, "Q8_0")), h)
+    def body(i, c):
+      h, err = c
+      y = blocks.blocks_dense(h, packed, n, k, "Q8_0")
+      return jnp.tanh(y), jnp.maximum(err, jnp.max(jnp.abs(y - h @ w.T)))
+    return jax.lax.fori_loop(0, 500, body, (h, jnp.float32(0)))
 
-  np.testing.assert_allclose(jax.jit(loop)(x[0]), jax.jit(lambda h: jax.lax.fori_loop(
-      0, 500, lambda i, h: jnp.tanh(h @ w.T), h))(x[0]), rtol=1e-4, atol=1e-5)
+  h, err = jax.jit(loop)(x[0])
+  assert np.isfinite(np.asarray(h)).all() and np.abs(np.asarray(h)).mean() > 0.5
+  assert float(err) < 1e-5 * np.sqrt(k) * np.linalg.norm(w, axis=1).max()  # |h| <= sqrt(k)
 
 
 def test_bad_input_raises_before_compiling():

@@ -29,7 +29,9 @@
 // dequantised weight up to summation order. Each output sums k in a fixed order (blocks in order;
 // within a Q4_0 / Q4_1 block k = 0, 16, 1, 17, ...; the K-quants in the orders their loops state),
 // whatever M is and however rows are tiled, so a row's result does not depend on which other rows
-// share the call.
+// share the call. The AVX-512 path for Q8_0, Q4_0 and Q4_1 multiplies the integer q by x first and
+// applies the scales per block (d * (q . x) + m * sum(x), see tile_dot): the same product to fp32
+// accuracy, its roundings at other places (tile_dot states the order and the exact identities).
 //
 // Like matmul.cc, this file is compiled once per part (SJ_PART = main, avx512, avx2, scalar) with
 // its own -m flags and the path is chosen at run time; part `main` holds the XLA FFI handler, the
@@ -59,8 +61,10 @@ constexpr long kMaxM = 64;                       // rows per call
 }  // namespace
 
 // out[rows][16] = x[rows][K] (row stride ldx) @ one group's dequantised columns; rows <= kMaxM.
-typedef void GroupFn(int qtype, const float* x, long ldx, const uint8_t* w, long nblk, long rows,
-                     float* out);
+// xs: [rows][nblk] sums of x over each 32-block (sj_blocks_avx512_xsum), which the AVX-512 path
+// reads for Q4_0 / Q4_1 (null otherwise; the other paths ignore it).
+typedef void GroupFn(int qtype, const float* x, long ldx, const float* xs, const uint8_t* w,
+                     long nblk, long rows, float* out);
 
 #if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
 #include <immintrin.h>
@@ -307,8 +311,103 @@ constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms
   return {&tile<Q, Ms + 1>...};
 }
 
-void group(int qtype, const float* x, long ldx, const uint8_t* w, long nblk, long rows,
-           float* out) {
+#if SJ_PART == SJ_AVX512
+// The AVX-512 path for Q8_0, Q4_0 and Q4_1 (one vector = the group's 16 outputs): per record and
+// row, the integer q times x first, the scales after,
+//
+//   sum_k w_k x_k = d * (sum_k q_k x_k) + m * (sum_k x_k)      (Q4_1; Q4_0: m = -8d; Q8_0: m = 0)
+//
+// so the inner loop is one conversion of q to fp32 per 16 weights (shared by every row) and one
+// FMA per 16 weights and row, where dequantising first costs a multiply and an add per 16 weights
+// more. sum_k x_k per row and block is computed once per call (sj_blocks_avx512_xsum). Exact
+// identities: q (at most 8 bits) is exact in fp32, d * q is exact (fp16 d: 11 + 8 bits), and
+// d * q + m is the dequantised weight gguf computes whenever that fp32 sum does not round, that is
+// unless m's and d's exponents differ by more than ~9 (a block whose values all sit far from zero
+// relative to their spread); when it rounds, gguf's weight and d * q + m differ by at most half an
+// ulp of the weight, below the product's own fp32 rounding. The rounding happens at other places
+// than in a dequantise-then-multiply sum (q x, the block's partial sums, d times them): the result
+// is the fp32 product with the dequantised weight to fp32 accuracy, in a fixed order per output:
+// per record, s0 = sum over j < 16 and s1 = over j >= 16 (Q4: the low and the high nibbles) each in
+// order of j, then acc = fma(d, s0 + s1, acc), then acc = fma(m, xsum, acc); records in order.
+// The row tile (MT <= 8 rows: two partial sums and an accumulator each) does not change it.
+template <int Q, int MT>
+void tile_dot(const float* x, long ldx, const float* xs, long nblk_xs, const uint8_t* w,
+              long nblk, float* out) {
+  __m512 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  const __m512i fifteen = _mm512_set1_epi32(15);
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord[Q];
+    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kRecord[Q]), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kRecord[Q] + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kRecord[Q] + 128), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kRecord[Q] + 192), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kRecord[Q] + 256), _MM_HINT_T0);
+    const float* xb = x + b * kBlock;
+    const __m512 d = V::half(p);
+    __m512 s0[MT], s1[MT];
+    if constexpr (Q == kQ8_0) {
+      const uint8_t* q = p + 32;
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) {
+        const __m512 lo = V::i8(q + 16 * j), hi = V::i8(q + 16 * (j + 16));
+        for (int m = 0; m < MT; ++m) {
+          const __m512 a = _mm512_set1_ps(xb[m * ldx + j]);
+          const __m512 c = _mm512_set1_ps(xb[m * ldx + j + 16]);
+          s0[m] = j == 0 ? _mm512_mul_ps(a, lo) : _mm512_fmadd_ps(a, lo, s0[m]);
+          s1[m] = j == 0 ? _mm512_mul_ps(c, hi) : _mm512_fmadd_ps(c, hi, s1[m]);
+        }
+      }
+      for (int m = 0; m < MT; ++m) acc[m] = _mm512_fmadd_ps(d, _mm512_add_ps(s0[m], s1[m]), acc[m]);
+    } else {
+      const __m512 mn = Q == kQ4_1 ? V::half(p + 32) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+      const uint8_t* q = p + (Q == kQ4_1 ? 64 : 32);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j)));
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, fifteen));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+        for (int m = 0; m < MT; ++m) {
+          const __m512 a = _mm512_set1_ps(xb[m * ldx + j]);
+          const __m512 c = _mm512_set1_ps(xb[m * ldx + j + 16]);
+          s0[m] = j == 0 ? _mm512_mul_ps(a, lo) : _mm512_fmadd_ps(a, lo, s0[m]);
+          s1[m] = j == 0 ? _mm512_mul_ps(c, hi) : _mm512_fmadd_ps(c, hi, s1[m]);
+        }
+      }
+      for (int m = 0; m < MT; ++m) {
+        acc[m] = _mm512_fmadd_ps(d, _mm512_add_ps(s0[m], s1[m]), acc[m]);
+        acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m * nblk_xs + b]), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * kGroup, acc[m]);
+}
+
+constexpr int kDotMT = 8;
+typedef void DotFn(const float*, long, const float*, long, const uint8_t*, long, float*);
+
+template <int Q, int... Ms>
+constexpr std::array<DotFn*, sizeof...(Ms)> dots(std::integer_sequence<int, Ms...>) {
+  return {&tile_dot<Q, Ms + 1>...};
+}
+#endif
+
+void group(int qtype, const float* x, long ldx, const float* xs, const uint8_t* w, long nblk,
+           long rows, float* out) {
+#if SJ_PART == SJ_AVX512
+  if (qtype == kQ8_0 || qtype == kQ4_0 || qtype == kQ4_1) {
+    static constexpr std::array<DotFn*, kDotMT> table[3] = {
+        dots<kQ8_0>(std::make_integer_sequence<int, kDotMT>{}),
+        dots<kQ4_0>(std::make_integer_sequence<int, kDotMT>{}),
+        dots<kQ4_1>(std::make_integer_sequence<int, kDotMT>{})};
+    for (long r = 0; r < rows; r += kDotMT) {
+      const long mt = rows - r < kDotMT ? rows - r : kDotMT;
+      table[qtype][mt - 1](x + r * ldx, ldx, xs ? xs + r * nblk : nullptr, nblk, w, nblk,
+                           out + r * kGroup);
+    }
+    return;
+  }
+#endif
   static constexpr std::array<TileFn*, V::MT> table[kNumTypes] = {
       tiles<kQ8_0>(std::make_integer_sequence<int, V::MT>{}),
       tiles<kQ4_0>(std::make_integer_sequence<int, V::MT>{}),
@@ -324,14 +423,25 @@ void group(int qtype, const float* x, long ldx, const uint8_t* w, long nblk, lon
 }  // namespace
 
 #if SJ_PART == SJ_AVX512
-extern "C" void sj_blocks_avx512(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
-                                 long rows, float* out) {
-  group(qtype, x, ldx, w, nblk, rows, out);
+extern "C" void sj_blocks_avx512(int qtype, const float* x, long ldx, const float* xs,
+                                 const uint8_t* w, long nblk, long rows, float* out) {
+  group(qtype, x, ldx, xs, w, nblk, rows, out);
+}
+
+// xs[r][b] = the sum of x[r][32b .. 32b + 31] (the two halves added lane by lane, then the
+// intrinsic's fixed reduction tree: the same bits whatever the call's rows).
+extern "C" void sj_blocks_avx512_xsum(const float* x, long ldx, long rows, long nblk, float* xs) {
+  for (long r = 0; r < rows; ++r)
+    for (long b = 0; b < nblk; ++b) {
+      const float* p = x + r * ldx + b * kBlock;
+      xs[r * nblk + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(p),
+                                                            _mm512_loadu_ps(p + 16)));
+    }
 }
 #else
-extern "C" void sj_blocks_avx2(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
-                               long rows, float* out) {
-  group(qtype, x, ldx, w, nblk, rows, out);
+extern "C" void sj_blocks_avx2(int qtype, const float* x, long ldx, const float*,
+                               const uint8_t* w, long nblk, long rows, float* out) {
+  group(qtype, x, ldx, nullptr, w, nblk, rows, out);
 }
 #endif
 
@@ -426,8 +536,8 @@ void dequant(int qtype, const uint8_t* p, float (&w)[kBlock][kGroup]) {
 }  // namespace
 
 // Portable reference path: dequantise a record, then plain loops in the vector paths' k order.
-extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
-                                 long rows, float* out) {
+extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const float*,
+                                 const uint8_t* w, long nblk, long rows, float* out) {
   for (long i = 0; i < rows * kGroup; ++i) out[i] = 0.0f;
   if (qtype == kQ4_K || qtype == kQ6_K) {  // sequential k
     static thread_local float wk[256][kGroup];
@@ -458,12 +568,14 @@ extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const uint
 #elif SJ_PART == SJ_MAIN
 
 #include <string>
+#include <vector>
 
 #include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__x86_64__)
 extern "C" GroupFn sj_blocks_avx512, sj_blocks_avx2, sj_blocks_scalar;
+extern "C" void sj_blocks_avx512_xsum(const float* x, long ldx, long rows, long nblk, float* xs);
 #else  // only the portable path is built elsewhere
 extern "C" GroupFn sj_blocks_scalar;
 #define sj_blocks_avx512 sj_blocks_scalar
@@ -504,6 +616,7 @@ GroupFn* group_fn() {
 struct Job {
   int qtype;
   const float* x;    // [m, k]
+  const float* xs;   // [m, k / 32] block sums of x (AVX-512 Q4_0 / Q4_1), or null
   const uint8_t* w;  // [ng, nblk, record]
   float* y;          // [m, n]
   long m, k, n, ng, nblk;
@@ -517,7 +630,7 @@ void run_groups(const Job& j, long g0, long g1) {
   for (long g = g0; g < g1; ++g) {
     const long col = g * kGroup;
     const long ncols = std::min(kGroup, j.n - col);
-    j.fn(j.qtype, j.x, j.k, j.w + g * j.nblk * record, j.nblk, j.m, buf);
+    j.fn(j.qtype, j.x, j.k, j.xs, j.w + g * j.nblk * record, j.nblk, j.m, buf);
     for (long r = 0; r < j.m; ++r)
       std::memcpy(j.y + r * j.n + col, buf + r * kGroup, ncols * sizeof(float));
   }
@@ -534,7 +647,15 @@ constexpr long kThreadedBytes = 128 * 1024;
 
 void blocks_dense(int qtype, const float* x, const uint8_t* w, float* y, long m, long k, long n) {
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlockOf[qtype];
-  Job j{qtype, x, w, y, m, k, n, ng, nblk, ng, group_fn()};
+  Job j{qtype, x, nullptr, w, y, m, k, n, ng, nblk, ng, group_fn()};
+#if defined(__x86_64__)
+  if (j.fn == sj_blocks_avx512 && (qtype == kQ4_0 || qtype == kQ4_1)) {
+    static thread_local std::vector<float> xs;
+    if (long(xs.size()) < m * nblk) xs.resize(m * nblk);
+    sj_blocks_avx512_xsum(x, k, m, nblk, xs.data());
+    j.xs = xs.data();
+  }
+#endif
   sj_pool::Pool& p = sj_pool::pool();
   if (ng * nblk * kRecord[qtype] >= kThreadedBytes && p.threads > 1) {
     j.groups_per_chunk = std::max<long>(1, ng / (p.threads * 8));
