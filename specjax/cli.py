@@ -243,6 +243,8 @@ def _bench_methods(args) -> None:
   calls = -(-len(ps) // b)
   ps = (ps * (calls * b // len(ps) + 1))[:calls * b]  # a short last call is filled up from the start
   cases = [bench.Case(ps[i * b:(i + 1) * b], chat, used["set"]) for i in range(calls)]
+  if args.breakdown:
+    return _bench_breakdown(args, model, methods, cases, used)
   records = bench.run_cases(model, cases, methods, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, repeats=args.repeats,
                             stop_at_eos=args.stop_at_eos, desc="bench")
@@ -268,6 +270,41 @@ def _bench_methods(args) -> None:
         w.writerow(["" if r.get(k) is None else r[k] for k in keys])
   if args.plot:
     _bench_plot(args.plot, title, rows)
+
+
+BREAKDOWN_COLUMNS = [("method", "method", "s"), ("draft_ms", "draft ms", ".2f"),
+                     ("verify_ms", "verify ms", ".2f"), ("other_ms", "other ms", ".2f"),
+                     ("round_ms", "ms/round", ".2f"), ("draft_share", "draft %", ".0%"),
+                     ("verify_share", "verify %", ".0%"), ("other_share", "other %", ".0%"),
+                     ("tau", "tau", ".2f"), ("ms_per_token", "ms/token", ".2f")]
+
+
+def _bench_breakdown(args, model, methods, cases, used) -> None:
+  """`specjax bench --breakdown`: each method's time per round split into draft / verify /
+  other (acceptance and bookkeeping), measured inside the compiled loop (specjax.breakdown), on
+  the first call's prompts: one compile and one profiled run per method."""
+  from specjax import bench, breakdown
+
+  rows = []
+  for name, method in methods.items():
+    print(f"profiling {name} ...", file=sys.stderr, flush=True)
+    r = breakdown.breakdown(model, cases[0].prompts, method, max_new_tokens=args.max_new_tokens,
+                            chat=cases[0].chat, temperature=args.temperature,
+                            stop_at_eos=args.stop_at_eos)
+    ms = r["per_round_ms"]
+    rnd = sum(ms.values())
+    rows.append({"method": name, **{f"{p}_ms": ms[p] for p in breakdown.PHASES},
+                 **{f"{p}_share": r["share"][p] for p in breakdown.PHASES}, "round_ms": rnd,
+                 "tau": r["mean_accepted"], "ms_per_token": rnd / max(r["mean_accepted"], 1e-9),
+                 "raw": r})
+  print(f"\n{args.model} ({args.weights}), {used['set']}, one call of {len(cases[0].prompts)}, "
+        f"{args.max_new_tokens} new tokens: time per round inside the compiled loop")
+  print(bench.format_table(rows, BREAKDOWN_COLUMNS))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"args": {k: v for k, v in vars(args).items() if k != "fn"}, "prompts": used,
+                 "info": bench.machine_info(), "breakdown": rows}, f, indent=1,
+                default=bench._jsonable)
 
 
 def _print_rich_table(title: str, rows: list[dict]) -> None:
@@ -536,6 +573,9 @@ def main(argv=None) -> None:
                  help="stop rows at EOS (default: fixed length, every method emits the same count)")
   b.add_argument("--no-chat", action="store_true",
                  help="raw prompts (default: the chat template, except for HumanEval)")
+  b.add_argument("--breakdown", action="store_true",
+                 help="instead of timing: each method's time per round split into draft / "
+                 "verify / other, profiled inside the compiled loop")
   b.add_argument("--json", default="", help="write the summary and per-call records here")
   b.add_argument("--csv", default="", help="write the summary table here")
   b.add_argument("--plot", default="", help="write a speedup bar chart here (.png)")

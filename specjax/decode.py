@@ -149,6 +149,17 @@ def emit(state: DecodeState, tokens: jax.Array, n: jax.Array) -> DecodeState:
                        calls=state.calls + active.astype(jnp.int32))
 
 
+# Phase names a step's operations carry (jax.named_scope, so they show in the compiled program's
+# op names): what specjax.breakdown attributes the loop's time to. The target's forward is always
+# VERIFY unless it runs inside DRAFT (layer-skip drafts with the target's first layers).
+DRAFT, VERIFY = "sj_draft", "sj_verify"
+
+
+def phase(name: str):
+  """Marks the operations traced inside `with phase(DRAFT):` as that phase of a step."""
+  return jax.named_scope(name)
+
+
 def emitted(draft: jax.Array, n: jax.Array, nxt: jax.Array) -> jax.Array:
   """What a step emits (the input of `emit(state, out, n + 1)`): the first n[b] tokens of
   draft [B,D] (the accepted ones), then nxt [B] (the target's own token) -> [B,D+1]. Entries past
@@ -250,7 +261,8 @@ class Program:
     taps = self.method.taps
     if taps and kw.get("num_layers") is None:
       kw.setdefault("taps", taps)
-    return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
+    with phase(VERIFY):
+      return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
 
   def causal_mask(self, lengths, num_new):
     return kv.causal_mask(lengths, num_new, self.max_len, self.config.sliding_window)

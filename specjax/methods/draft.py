@@ -38,7 +38,7 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import sampling
-from specjax.decode import DecodeState, Method, Program, emit, emitted
+from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import InputError, check_int
 from specjax.model import subset_logits
 from specjax.packing import subset_head
@@ -129,7 +129,8 @@ class _Speculative(Method):
     m = state.method  # (before proposing: a separate draft's new cache goes into a copy)
     active = ~state.done
     key, k_draft, k_acc = jax.random.split(state.key, 3)
-    state, toks, q_sub, g = self._propose(prog, params, arrays, state, k_draft)
+    with phase(DRAFT):
+      state, toks, q_sub, g = self._propose(prog, params, arrays, state, k_draft)
     tlogits, cache, widest = self._verify(prog, params, state, toks, g)
     n, nxt = self._accept_drafts(k_acc, state.sp, toks, q_sub, tlogits, arrays.get("vocab"))
     n = jnp.minimum(n, g)

@@ -49,7 +49,7 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import tree as trees
-from specjax.decode import DecodeState, Method, Program, emit, emitted
+from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
 from specjax.methods.features import (catch_up, check_heads, depth_stats, embed, feature_buffer,
@@ -262,16 +262,17 @@ class Eagle(Method):
     cache = state.cache
     lengths = cache.lengths
 
-    hcache, root, _ = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"])
-    root = root[:, 0]  # [B,E] predicted feature of the pending token
-    if self.dynamic:
-      draft, parents, depth, _, hcache = self.draft_dynamic(prog, params, arrays, hcache, root,
-                                                            lengths)
-      anc = trees.ancestors_from_parents(parents, self.depth)  # [B,N+1,N+1]
-    else:
-      draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
-      parents, depth, anc = (jnp.asarray(x) for x in (self.tree.parent, self.tree.depth,
-                                                      self.tree.ancestor))
+    with phase(DRAFT):
+      hcache, root, _ = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"])
+      root = root[:, 0]  # [B,E] predicted feature of the pending token
+      if self.dynamic:
+        draft, parents, depth, _, hcache = self.draft_dynamic(prog, params, arrays, hcache, root,
+                                                              lengths)
+        anc = trees.ancestors_from_parents(parents, self.depth)  # [B,N+1,N+1]
+      else:
+        draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
+        parents, depth, anc = (jnp.asarray(x) for x in (self.tree.parent, self.tree.depth,
+                                                        self.tree.ancestor))
     tokens = jnp.concatenate([state.last_token[:, None], to_tokens(arrays, draft)], axis=1)
 
     pos = lengths[:, None] + depth

@@ -36,7 +36,7 @@ import numpy as np
 
 from specjax import acceptance, sampling
 from specjax import cache as kv
-from specjax.decode import DecodeState, Method, Program, emit, emitted
+from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import InputError, check_int
 
 
@@ -175,7 +175,8 @@ class Lookahead(Method):
     ms: LookaheadState = state.method
     cache = state.cache
     last = state.last_token  # [B]
-    cands, valid = pool_lookup(ms.pool, last)  # [B,G,M] [B,G]
+    with phase(DRAFT):
+      cands, valid = pool_lookup(ms.pool, last)  # [B,G,M] [B,G]
 
     tokens = jnp.concatenate([last[:, None], ms.window.reshape(b, m * w_),
                               jnp.maximum(cands, 0).reshape(b, g_ * m)], axis=1)  # [B,T]

@@ -34,7 +34,7 @@ from flax import nnx
 
 from specjax import acceptance
 from specjax import cache as kv
-from specjax.decode import DecodeState, Method, Program, emit, emitted
+from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
 from specjax.model import subset_logits
@@ -149,7 +149,8 @@ class Medusa(Method):
     depth = jnp.asarray(t.depth)  # [N+1]
     anc = jnp.asarray(t.ancestor)  # [N+1,N+1]
 
-    cands = self.propose(prog, params, arrays, m["hidden"])  # [B,K,R]
+    with phase(DRAFT):
+      cands = self.propose(prog, params, arrays, m["hidden"])  # [B,K,R]
     draft = cands[:, t.head[1:], t.rank[1:]]  # [B,N]
     tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,N+1]
 

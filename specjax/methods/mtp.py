@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from specjax import acceptance, sampling
 from specjax import cache as kv
-from specjax.decode import DecodeState, Method, Program, emit, emitted
+from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods.features import (catch_up, check_heads, depth_stats, feature_buffer,
@@ -111,8 +111,9 @@ class MTP(Method):
       return to_tokens(arrays, sampling.argmax(lm_logits(prog, params, arrays, out,
                                                          final_norm=True)))
 
-    hcache, _, draft = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"],
-                                self.gamma, draft_fn)  # draft [B,G]
+    with phase(DRAFT):
+      hcache, _, draft = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"],
+                                  self.gamma, draft_fn)  # draft [B,G]
     g = self.gamma
     tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,G+1]
     pos = lengths[:, None] + jnp.arange(g + 1)[None, :]

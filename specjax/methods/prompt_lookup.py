@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from specjax import acceptance
 from specjax import cache as kv
-from specjax.decode import DecodeState, Method, Program, emit, emitted
+from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import check_int
 
 
@@ -99,7 +99,8 @@ class PromptLookup(Method):
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     b = state.seq.shape[0]
     k = self.num_tokens
-    draft, n_draft, match = self.propose(state)  # [B,k] [B] [B]
+    with phase(DRAFT):
+      draft, n_draft, match = self.propose(state)  # [B,k] [B] [B]
     active = ~state.done
     cache = state.cache
     last = state.last_token[:, None]  # [B,1]
