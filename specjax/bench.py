@@ -174,6 +174,15 @@ def command_line(argv: Sequence[str] | None = None) -> str:
   return shlex.join(["python", script] + rest)
 
 
+def relative_path(path: str) -> str:
+  """A path as a results file records it: relative to the repository root (e.g.
+  "../shared/data/prompts/mt_bench.jsonl"), so no machine's directories end up in the project."""
+  if not path:
+    return path
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return os.path.relpath(os.path.abspath(path), root)
+
+
 def machine_summary(m: dict) -> str:
   """One line for a report: "date; CPU (N cores); load average [..] at start, [..] at end; run
   S s". Reads machine_info()'s keys plus "load_average_end" / "run_s" when the run added them,

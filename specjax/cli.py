@@ -237,7 +237,7 @@ def _bench_methods(args) -> None:
         raise InputError(f"--methods {name}: cannot run on {args.model}: {e}") from e
       print(f"(skipping {name}: {e})", file=sys.stderr)
   ps, chat = bench.load_prompt_set(args.prompts, args.num_prompts)
-  used = {"set": ps.source, "path": ps.path, "count": len(ps)}  # what really ran
+  used = {"set": ps.source, "path": bench.relative_path(ps.path), "count": len(ps)}  # what ran
   chat = chat and not args.no_chat
   b = args.batch_size
   calls = -(-len(ps) // b)
