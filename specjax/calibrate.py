@@ -112,6 +112,10 @@ def cache_key(model, quick: bool = False) -> dict:
       "dtype": jnp.dtype(model.dtype).name, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
       "kernel": {"build": build.build_key(), "isa": kernels.isa(), "threads": kernels.threads()}
       if on else None,
+      # weights="blocks" multiplies by the GGUF's blocks (another kernel, another curve)
+      "weights": getattr(model, "weights", "float32"),
+      "blocks_build": build.build_key("blocks") if getattr(model, "weights", "") == "blocks"
+      else None,
       "sizes": list(QUICK_SIZES if quick else SIZES), "reps": QUICK_REPS if quick else REPS,
       "cache_len": CACHE_LEN, "filled": FILLED,
   }

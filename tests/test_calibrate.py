@@ -76,6 +76,9 @@ def test_a_changed_key_measures_again(fake_timer, monkeypatch):
   assert calibrate.calibration(base)["source"] == "measured" and len(fake_timer) == 6
   monkeypatch.setattr(kernels, "isa", lambda: "avx2")
   assert calibrate.calibration(base)["source"] == "cache" and len(fake_timer) == 6
+  blocks = sj.Model(base.config, base.graphdef, base.params, name=base.name)
+  blocks.weights = "blocks"  # what load_model(..., weights="blocks") sets: another kernel
+  assert calibrate.calibration(blocks)["source"] == "measured" and len(fake_timer) == 7
 
 
 def test_the_off_switch_gives_the_default_curve(monkeypatch, tmp_path):
