@@ -173,7 +173,8 @@ def main(argv=None):
                   args.calls)
         cells.append(f"{t * 1e6:8.1f}us {packed.nbytes / t / 1e9:6.1f}GB/s x{base[m][0] / t:4.2f}")
       print(f"{name:>8} {qtype:>5} " + " ".join(cells))
-  print("xR: the fp32 kernel's time / this one's (> 1: faster than fp32); fp32 M=64 is XLA's dot")
+  print("xR: the fp32 kernel's time / this one's (> 1: faster than fp32); fp32 at M > 32 is "
+        "XLA's dot")
 
 
 if __name__ == "__main__":
