@@ -8,13 +8,17 @@
     quant.py    4- / 8-bit weight blocks (Q4_1, Q8_0) times int8 activations in pure JAX (a
                 quantized self-draft's products; qdot.py's kernel where available): `QWeight`,
                 `quantize_weight`, `quantize_activations`, `qdense`
+    qdot.py     int8 activations x Q4_1 blocks with the CPU's integer dot (qdot.cc), beside
+                its JAX reference: a quantized self-draft's products
+    library.py  one C++ library as Python sees it: build, load, ISA choice, FFI registration
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
 load_model packs) is specjax/packing.py; model.py calls only `dense` (blocks.dense: a packed
 copy of either kind, or none). This package re-exports the matmul's public names, so
-`from specjax import kernels; kernels.dense(...)` reads as before. The loading state and the
-`_detect_isa` hook live in `kernels.matmul`: patch them there.
+`from specjax import kernels; kernels.dense(...)` reads as before. Each kernel module's loading
+state is its `LIBRARY` (library.Library); its `_detect_isa` hook lives in the module: patch it
+there.
 """
 
 from specjax.kernels import matmul

@@ -33,18 +33,14 @@ bit for bit gguf's values) and multiplies with XLA's dot. A failed build warns o
 
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels import build
 from specjax.kernels import matmul
-from specjax.kernels.matmul import ISAS, KernelFallbackWarning, switched_off
+from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # noqa: F401
+                                     switched_off)
 
 TARGET = "specjax_blocks_f32"
 MAX_ROWS = 64  # the largest M = B*T sent to the kernel; larger calls use the fallback
@@ -195,82 +191,42 @@ def dequantize(packed: jax.Array, n: int, k: int, qtype) -> jax.Array:
 
 # ----------------------------------------------------------------------------- loading
 
-_lock = threading.Lock()
-_state: dict = {"tried": False, "lib": None, "reason": None}
-
-
 def _detect_isa(lib) -> int:
   """The best path this CPU supports (0 scalar, 1 avx2+fma+f16c, 2 avx512). Tests replace this
   hook to simulate a CPU without vector instructions."""
   return lib.specjax_blocks_detected_isa()
 
 
+LIBRARY = Library("blocks", "specjax_blocks", "SpecjaxBlocksF32", TARGET,
+                  instead="dequantising in JAX instead",
+                  lacking="this CPU has neither AVX-512 nor AVX2+FMA+F16C: the portable kernel "
+                  "would be slower than dequantising in XLA", detect=lambda lib: _detect_isa(lib))
+
+
 def load(cxx: str | None = None, cache_dir: str | None = None):
   """The loaded blocks library (ctypes.CDLL), building it on first use; None if unavailable.
   Tried once per process: a failure warns once (KernelFallbackWarning) and is remembered."""
-  with _lock:
-    if _state["tried"]:
-      return _state["lib"]
-    _state["tried"] = True
-    try:
-      _state["lib"] = _load(cxx, cache_dir)
-    except Exception as e:  # noqa: BLE001 -- any failure means: use the fallback, say why once
-      _state["reason"] = str(e)
-      warnings.warn(f"specjax.kernels.blocks unavailable, dequantising in JAX instead: {e}",
-                    KernelFallbackWarning, stacklevel=3)
-    return _state["lib"]
-
-
-def _load(cxx, cache_dir):
-  path = build.build(cxx, cache_dir, library="blocks")
-  lib = ctypes.CDLL(path)
-  for name in ("specjax_blocks_isa", "specjax_blocks_detected_isa", "specjax_blocks_set_isa",
-               "specjax_blocks_threads"):
-    getattr(lib, name).restype = ctypes.c_int
-  lib.specjax_blocks_set_isa.argtypes = [ctypes.c_int]
-  forced = os.environ.get("SPECJAX_KERNELS_ISA", "").strip().lower()
-  if forced:
-    if forced not in ISAS:
-      raise ValueError(f"SPECJAX_KERNELS_ISA={forced!r}: expected one of {sorted(ISAS)}")
-    if lib.specjax_blocks_set_isa(ISAS[forced]) != ISAS[forced]:
-      raise RuntimeError(f"SPECJAX_KERNELS_ISA={forced}: this CPU does not support it")
-  else:
-    best = _detect_isa(lib)
-    if best < ISAS["avx2"]:
-      raise RuntimeError("this CPU has neither AVX-512 nor AVX2+FMA+F16C: the portable kernel "
-                         "would be slower than dequantising in XLA")
-    lib.specjax_blocks_set_isa(best)
-  if not _state.get("registered"):  # once per process, even if a test makes us load again
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxBlocksF32), platform="cpu")
-    _state["registered"] = True
-  return lib
+  return LIBRARY.load(cxx, cache_dir)
 
 
 def available() -> bool:
   """Whether the blocks kernel is built, loaded and worth using here (builds it on first call)."""
-  return load() is not None
+  return LIBRARY.available()
 
 
 def isa() -> str | None:
   """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  lib = load()
-  return None if lib is None else {v: k for k, v in ISAS.items()}[lib.specjax_blocks_isa()]
+  return LIBRARY.isa()
 
 
 def set_isa(name: str) -> str:
   """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  if name not in ISAS:
-    raise ValueError(f"name={name!r}: expected one of {sorted(ISAS)}")
-  lib = load()
-  if lib is None:
-    raise RuntimeError("specjax.kernels.blocks unavailable: " + str(_state["reason"]))
-  return {v: k for k, v in ISAS.items()}[lib.specjax_blocks_set_isa(ISAS[name])]
+  return LIBRARY.set_isa(name)
 
 
 def _reset_for_tests():
   """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
-  with _lock:
-    _state.update(tried=False, lib=None, reason=None)
+  LIBRARY.reset()
 
 
 # ----------------------------------------------------------------------------- the op

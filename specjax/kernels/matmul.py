@@ -29,34 +29,21 @@ cache root; see build.py).
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
-import threading
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels import build
+from specjax.kernels.library import (ENV, ISAS, KernelFallbackWarning, Library,  # noqa: F401
+                                     switched_off)
 
 MAX_ROWS = 32  # the largest M = B*T sent to the kernel; larger calls (prefill) use XLA
-ENV = "SPECJAX_KERNELS"
 TARGET = "specjax_dense_f32"
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}
 BLOCK_WIDTHS = (64, 48, 32, 16)
 
 
-class KernelFallbackWarning(UserWarning):
-  """The CPU kernels are unavailable here; specjax uses XLA's dot instead (same results)."""
-
-
 # ----------------------------------------------------------------------------- loading
-
-_lock = threading.Lock()
-_state: dict = {"tried": False, "lib": None, "reason": None}
-
 
 def _detect_isa(lib) -> int:
   """The best path this CPU supports (0 scalar, 1 avx2+fma, 2 avx512). Tests replace this hook
@@ -64,83 +51,40 @@ def _detect_isa(lib) -> int:
   return lib.specjax_kernel_detected_isa()
 
 
-def switched_off() -> bool:
-  """Whether SPECJAX_KERNELS turns the kernels off ("0", "false", "off", "no")."""
-  return os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no")
+LIBRARY = Library("matmul", "specjax_kernel", "SpecjaxDenseF32", TARGET, instead="using XLA's dot",
+                  lacking="this CPU has neither AVX-512 nor AVX2+FMA: the portable kernel would "
+                  "be slower than XLA", detect=lambda lib: _detect_isa(lib))
 
 
 def load(cxx: str | None = None, cache_dir: str | None = None):
   """The loaded kernel library (ctypes.CDLL), building it on first use; None if unavailable.
-
-  Tried once per process: a failure warns once (KernelFallbackWarning) and is remembered.
-  """
-  with _lock:
-    if _state["tried"]:
-      return _state["lib"]
-    _state["tried"] = True
-    try:
-      _state["lib"] = _load(cxx, cache_dir)
-    except Exception as e:  # noqa: BLE001 -- any failure means: use XLA, and say why once
-      _state["reason"] = str(e)
-      warnings.warn(f"specjax.kernels unavailable, using XLA's dot instead: {e}",
-                    KernelFallbackWarning, stacklevel=3)
-    return _state["lib"]
-
-
-def _load(cxx, cache_dir):
-  path = build.build(cxx, cache_dir)
-  lib = ctypes.CDLL(path)
-  for name in ("specjax_kernel_isa", "specjax_kernel_detected_isa", "specjax_kernel_set_isa",
-               "specjax_kernel_threads"):
-    getattr(lib, name).restype = ctypes.c_int
-  lib.specjax_kernel_set_isa.argtypes = [ctypes.c_int]
-  forced = os.environ.get("SPECJAX_KERNELS_ISA", "").strip().lower()
-  if forced:
-    if forced not in ISAS:
-      raise ValueError(f"SPECJAX_KERNELS_ISA={forced!r}: expected one of {sorted(ISAS)}")
-    if lib.specjax_kernel_set_isa(ISAS[forced]) != ISAS[forced]:
-      raise RuntimeError(f"SPECJAX_KERNELS_ISA={forced}: this CPU does not support it")
-  else:
-    isa = _detect_isa(lib)
-    if isa < ISAS["avx2"]:
-      raise RuntimeError("this CPU has neither AVX-512 nor AVX2+FMA: the portable kernel would "
-                         "be slower than XLA")
-    lib.specjax_kernel_set_isa(isa)
-  if not _state.get("registered"):  # once per process, even if a test makes us load again
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxDenseF32), platform="cpu")
-    _state["registered"] = True
-  return lib
+  Tried once per process: a failure warns once (KernelFallbackWarning) and is remembered."""
+  return LIBRARY.load(cxx, cache_dir)
 
 
 def available() -> bool:
   """Whether the kernel is built, loaded and worth using on this CPU (builds it on first call)."""
-  return load() is not None
+  return LIBRARY.available()
 
 
 def isa() -> str | None:
   """The instruction-set path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  lib = load()
-  return None if lib is None else {v: k for k, v in ISAS.items()}[lib.specjax_kernel_isa()]
+  return LIBRARY.isa()
 
 
 def set_isa(name: str) -> str:
   """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  lib = load()
-  if lib is None:
-    raise RuntimeError("specjax.kernels unavailable: " + str(_state["reason"]))
-  return {v: k for k, v in ISAS.items()}[lib.specjax_kernel_set_isa(ISAS[name])]
+  return LIBRARY.set_isa(name)
 
 
 def threads() -> int:
   """The kernel's thread-pool size (1 when it is unavailable)."""
-  lib = load()
-  return 1 if lib is None else lib.specjax_kernel_threads()
+  return LIBRARY.threads()
 
 
 def _reset_for_tests():
   """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
-  with _lock:
-    _state.update(tried=False, lib=None, reason=None)
+  LIBRARY.reset()
 
 
 # ----------------------------------------------------------------------------- the packed layout

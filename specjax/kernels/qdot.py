@@ -38,16 +38,13 @@ the same bits.
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels import build
-from specjax.kernels.matmul import ISAS, KernelFallbackWarning, switched_off
+from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # noqa: F401
+                                     switched_off)
 
 TARGET = "specjax_qdot_f32"
 MAX_ROWS = 64   # the largest M = B*T sent to the kernel; larger calls use the reference
@@ -135,94 +132,56 @@ def _check_packed(p, n, k):
 
 # ----------------------------------------------------------------------------- loading
 
-_lock = threading.Lock()
-_state: dict = {"tried": False, "lib": None, "reason": None}
-
-
 def _detect_isa(lib) -> int:
   """The best path this CPU supports (0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni). Tests replace
   this hook to simulate a CPU without vector instructions."""
   return lib.specjax_qdot_detected_isa()
 
 
-def load(cxx: str | None = None, cache_dir: str | None = None):
-  """The loaded library (ctypes.CDLL), building it on first use; None if unavailable. Tried once
-  per process: a failure warns once (KernelFallbackWarning) and is remembered."""
-  with _lock:
-    if _state["tried"]:
-      return _state["lib"]
-    _state["tried"] = True
-    try:
-      _state["lib"] = _load(cxx, cache_dir)
-    except Exception as e:  # noqa: BLE001 -- any failure means: use the reference, say why once
-      _state["reason"] = str(e)
-      warnings.warn(f"specjax.kernels.qdot unavailable, using its JAX reference instead: {e}",
-                    KernelFallbackWarning, stacklevel=3)
-    return _state["lib"]
-
-
-def _load(cxx, cache_dir):
-  path = build.build(cxx, cache_dir, library="qdot")
-  lib = ctypes.CDLL(path)
-  for name in ("specjax_qdot_isa", "specjax_qdot_detected_isa", "specjax_qdot_set_isa",
-               "specjax_qdot_threads"):
-    getattr(lib, name).restype = ctypes.c_int
-  lib.specjax_qdot_set_isa.argtypes = [ctypes.c_int]
+def _declare(lib) -> None:
   lib.specjax_qdot_quantize.restype = None
   lib.specjax_qdot_quantize.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-  forced = os.environ.get("SPECJAX_KERNELS_ISA", "").strip().lower()
-  if forced:
-    if forced not in ISAS:
-      raise ValueError(f"SPECJAX_KERNELS_ISA={forced!r}: expected one of {sorted(ISAS)}")
-    if lib.specjax_qdot_set_isa(ISAS[forced]) != ISAS[forced]:
-      raise RuntimeError(f"SPECJAX_KERNELS_ISA={forced}: this CPU does not support it")
-  else:
-    best = _detect_isa(lib)
-    if best < ISAS["avx2"]:
-      raise RuntimeError("this CPU has neither AVX-512 VNNI nor AVX2+FMA: the portable kernel "
-                         "would be slower than the reference in XLA")
-    lib.specjax_qdot_set_isa(best)
-  if not _state.get("registered"):  # once per process, even if a test makes us load again
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxQdotF32), platform="cpu")
-    _state["registered"] = True
-  return lib
+
+
+LIBRARY = Library("qdot", "specjax_qdot", "SpecjaxQdotF32", TARGET,
+                  instead="using its JAX reference instead",
+                  lacking="this CPU has neither AVX-512 VNNI nor AVX2+FMA: the portable kernel "
+                  "would be slower than the reference in XLA", detect=lambda lib: _detect_isa(lib),
+                  setup=_declare)
+
+
+def load(cxx: str | None = None, cache_dir: str | None = None):
+  """The loaded library (ctypes.CDLL), building it on first use; None if unavailable. Tried once
+  per process: a failure warns once (KernelFallbackWarning) and is remembered."""
+  return LIBRARY.load(cxx, cache_dir)
 
 
 def available() -> bool:
   """Whether the kernel is switched on, built, loaded and worth using here (builds it on first
   call; SPECJAX_KERNELS=0 gives False without building)."""
-  return not switched_off() and load() is not None
+  return not switched_off() and LIBRARY.available()
 
 
 def isa() -> str | None:
   """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  lib = load()
-  return None if lib is None else {v: k for k, v in ISAS.items()}[lib.specjax_qdot_isa()]
+  return LIBRARY.isa()
 
 
 def set_isa(name: str) -> str:
   """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  if name not in ISAS:
-    raise ValueError(f"name={name!r}: expected one of {sorted(ISAS)}")
-  lib = load()
-  if lib is None:
-    raise RuntimeError("specjax.kernels.qdot unavailable: " + str(_state["reason"]))
-  return {v: k for k, v in ISAS.items()}[lib.specjax_qdot_set_isa(ISAS[name])]
+  return LIBRARY.set_isa(name)
 
 
 def threads() -> int:
   """The kernel's thread-pool size (1 when it is unavailable)."""
-  lib = load()
-  return 1 if lib is None else lib.specjax_qdot_threads()
+  return LIBRARY.threads()
 
 
 def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
   """The kernel's activation quantization alone, on the path in use (tests): x float32 [M, K] ->
   (xq int8 [M, K], dx float32 [M, K/32])."""
-  lib = load()
-  if lib is None:
-    raise RuntimeError("specjax.kernels.qdot unavailable: " + str(_state["reason"]))
+  lib = LIBRARY.require()
   x = np.ascontiguousarray(x, np.float32)
   if x.ndim != 2 or x.shape[1] % BLOCK:
     raise ValueError(f"x: expected [M, K] with K a multiple of {BLOCK}, got shape {x.shape}")
@@ -236,8 +195,7 @@ def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
 
 def _reset_for_tests():
   """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
-  with _lock:
-    _state.update(tried=False, lib=None, reason=None)
+  LIBRARY.reset()
 
 
 # ----------------------------------------------------------------------------- the op
