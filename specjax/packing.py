@@ -74,8 +74,9 @@ def _keyed_sites(decoder):
     yield ("head",), decoder, PREFIX + "head", decoder.lm_head[...], False
 
 
-def _sites(decoder):
-  """_keyed_sites without the site."""
+def dense_sites(decoder):
+  """(owner module, packed attribute name, weight [K,N] or [N,K], transposed) for every dense
+  product of a model.Decoder, in _keyed_sites' order: where a packed or quantized copy goes."""
   for _, *rest in _keyed_sites(decoder):
     yield tuple(rest)
 
@@ -117,7 +118,7 @@ def pack(model, *, warn: bool = True):
     return model
   nt = kernels.threads()
   module = model.module()
-  for owner, name, w, transposed in _sites(module):
+  for owner, name, w, transposed in dense_sites(module):
     setattr(owner, name, Packed(jnp.asarray(kernels.pack_weight(
         np.asarray(w), transposed=transposed, num_threads=nt))))
   return _rebuild(model, module)
@@ -154,7 +155,7 @@ def unpack(model):
   if not is_packed(model):
     return model
   module = model.module()
-  for owner, name, _, _ in _sites(module):
+  for owner, name, _, _ in dense_sites(module):
     if hasattr(owner, name):
       delattr(owner, name)
   return _rebuild(model, module)

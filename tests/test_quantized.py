@@ -187,7 +187,7 @@ def test_gguf_q4_1_weights_come_back_exactly(smollm2):
   they give back the same weights (to float rounding), so its 4-bit draft differs from the
   target only in its int8 activations and its head (a Q8_0 embedding, which 4 bits cannot hold)."""
   from specjax import packing
-  sites = list(packing._sites(smollm2.module()))
+  sites = list(packing.dense_sites(smollm2.module()))
   for _, _, w, _ in sites[:4]:  # layer 0: wqkv, wo, w_in, w_out
     w = np.asarray(w)
     back = np.asarray(quant.dequantize(quant.quantize_weight(w, 4, pack=False)))

@@ -290,13 +290,17 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
 
   packed uint8: w's GGUF blocks (pack_blocks, same values as w): the blocks kernel for M =
   prod(x.shape[:-1]) in [1, MAX_ROWS] when it is available, else XLA's dot on w (prefill, other
-  devices; the same weights, so the same numbers up to summation order). Any other packed copy
-  (or none): matmul.dense. Gradients always flow through XLA's dot on w.
+  devices; the same weights, so the same numbers up to summation order). A copy that multiplies
+  itself (kernels/quant.py's QWeight, a quantized self-draft's [K, N] weight): its `product`, w
+  not read. Any other packed copy (or none): matmul.dense. Gradients of the first two kinds flow
+  through XLA's dot on w.
   """
-  if getattr(packed, "dtype", None) != jnp.uint8:  # none, fp32 layout, or a quantized copy
-    return matmul.dense(x, w, packed, transposed=transposed)
   k = x.shape[-1]
   out = w.shape[:1] if transposed else w.shape[1:]
+  if callable(getattr(packed, "product", None)):
+    return packed.product(x).astype(x.dtype).reshape(*x.shape[:-1], *out)
+  if getattr(packed, "dtype", None) != jnp.uint8:  # none, or the fp32 kernel's layout
+    return matmul.dense(x, w, packed, transposed=transposed)
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   if not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available():
     return matmul._xla(x, w, transposed)

@@ -161,13 +161,9 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
 
   packed [nb, K, bw]: w's packed copy (pack_weight); with it, and M = prod(x.shape[:-1]) in
   [1, MAX_ROWS] and float32 operands, the product runs in the kernel, else in XLA's dot.
-  packed may instead be a quantized copy of w as [K, N] (kernels/quant.py's QWeight, which
-  multiplies itself: a quantized self-draft's products); w is then not read.
   """
   k = x.shape[-1]
   out = w.shape[:1] if transposed else w.shape[1:]
-  if callable(getattr(packed, "product", None)):
-    return packed.product(x).astype(x.dtype).reshape(*x.shape[:-1], *out)
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   if (packed is None or not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32
       or w.dtype != jnp.float32 or packed.dtype != jnp.float32 or not available()):

@@ -59,12 +59,6 @@ class QWeight:
   def n(self) -> int:
     return self.q.shape[-1]
 
-  @property
-  def dtype(self):
-    """float32, the dtype of its products (so code that tells packed copies apart by dtype, as
-    kernels.dense does, passes it on to matmul.dense, which calls `product`)."""
-    return jnp.dtype(jnp.float32)
-
   def product(self, x: jax.Array) -> jax.Array:
     """x [..., K] -> [..., N] float32 (`qdense`)."""
     return qdense(x, self)

@@ -53,7 +53,7 @@ _CAST: dict = {}  # (id(model.params), bits) -> (weakref to params, weights): ca
 
 
 def quantized_weights(model, bits: int) -> tuple:
-  """Every dense weight of `model` as a QWeight [K, N], in `packing._sites` order (each layer's
+  """Every dense weight of `model` as a QWeight [K, N], in `packing.dense_sites` order (each layer's
   LAYER_SITES, then the head), cast once per model and bit width."""
   key = (id(model.params), bits)
   hit = _CAST.get(key)
@@ -61,7 +61,7 @@ def quantized_weights(model, bits: int) -> tuple:
     return hit[1]
   module = model.module()
   out = tuple(quant.quantize_weight(w.T if transposed else w, bits)
-              for _, _, w, transposed in packing._sites(module))
+              for _, _, w, transposed in packing.dense_sites(module))
   try:
     ref = weakref.ref(model.params, lambda _r: _CAST.pop(key, None))
   except TypeError:  # params that cannot be weakly referenced: cast every time
@@ -74,7 +74,7 @@ def draft_module(graphdef, params, weights: tuple):
   """The target's module (graphdef, params) with every dense product through `weights`
   (quantized_weights' order): the draft. Called inside jit; costs nothing at run time."""
   module = nnx.merge(graphdef, params)
-  sites = list(packing._sites(module))
+  sites = list(packing.dense_sites(module))
   if len(sites) != len(weights):
     raise ValueError(f"{len(weights)} quantized weights for a model of {len(sites)} dense products")
   for (owner, name, _, _), qw in zip(sites, weights):
