@@ -452,6 +452,8 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if mesh is not None:
     mesh, place = _mesh_placer(mesh, place, rules)
   path = resolve(name_or_path)
+  if weights == "blocks" and not path.endswith(".gguf"):  # before reading the checkpoint
+    raise InputError(f"weights='blocks' needs a GGUF checkpoint; {path} is not one")
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
@@ -491,8 +493,6 @@ def _with_blocks(model, path: str):
   from specjax import kernels as kern
   from specjax.packing import pack_blocks, single_cpu_device
 
-  if not path.endswith(".gguf"):
-    raise InputError(f"weights='blocks' needs a GGUF checkpoint; {path} is not one")
   if jnp.dtype(model.dtype) != jnp.float32 or not single_cpu_device():
     raise InputError(f"weights='blocks' runs float32 activations on one CPU device; got "
                      f"dtype={model.dtype} on {len(jax.devices())} device(s)")
