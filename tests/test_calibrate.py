@@ -143,6 +143,28 @@ def test_defaults_come_from_the_curve_and_explicit_arguments_win(monkeypatch):
   assert methods.build("mtp", target, heads=unrecorded).gamma == 2  # nothing recorded: the class's
 
 
+def test_quantized_gamma_follows_the_kernel_and_the_curve(monkeypatch):
+  """The quantized self-draft's gamma: its prior acceptance over a draft forward that costs 0.3
+  of a target step on the integer-dot kernel and 1.5 without it; explicit gamma wins."""
+  from specjax.kernels import qdot
+
+  target = tiny_model()
+  curve = {"now": {1: 1.0, 64: 1.0}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+  monkeypatch.setattr(qdot, "available", lambda: True)
+  on = methods.build("quantized", target)
+  assert on.bits == 4 and 3 <= on.gamma <= 8
+  assert methods.build("quantized", target, gamma=2).gamma == 2
+  assert methods.build("quantized", target, bits=8).gamma < on.gamma  # 8 bits: no kernel
+  monkeypatch.setattr(qdot, "available", lambda: False)
+  assert methods.build("quantized", target).gamma < on.gamma
+  monkeypatch.setattr(qdot, "available", lambda: True)
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}
+  assert methods.build("quantized", target).gamma == 1
+  with pytest.raises(sj.InputError, match="bits=5"):
+    methods.build("quantized", target, bits=5)
+
+
 def _ship_medusa(monkeypatch, target, path):
   save_heads(_heads(target, "medusa", MEDUSA_HELD), str(path))
   monkeypatch.setattr(methods, "shipped", lambda kind, t: str(path) if kind == "medusa" else None)

@@ -179,6 +179,10 @@ def _draft(target, draft=None, **options):
   return DraftModel(d, **defaults.choose("draft", target, d, options))
 
 
+def _quantized(target, bits=4, **options):
+  return QuantizedDraft(bits=bits, **defaults.choose("quantized", target, bits, options))
+
+
 def _layer_skip(target, exit_layer=None, **options):
   k = exit_layer or max(1, target.config.num_layers // 4)
   return SelfSpeculative(exit_layer=k, **defaults.choose("layer-skip", target, k, options))
@@ -201,7 +205,7 @@ register(Entry("layer-skip", SelfSpeculative, _layer_skip,
                requires=lambda t: None if t.config.num_layers >= 2 else
                "layer-skip needs a target of at least 2 layers",
                aliases=("self-spec", "self-speculative", "selfspeculative")))
-register(Entry("quantized", QuantizedDraft, lambda target, **o: QuantizedDraft(**o),
+register(Entry("quantized", QuantizedDraft, _quantized,
                "the target drafts for itself with 4-bit weights and int8 activations (QSpec)",
                aliases=("qspec", "quantized-draft", "quantized-self-draft")))
 register(Entry("medusa", Medusa, _with_heads(Medusa, "medusa"),

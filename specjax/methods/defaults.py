@@ -15,6 +15,7 @@ its training wrote into its file:
     eagle        heads.meta held_out top1, top1_2 .. top1_D: the head's top-1 at each unrolled depth
     mtp          heads.meta held_out top1_k: module k's top-1
     layer-skip   nothing is recorded: LAYER_SKIP_PRIOR (measured at exit L/4 on SmolLM2-135M)
+    quantized    nothing is recorded: QUANTIZED_PRIOR by bit width (measured on SmolLM2-135M)
 
 Drafting costs are the weights a drafter reads per forward over those the target reads (`reads`):
 at batch 1 a forward streams its weights once, so that ratio is its cost in target forwards.
@@ -36,6 +37,15 @@ from specjax.methods.eagle import capacity
 MAX_GAMMA = 16  # the longest chain a default may draft (each gamma is its own compiled program)
 MAX_NODES = 64  # the largest tree a default may verify
 LAYER_SKIP_PRIOR = 0.1  # per-token acceptance of an untrained exit at L/4 (measured 0.01-0.09)
+# Quantized self-drafting (methods/quantized.py): per-position acceptance by bit width, and one
+# draft forward's cost in target steps, by (bits, integer-dot kernel present, target weights).
+# Measured on SmolLM2-135M (experiments/quantized, experiments/blocks): alpha 0.86-0.93 at 4 bits,
+# 0.96-0.98 at 8; a 4-bit draft on the kernel costs 0.3 of an fp32 step (its tau and tok/s agree
+# with c = 0.28; the per-call timer reads 0.44-0.65 with its own overhead) and 0.7 of a blocks
+# step; without the kernel (pure JAX) 1.5 of an fp32 step.
+QUANTIZED_PRIOR = {4: 0.9, 8: 0.97}
+QUANTIZED_COST = {("kernel", "float"): 0.3, ("kernel", "blocks"): 0.7, ("jax", "float"): 1.5,
+                  ("jax", "blocks"): 3.3}
 RANK_SHARE = 0.45  # rank r+1's accuracy over rank r's where only top-1 is recorded (as the prior)
 
 
@@ -96,6 +106,21 @@ def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:
   (no acceptance is recorded for an untrained exit) and d = reads(exit_layer layers + the head)."""
   d = reads(target, exit_layer, rows=target.config.vocab_size)
   return _chain(cost, [LAYER_SKIP_PRIOR], d, MAX_GAMMA, f"prior a={LAYER_SKIP_PRIOR}",
+                recorded=False)
+
+
+def quantized_gamma(target, bits: int, cost) -> Choice:
+  """quantized: gamma = argmax tau(g) / (c(g + 1) + g q) with the prior a = QUANTIZED_PRIOR[bits]
+  and q = QUANTIZED_COST for this kernel and target (no acceptance is recorded: the draft is the
+  target itself, so nothing was trained or held out)."""
+  from specjax.kernels import qdot
+
+  if bits not in QUANTIZED_PRIOR or isinstance(bits, bool):
+    return Choice({})  # (the class names what is allowed)
+  path = "kernel" if bits == 4 and qdot.available() else "jax"
+  kind = "blocks" if getattr(target, "weights", "") == "blocks" else "float"
+  a, q = QUANTIZED_PRIOR[bits], QUANTIZED_COST[(path, kind)]
+  return _chain(cost, [a], q, MAX_GAMMA, f"prior a={a} at {bits} bits, draft cost {q} ({path})",
                 recorded=False)
 
 
@@ -173,6 +198,7 @@ CHOOSERS = {
     "medusa": (medusa_tree, ("tree",), "heads"),
     "eagle": (eagle_budget, ("tree", "num_nodes", "depth", "top_k"), "heads"),
     "mtp": (mtp_gamma, ("gamma",), "heads"),
+    "quantized": (quantized_gamma, ("gamma",), "bits"),
 }
 
 
