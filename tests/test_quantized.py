@@ -11,7 +11,7 @@ import specjax as sj
 from specjax import methods
 from specjax.kernels import quant
 
-from conftest import random_prompts, tiny_model
+from conftest import memoryless_model, random_prompts, tiny_model
 
 
 def np_quantize_weight(w, bits):
@@ -152,6 +152,45 @@ def test_greedy_identical_to_autoregressive(bits, cache, adaptive, target, promp
   assert s["accepted_by_position"] == sorted(s["accepted_by_position"], reverse=True)
 
 
+def _repetitive(vocab_size, n=4, seed=11):
+  """Prompts that repeat a random phrase (prompt lookup finds copies in them)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    phrase = rng.integers(3, vocab_size, size=4 + i).tolist()
+    out.append(phrase * 3 + phrase[:2])
+  return out
+
+
+def test_multi_level_greedy_identical_and_fewer_draft_forwards():
+  """lookup=k: prompt lookup drafts for the quantized draft. Batch 4, token for token with
+  autoregressive decoding, on a target whose text repeats itself (its next token depends on the
+  current one alone), so the copies are taken: more than one drafted token per draft forward
+  (one per forward without lookup)."""
+  target = memoryless_model(seed=2)
+  prompts = _repetitive(target.config.vocab_size)
+  ref = sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=20, stop_at_eos=False)
+  method = sj.QuantizedDraft(gamma=4, lookup=3, adaptive=True)
+  out = sj.generate(target, prompts, method, max_new_tokens=20, stop_at_eos=False)
+  assert out.tokens == ref.tokens
+  s = out.stats
+  assert s["draft_calls"] > 0 and s["drafts_per_call"] > 1.2, s
+  assert s["accepted_by_position"] == sorted(s["accepted_by_position"], reverse=True)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.8)],
+                         ids=["t1", "t0.7-p0.8"])
+def test_multi_level_sampling_distribution(settings):
+  """Exactness at temperature > 0 with the copies accepted by the draft's own rejection rule:
+  the joint distribution of the first two tokens is the target's (the lossless suite's check)."""
+  from test_lossless import small_target, tv_check
+
+  model = small_target()
+  tv, expected = tv_check(model, sj.QuantizedDraft(gamma=3, lookup=2, ngram=1), dict(
+      dict(top_k=0, top_p=1.0), **settings))
+  assert tv < 2 * expected, f"TV {tv:.4f} vs expected sampling error {expected:.4f}"
+
+
 def test_weights_cast_once_per_model(target):
   from specjax.methods import quantized
   a = quantized.quantized_weights(target, 4)
@@ -168,6 +207,9 @@ def test_weights_cast_once_per_model(target):
     (dict(cache="mine"), r"cache='mine' is invalid: must be 'shared' .* or 'own'"),
     (dict(gamma=0), r"gamma=0 is invalid: must be an integer in \[1, 64\]"),
     (dict(gamma=4, min_gamma=5), r"min_gamma=5 is invalid"),
+    (dict(lookup=-1), r"lookup=-1 is invalid"),
+    (dict(lookup=2, cache="own"), r"lookup=2 \(multi-level drafting\) needs cache='shared'"),
+    (dict(lookup=2, threshold=0.5), r"needs cache='shared' and threshold=0"),
 ])
 def test_bad_arguments(kw, match):
   with pytest.raises(sj.InputError, match=match):

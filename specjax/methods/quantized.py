@@ -19,6 +19,14 @@ quantized weight when it is given one (model._packed reads it), so model.py has 
   cache="own"     a separate cache the draft prefills on the prompt and keeps (as a draft model
                   does, re-feeding two tokens a round): the draft sees only its own K/V.
 
+Multi-level (ML-SpecQD's idea): with `lookup=k` the quantized draft is itself drafted by prompt
+lookup. Each draft forward scores [the last drafted token, k tokens copied from the text so far
+(prompt, output and the drafts of this round)] and keeps the longest prefix the quantized model
+agrees with, plus its own next token (the shared chain rule, exact at temperature > 0: the copied
+tokens are a deterministic proposal, so every drafted token is distributed as the quantized
+model's own q, which the target's verification then reads). Where the text repeats itself a
+forward yields several drafts; where it does not, the forward runs one token as before.
+
 Statistics: those of every chain method, plus per draft position i: `acceptance_by_position`
 (how often d_i was accepted when d_1..d_{i-1} were and d_i was drafted: the position's alpha)
 and `accepted_by_position` (rounds in which d_i was accepted, over all rounds); their counts
@@ -34,12 +42,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import jax
+
+from specjax import acceptance, sampling
 from specjax import cache as kv
 from specjax import packing
 from specjax.decode import DecodeState
-from specjax.errors import InputError
+from specjax.errors import InputError, check_int
 from specjax.kernels import quant
 from specjax.methods.draft import _Speculative
+from specjax.methods.prompt_lookup import ngram_search
 from specjax.model import forward_sequence
 
 CACHES = ("shared", "own")
@@ -88,6 +100,8 @@ class QuantizedDraft(_Speculative):
 
   bits    4 (Q4_1 blocks) or 8 (Q8_0 blocks)
   cache   "shared" (the target's cache) or "own" (a separate draft cache); see the module docstring
+  lookup  k > 0: multi-level, the quantized draft is drafted by prompt lookup (k copied tokens per
+          draft forward, suffixes of up to `ngram` tokens); 0: one token per draft forward
   gamma, adaptive, min_gamma, threshold: as for every chain method (methods/draft.py).
   """
   bits: int = 4
@@ -96,6 +110,8 @@ class QuantizedDraft(_Speculative):
   min_gamma: int = 1
   threshold: float = 0.0
   cache: str = "shared"
+  lookup: int = 0
+  ngram: int = 3
 
   name = "quantized"
 
@@ -107,6 +123,15 @@ class QuantizedDraft(_Speculative):
       raise InputError(f"cache={self.cache!r} is invalid: must be 'shared' (the target's cache) "
                        f"or 'own' (a separate draft cache)")
     super().__post_init__()
+    check_int("lookup", self.lookup, 0, 64)
+    check_int("ngram", self.ngram, 1, 64)
+    if self.lookup and (self.cache != "shared" or self.threshold > 0):
+      raise InputError(f"lookup={self.lookup} (multi-level drafting) needs cache='shared' and "
+                       f"threshold=0; got cache={self.cache!r}, threshold={self.threshold}")
+
+  @property
+  def extra_slots(self) -> int:
+    return self.gamma + self.lookup + 1  # (a draft forward may run past gamma by lookup tokens)
 
   @property
   def refeed(self) -> int:
@@ -154,11 +179,83 @@ class QuantizedDraft(_Speculative):
                                logits_at=jnp.full((b, 1), t - 1, jnp.int32))
     return logits[:, 0], dcache
 
+  # --- multi-level drafting --------------------------------------------------------------------
+
+  def _propose(self, prog, params, arrays, state: DecodeState, key):
+    """propose (see `_Speculative._propose`), with lookup > 0: each draft forward scores the last
+    drafted token and up to `lookup` tokens copied by prompt lookup, and keeps the accepted copies
+    and the quantized model's next token (`_inner_round`), until every row has its budget."""
+    if not self.lookup:
+      return super()._propose(prog, params, arrays, state, key)
+    b, gmax = state.seq.shape[0], self.gamma
+    budget = jnp.where(self.adaptive, state.method["g"], gmax)  # [B]
+    budget = jnp.where(state.done, 0, budget)
+    module = draft_module(prog.graphdef, params, arrays["quantized"])
+    carry = dict(seq=state.seq, n=jnp.zeros((b,), jnp.int32),
+                 toks=jnp.full((b, gmax), -1, jnp.int32),
+                 q=jnp.zeros((b, gmax, prog.config.vocab_size), jnp.float32),
+                 cache=state.cache, calls=jnp.zeros((b,), jnp.int32))
+
+    def cond(c):
+      i, c = c
+      return (i < gmax) & jnp.any(c["n"] < budget)
+
+    def body(c):
+      i, c = c
+      return i + 1, self._inner_round(prog, module, state, c, budget, jax.random.fold_in(key, i))
+
+    _, c = jax.lax.while_loop(cond, body, (jnp.int32(0), carry))
+    g = jnp.minimum(c["n"], budget)
+    toks = jnp.where(jnp.arange(gmax)[None, :] < g[:, None], c["toks"], -1)
+    m = state.method
+    state = state.replace(cache=c["cache"], method=dict(m, draft_calls=m["draft_calls"] + c["calls"]))
+    return state, toks, c["q"], g
+
+  def _inner_round(self, prog, module, state, c, budget, key):
+    """One draft forward of the multi-level draft over [last, k copied tokens] at the row's next
+    draft position; appends the accepted copies and the draft's own token (within gamma)."""
+    b, k, gmax = state.seq.shape[0], self.lookup, self.gamma
+    at = state.seq_len + c["n"]  # [B] tokens of the text plus this round's drafts
+    copy, n_copy, _ = ngram_search(c["seq"], at, self.ngram, k)  # [B,k] (-1 = none)
+    live = c["n"] < budget
+    last = jnp.take_along_axis(c["seq"], (at - 1)[:, None], axis=1)  # [B,1]
+    start = at - 1
+    cache = kv.rollback(c["cache"], start)
+
+    def run(width):
+      def forward(cache):
+        x = jnp.concatenate([last, jnp.maximum(copy[:, :width - 1], 0)], axis=1)
+        pos = start[:, None] + jnp.arange(width)[None, :]
+        logits, _, cache = module(x, pos, cache, prog.causal_mask(start, width))
+        return jnp.pad(logits, ((0, 0), (0, k + 1 - width), (0, 0))), cache
+      return forward
+
+    logits, cache = jax.lax.cond(jnp.any(live & (n_copy > 0)), run(k + 1), run(1), cache)
+    acc, nxt = acceptance.verify_chain(key, copy, None, logits, state.sp)  # the draft's own rule
+    nxt = nxt.astype(jnp.int32)
+    acc = jnp.where(n_copy > 0, acc, 0)
+    new = jnp.concatenate([copy, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    new = jnp.where(jnp.arange(k + 1)[None, :] == acc[:, None], nxt[:, None], new)  # [B,k+1]
+    q_new = sampling.probs(logits, state.sp)  # [B,k+1,V] the draft's q at each new token
+    j = jnp.arange(k + 1)[None, :]
+    slot = c["n"][:, None] + j  # [B,k+1] where each new token goes
+    keep = live[:, None] & (j <= acc[:, None]) & (slot < gmax)
+    rows = jnp.arange(b)[:, None]
+    tgt = jnp.where(keep, slot, gmax)  # (gmax: dropped)
+    toks = c["toks"].at[rows, tgt].set(new, mode="drop")
+    q = c["q"].at[rows, tgt].set(q_new, mode="drop")
+    seq_slot = jnp.where(keep, state.seq_len[:, None] + slot, c["seq"].shape[1])
+    seq = c["seq"].at[rows, seq_slot].set(new, mode="drop")
+    n = jnp.where(live, c["n"] + acc + 1, c["n"])
+    cache = kv.rollback(cache, jnp.where(live, start + acc + 1, c["cache"].lengths))
+    return dict(seq=seq, n=n, toks=toks, q=q, cache=cache, calls=c["calls"] + live)
+
   # --- statistics ----------------------------------------------------------------------------
 
   def _init_stats(self, b):
     z = jnp.zeros((b, self.gamma), jnp.int32)
-    return dict(super()._init_stats(b), reached_at=z, accepted_at=z)
+    return dict(super()._init_stats(b), reached_at=z, accepted_at=z,
+                draft_calls=jnp.zeros((b,), jnp.int32))
 
   def _count(self, state, m, active, g, n, widest):
     """Every chain method's counts, plus per draft position: reached (drafted, every earlier
@@ -177,6 +274,10 @@ class QuantizedDraft(_Speculative):
     reached = np.asarray(m["reached_at"]).sum(0)
     accepted = np.asarray(m["accepted_at"]).sum(0)
     rounds = max(1, int(np.sum(m["rounds"])))
+    calls = int(np.asarray(m["draft_calls"]).sum())
+    if self.lookup:  # (one draft forward a drafted token otherwise)
+      drafted = int(np.asarray(m["drafted"]).sum())
+      out.update(draft_calls=calls, drafts_per_call=drafted / calls if calls else 0.0)
     out.update(bits=self.bits, cache=self.cache,
                acceptance_by_position=[float(a / r) if r else None
                                        for a, r in zip(accepted, reached)],
