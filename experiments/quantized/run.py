@@ -1,6 +1,6 @@
 """Quantized self-drafting (sj.QuantizedDraft) on SmolLM2-135M fp32, this CPU, batch 1, greedy.
 
-    .venv/bin/python experiments/quantized/run.py [--quick] [--prompts N] [--max-new N]
+    .venv/bin/python experiments/quantized/run.py [--quick] [--prompts N] [--max-new N] [--set S]
 
 In one process: autoregressive decoding and sj.QuantizedDraft variants on the same chat prompts
 (the built-in sample, specjax.prompts "builtin"), interleaved per prompt, compile excluded (each
@@ -11,7 +11,9 @@ output equals autoregressive's, and c = one draft forward / one target decode st
 
 4-bit variants run on the integer-dot kernel (specjax/kernels/qdot.py) where it is available;
 `--pure-jax` adds the same variants with the kernel hidden, i.e. kernels/quant.py's pure-JAX
-int8 path (XLA's integer dot). --quick: 3 prompts, 64 new tokens, fewer variants.
+int8 path (XLA's integer dot). --quick: 3 prompts, 64 new tokens, fewer variants. "+lookup k"
+variants are multi-level: prompt lookup drafts k tokens for the quantized draft (lookup=k).
+--set: the prompt set (specjax.prompts names; "builtin" by default, e.g. "humaneval" for code).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from specjax.methods.draft import measure_cost_ratio  # noqa: E402
 
 
 def variants(quick: bool) -> dict:
-  out = {"q4 shared g4": dict(bits=4, gamma=4), "q8 shared g4": dict(bits=8, gamma=4)}
+  out = {"q4 shared g4": dict(bits=4, gamma=4), "q8 shared g4": dict(bits=8, gamma=4),
+         "q4 shared g4 +lookup 3": dict(bits=4, gamma=4, lookup=3),
+         "q4 shared g6 +lookup 4": dict(bits=4, gamma=6, lookup=4)}
   if not quick:
     out.update({"q4 shared g6": dict(bits=4, gamma=6), "q4 own g4": dict(bits=4, gamma=4,
                                                                         cache="own")})
@@ -88,25 +92,26 @@ def main():
   ap.add_argument("--quick", action="store_true")
   ap.add_argument("--prompts", type=int, default=None)
   ap.add_argument("--max-new", type=int, default=None)
+  ap.add_argument("--set", default="builtin", help="prompt set (specjax.prompts name)")
   ap.add_argument("--pure-jax", action="store_true", help="also run the variants without qdot")
   ap.add_argument("--out", default=None, help="write the table as JSON here")
   args = ap.parse_args()
   n = args.prompts or (3 if args.quick else 4)
   max_new = args.max_new or (64 if args.quick else 96)
   model = sj.load_model("smollm2-135m")
-  texts = prompts.load("builtin", n)
+  texts = prompts.load(args.set, n)
   qdot = quant._qdot()
-  print(f"model {model!r}; {n} prompts, {max_new} new tokens; qdot kernel: "
+  print(f"model {model!r}; {n} {args.set} prompts, {max_new} new tokens; qdot kernel: "
         f"{'available (' + qdot.isa() + ')' if qdot else 'unavailable'}")
   t0 = time.perf_counter()
   methods = {"autoregressive": sj.Autoregressive(), **variants(args.quick)}
   costs = {k: round(measure_cost_ratio(model, m)["c"], 2) for k, m in methods.items()
-           if k != "autoregressive"}
+           if k != "autoregressive" and not m.lookup}
   res = run_all(model, texts, methods, max_new)
   if args.pure_jax and qdot is not None:
     quant._qdot = lambda: None  # hide the kernel: the pure-JAX int8 path (experiment only)
     decode.compile_cache.clear()
-    pj = {k + " (pure JAX)": m for k, m in variants(True).items() if m.bits == 4}
+    pj = {k + " (pure JAX)": m for k, m in variants(True).items() if m.bits == 4 and not m.lookup}
     costs.update({k: round(measure_cost_ratio(model, m)["c"], 2) for k, m in pj.items()})
     res.update({k: v for k, v in run_all(model, texts, pj, max_new).items()})
   rows = table(res, costs)
