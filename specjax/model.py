@@ -1,10 +1,13 @@
-"""Flax NNX decoder for the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2) and GPT-2.
+"""Flax NNX decoder driven by ModelConfig alone (families' differences are its fields; the
+families themselves: specjax/arch/).
 
     (tokens [B,T], positions [B,T], cache, mask [B,T,S]) -> (logits [B,T,V], hidden [B,T,E], cache)
 
 The new tokens' K/V are written into the cache at slots [cache.lengths, cache.lengths + T) before
 attention, and every query attends the whole static cache through `mask`: a causal chain, a tree
-of candidates or a lookahead window are all just masks. `cache.lengths` is not moved; the decoding
+of candidates or a lookahead window are all just masks. A layer's sliding window is intersected
+with that mask inside the model, from the tokens' positions (`attention_mask`), so callers'
+masks never depend on the layer. `cache.lengths` is not moved; the decoding
 method decides which of the written entries to keep (see cache.py).
 
 Layout choices (measured on a 2-core CPU, see README "Performance"): layers are a Python list
@@ -40,11 +43,13 @@ def _packed(module, name):
   return None if v is None else v.get_value()
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """[D/2] inverse frequencies, with linear or llama3 scaling applied (as HF computes them)."""
+def rope_inv_freq(cfg: ModelConfig, layer: int | None = None) -> np.ndarray:
+  """[D/2] inverse frequencies of layer `layer` (None: the global layers' rope; see
+  ModelConfig.rope), with linear or llama3 scaling applied (as HF computes them)."""
   d = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-  rs = dict(cfg.rope_scaling)
+  theta, scaling = cfg.rope(layer)
+  inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+  rs = dict(scaling)
   kind = rs.get("rope_type", "default")
   if kind == "linear":
     inv = inv / rs["factor"]
@@ -84,14 +89,17 @@ def _param(rngs, shape, dtype, scale=0.02):
 
 
 class Norm(nnx.Module):
+  """RMSNorm or LayerNorm over the last axis, of width `size` (default E). Gemma's x * (1 + w) is
+  this with the checkpoint's w + 1 as scale (the family module adds the 1 when loading)."""
 
-  def __init__(self, cfg: ModelConfig, dtype):
+  def __init__(self, cfg: ModelConfig, dtype, size: int | None = None):
+    size = cfg.hidden_size if size is None else size
     self.kind, self.eps = cfg.norm, cfg.norm_eps
-    self.scale = nnx.Param(jnp.ones((cfg.hidden_size,), dtype))
+    self.scale = nnx.Param(jnp.ones((size,), dtype))
     if cfg.norm == "layer":
-      self.bias = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
+      self.bias = nnx.Param(jnp.zeros((size,), dtype))
 
-  def __call__(self, x):  # [..., E]
+  def __call__(self, x):  # [..., size]
     if self.kind == "layer":
       h = x.astype(jnp.float32)
       h = rms_unit(h - jnp.mean(h, axis=-1, keepdims=True), self.eps)
@@ -99,22 +107,50 @@ class Norm(nnx.Module):
     return self.scale[...] * rms_unit(x, self.eps).astype(x.dtype)
 
 
+def attention_mask(mask, start, positions, window: int, empty_cache: bool):
+  """The caller's mask [B,T,S] over cache slots -> the mask [B,T,S+T] (or [B,T,T] on an empty
+  cache) over the old cache beside the T new entries, as Attention reads them, intersected with
+  the layer's sliding band when window > 0.
+
+  The band comes from token positions, not slots: a query at position p sees a key at position
+  q only if p - q < window. Committed cache slot s holds position s; the new entries are at
+  `positions` [B,T], so a tree's node at depth d (position length + d) sees its own band,
+  whatever slot it was written to."""
+  b, t, s = mask.shape
+  new = mask[:, :, :t] if empty_cache else jax.vmap(
+      lambda m, st: jax.lax.dynamic_slice(m, (0, st), (t, t)))(mask, start)  # [B,T,T]
+  if window and positions is not None:
+    new = new & (positions[:, :, None] - positions[:, None, :] < window)
+  if empty_cache:
+    return new
+  # The mask is over cache slots; the new entries' columns are slots [start, start + T), so
+  # those columns of the old cache are masked out and read from the new block instead.
+  old = mask & (jnp.arange(s)[None, None, :] < start[:, None, None])  # [B,T,S]
+  if window and positions is not None:
+    old = old & (positions[:, :, None] - jnp.arange(s)[None, None, :] < window)
+  return jnp.concatenate([old, new], axis=-1)  # [B,T,S+T]
+
+
 class Attention(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs, layer: int | None = None):
     e, k, g, d = cfg.hidden_size, cfg.num_kv_heads, cfg.group_size, cfg.head_dim
     self.cfg = cfg
+    self.window = cfg.window(layer)  # static: 0 = global
     self.wqkv = _param(rngs, (e, k, g + 2, d), dtype)  # per kv head: G queries, then k, then v
     if cfg.qkv_bias:
       self.bqkv = nnx.Param(jnp.zeros((k, g + 2, d), dtype))
+    if cfg.qk_norm:
+      self.q_norm, self.k_norm = Norm(cfg, dtype, d), Norm(cfg, dtype, d)
     self.wo = _param(rngs, (cfg.num_heads, d, e), dtype)
     if cfg.out_bias:
       self.bo = nnx.Param(jnp.zeros((e,), dtype))
 
-  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False):
+  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None):
     """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,K,S,D]}; start [B];
-    mask [B,T,S] -> (y [B,T,E], layer_cache). empty_cache (static): the caller guarantees
-    start == 0 (a prefill), so only the T new entries are attended (mask[:, :, :T])."""
+    mask [B,T,S]; positions [B,T] (for the sliding band; None: no band) -> (y [B,T,E],
+    layer_cache). empty_cache (static): the caller guarantees start == 0 (a prefill), so only
+    the T new entries are attended (mask[:, :, :T])."""
     cfg = self.cfg
     b, t, _ = x.shape
     g = cfg.group_size
@@ -122,6 +158,8 @@ class Attention(nnx.Module):
     if cfg.qkv_bias:
       qkv = qkv + self.bqkv[...]
     q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [B,T,K,G,D] [B,T,K,D] x2
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
     if rope is not None:
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     # Attention reads the cache as it was before this call plus the T new entries beside it, and
@@ -132,18 +170,17 @@ class Attention(nnx.Module):
     kd, s = cfg.num_kv_heads, mask.shape[-1]
     q = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(b, kd, t * g, cfg.head_dim)  # [B,K,T*G,D]
     k_new, v_new = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B,K,T,D]
-    scale = cfg.head_dim ** -0.5
+    scale = cfg.attn_scale or cfg.head_dim ** -0.5
     new_scores = jnp.einsum("bkqd,bktd->bkqt", q, k_new.astype(layer_cache["k"].dtype))
     if empty_cache:  # a prefill: nothing in the cache to read (saves an [S]-wide score block)
-      scores, full, w = new_scores.astype(jnp.float32) * scale, mask[:, :, :t], t
+      scores = new_scores.astype(jnp.float32) * scale
     else:
       scores = jnp.concatenate([jnp.einsum("bkqd,bksd->bkqs", q, layer_cache["k"]), new_scores],
                                axis=-1).astype(jnp.float32) * scale  # [B,K,T*G,S+T]
-      # The mask is over cache slots; the new entries' columns are slots [start, start + T), so
-      # those columns of the old cache are masked out and read from the new block instead.
-      old = mask & (jnp.arange(s)[None, None, :] < start[:, None, None])  # [B,T,S]
-      new = jax.vmap(lambda m, st: jax.lax.dynamic_slice(m, (0, st), (t, t)))(mask, start)
-      full, w = jnp.concatenate([old, new], axis=-1), s + t  # [B,T,S+T]
+    if cfg.attn_softcap:
+      scores = cfg.attn_softcap * jnp.tanh(scores / cfg.attn_softcap)
+    full = attention_mask(mask, start, positions, self.window, empty_cache)  # [B,T,W]
+    w = full.shape[-1]
     qmask = jnp.broadcast_to(full[:, None, :, None, :], (b, 1, t, g, w)).reshape(b, 1, t * g, w)
     scores = jnp.where(qmask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
@@ -181,10 +218,11 @@ class MLP(nnx.Module):
     h = dense(x, self.w_in[...], _packed(self, "w_in"))  # [B,T,M,F]
     if self.cfg.out_bias:
       h = h + self.b_in[...]
-    if self.cfg.gated_mlp:
-      h = jax.nn.silu(h[:, :, 0]) * h[:, :, 1]
-    else:
-      h = jax.nn.gelu(h[:, :, 0], approximate=True)
+    if self.cfg.activation == "silu":
+      a = jax.nn.silu(h[:, :, 0])
+    else:  # gelu_new / gelu_tanh: the tanh approximation (GPT-2, Gemma's GeGLU)
+      a = jax.nn.gelu(h[:, :, 0], approximate=True)
+    h = a * h[:, :, 1] if self.cfg.gated_mlp else a
     y = dense(h, self.w_out[...], _packed(self, "w_out"))
     if self.cfg.out_bias:
       y = y + self.b_out[...]
@@ -192,18 +230,27 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
+  """One decoder layer. layer: its index in the model, which picks its sliding window (None: a
+  drafter's own layer on the target's config, global attention)."""
 
-  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs, layer: int | None = None):
     self.attn_norm = Norm(cfg, dtype)
-    self.attn = Attention(cfg, dtype, rngs)
+    self.attn = Attention(cfg, dtype, rngs, layer)
     self.mlp_norm = Norm(cfg, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
+    if cfg.post_norms:  # Gemma 2 / 3: each sublayer's output is normed before the residual add
+      self.post_attn_norm, self.post_mlp_norm = Norm(cfg, dtype), Norm(cfg, dtype)
 
-  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False):
-    y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask, empty_cache)
+  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None):
+    y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask, empty_cache,
+                               positions)
+    if hasattr(self, "post_attn_norm"):
+      y = self.post_attn_norm(y)
     x = x + y
-    x = x + self.mlp(self.mlp_norm(x))
-    return x, layer_cache
+    y = self.mlp(self.mlp_norm(x))
+    if hasattr(self, "post_mlp_norm"):
+      y = self.post_mlp_norm(y)
+    return x + y, layer_cache
 
 
 class Decoder(nnx.Module):
@@ -214,22 +261,46 @@ class Decoder(nnx.Module):
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), dtype)  # [V,E]
     if cfg.position == "learned":
       self.pos_embed = _param(rngs, (cfg.max_position_embeddings, cfg.hidden_size), dtype)
-    self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
+    self.layers = nnx.List([Block(cfg, dtype, rngs, i) for i in range(cfg.num_layers)])
     self.final_norm = Norm(cfg, dtype)
     if not cfg.tie_word_embeddings:
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), dtype)  # [E,V]
-    # Static floats, not an array: a hashable attribute, constant-folded under jit.
-    self.inv_freq = tuple(rope_inv_freq(cfg).tolist()) if cfg.position == "rope" else ()
+    # Each distinct rope (Gemma 3: local and global layers' bases) as static floats, not arrays:
+    # hashable attributes, constant-folded under jit; layer i uses ropes[layer_rope[i]].
+    freqs = [tuple(rope_inv_freq(cfg, i).tolist()) if cfg.position == "rope" else ()
+             for i in range(cfg.num_layers)]
+    self.ropes = tuple(dict.fromkeys(freqs))
+    self.layer_rope = tuple(self.ropes.index(f) for f in freqs)
 
   def head(self, h: jax.Array) -> jax.Array:
-    """Final-normed hidden [..., E] -> logits [..., V] (float32)."""
+    """Final-normed hidden [..., E] -> logits [..., V] (float32), soft-capped where the family
+    does (Gemma 2)."""
     if self.cfg.tie_word_embeddings:
-      return dense(h, self.embed[...], _packed(self, "head"), transposed=True).astype(jnp.float32)
-    return dense(h, self.lm_head[...], _packed(self, "head")).astype(jnp.float32)
+      logits = dense(h, self.embed[...], _packed(self, "head"), transposed=True)
+    else:
+      logits = dense(h, self.lm_head[...], _packed(self, "head"))
+    logits = logits.astype(jnp.float32)
+    if self.cfg.final_softcap:
+      logits = self.cfg.final_softcap * jnp.tanh(logits / self.cfg.final_softcap)
+    return logits
+
+  def _embed(self, tokens, positions):
+    """tokens, positions [B,T] -> (x [B,T,E], one (cos, sin) [B,T,D/2] per distinct rope)."""
+    x = self.embed[...][tokens]  # [B,T,E]
+    if self.cfg.embed_scale != 1.0:
+      x = x * jnp.asarray(self.cfg.embed_scale, x.dtype)
+    if self.cfg.position == "learned":
+      return x + self.pos_embed[...][positions], [None]
+    ropes = []
+    for freqs in self.ropes:
+      angles = positions[..., None].astype(jnp.float32) * jnp.asarray(freqs, jnp.float32)
+      ropes.append((jnp.cos(angles), jnp.sin(angles)))
+    return x, ropes
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
                logits_at: jax.Array | None = None, empty_cache: bool = False, taps: tuple = ()):
-    """tokens, positions [B,T] int32; mask [B,T,S] bool.
+    """tokens, positions [B,T] int32; mask [B,T,S] bool: which cache slots each token may attend
+    (causal, tree or lookahead); each layer's sliding window is applied here, from positions.
 
     num_layers: run only the first k layers (layer-skip drafting); their cache entries are
     written, the rest are passed through. logits_at [B,N]: compute logits only at these of the
@@ -240,18 +311,13 @@ class Decoder(nnx.Module):
     final norm (with taps: [B,T,(n+1)E], the n taps then that), cache).
     """
     n = self.cfg.num_layers if num_layers is None else num_layers
-    x = self.embed[...][tokens]  # [B,T,E]
-    rope = None
-    if self.cfg.position == "learned":
-      x = x + self.pos_embed[...][positions]
-    else:
-      inv_freq = jnp.asarray(self.inv_freq, jnp.float32)
-      angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,D/2]
-      rope = (jnp.cos(angles), jnp.sin(angles))
+    check_inputs(self.cfg, tokens, positions, cache, mask, n)
+    x, ropes = self._embed(tokens, positions)
     layers = list(cache.layers)
     tapped = []
     for i in range(n):
-      x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache)
+      rope = ropes[self.layer_rope[i] if self.cfg.position == "rope" else 0]
+      x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache, positions)
       if i + 1 in taps:
         tapped.append(rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
     if len(tapped) != len(taps):
@@ -263,6 +329,29 @@ class Decoder(nnx.Module):
     if tapped:
       hidden = jnp.concatenate(tapped + [hidden], axis=-1)
     return self.head(sel), hidden, cache.replace(layers=tuple(layers))
+
+
+def check_inputs(cfg: ModelConfig, tokens, positions, cache, mask, num_layers: int) -> None:
+  """InputError, at trace time, for arguments of the wrong kind or shape (not raw JAX errors)."""
+  from specjax.errors import InputError
+
+  if not isinstance(cache, kv.KVCache):
+    raise InputError(f"cache must be a KVCache (Model.init_cache(batch, max_len)), got "
+                     f"{type(cache).__name__}")
+  for name, x in (("tokens", tokens), ("positions", positions), ("mask", mask)):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      raise InputError(f"{name} must be an array, got {type(x).__name__}")
+  if tokens.ndim != 2 or tuple(positions.shape) != tuple(tokens.shape):
+    raise InputError(f"tokens and positions must both be [B,T]; got {tuple(tokens.shape)} and "
+                     f"{tuple(positions.shape)}")
+  b, t = tokens.shape
+  s = cache.max_len
+  if tuple(mask.shape) != (b, t, s):
+    raise InputError(f"mask must be [B,T,S] = {(b, t, s)} (batch, new tokens, cache slots); "
+                     f"got {tuple(mask.shape)}")
+  if len(cache.layers) < num_layers or cache.lengths.shape != (b,):
+    raise InputError(f"cache holds {len(cache.layers)} layer(s) for batch "
+                     f"{tuple(cache.lengths.shape)}; this call needs {num_layers} for batch {b}")
 
 
 class Model:
@@ -386,7 +475,7 @@ def forward_sequence(config: ModelConfig, forward, tokens: jax.Array, *, cache=N
     cache = kv.init(config.num_layers, b, t, config.num_kv_heads, config.head_dim,
                     jnp.float32 if dtype is None else dtype)
   s = cache.max_len
-  mask = kv.causal_mask(cache.lengths, t, s, config.sliding_window)  # [B,T,S]
+  mask = kv.causal_mask(cache.lengths, t, s)  # [B,T,S]
   if lengths is not None:
     mask = mask & (jnp.arange(s) < lengths[:, None])[:, None, :]
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from specjax import config as config_lib
+from specjax import arch
 from specjax import registry
 from specjax.config import ModelConfig
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
@@ -60,70 +60,9 @@ class _Source:
       raise WeightsError(f"{self.where}: unexpected tensor(s) {extra[:5]}{more}")
 
 
-def _llama_params(cfg: ModelConfig, src: _Source, prefix: str = "model.") -> dict:
-  """HF Llama/Mistral/Qwen2 names ([out, in] weights) -> specjax flat params."""
-  e, h, k, d, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                      cfg.intermediate_size, cfg.vocab_size)
-  g = cfg.group_size
-  out = {("embed",): src.get(prefix + "embed_tokens.weight", (v, e))}
-  for i in range(cfg.num_layers):
-    p = f"{prefix}layers.{i}."
-    q = src.get(p + "self_attn.q_proj.weight", (h * d, e)).reshape(k, g, d, e)
-    kk = src.get(p + "self_attn.k_proj.weight", (k * d, e)).reshape(k, 1, d, e)
-    vv = src.get(p + "self_attn.v_proj.weight", (k * d, e)).reshape(k, 1, d, e)
-    L = ("layers", i)
-    out[L + ("attn", "wqkv")] = np.concatenate([q, kk, vv], 1).transpose(3, 0, 1, 2)  # [E,K,G+2,D]
-    if cfg.qkv_bias:
-      bq = src.get(p + "self_attn.q_proj.bias", (h * d,)).reshape(k, g, d)
-      bk = src.get(p + "self_attn.k_proj.bias", (k * d,)).reshape(k, 1, d)
-      bv = src.get(p + "self_attn.v_proj.bias", (k * d,)).reshape(k, 1, d)
-      out[L + ("attn", "bqkv")] = np.concatenate([bq, bk, bv], 1)  # [K,G+2,D]
-    out[L + ("attn", "wo")] = src.get(p + "self_attn.o_proj.weight", (e, h * d)).T.reshape(h, d, e)
-    gate = src.get(p + "mlp.gate_proj.weight", (f, e))
-    up = src.get(p + "mlp.up_proj.weight", (f, e))
-    out[L + ("mlp", "w_in")] = np.stack([gate, up], 0).transpose(2, 0, 1)  # [E,2,F]
-    out[L + ("mlp", "w_out")] = src.get(p + "mlp.down_proj.weight", (e, f)).T  # [F,E]
-    out[L + ("attn_norm", "scale")] = src.get(p + "input_layernorm.weight", (e,))
-    out[L + ("mlp_norm", "scale")] = src.get(p + "post_attention_layernorm.weight", (e,))
-  out[("final_norm", "scale")] = src.get(prefix + "norm.weight", (e,))
-  if not cfg.tie_word_embeddings:
-    out[("lm_head",)] = src.get("lm_head.weight", (v, e)).T  # [E,V]
-  return out
-
-
-def _gpt2_params(cfg: ModelConfig, src: _Source) -> dict:
-  """HF GPT-2 names (Conv1D weights are [in, out]) -> specjax flat params."""
-  e, h, d, f, v = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
-  pre = "transformer." if src.has("transformer.wte.weight") else ""
-  out = {
-      ("embed",): src.get(pre + "wte.weight", (v, e)),
-      ("pos_embed",): src.get(pre + "wpe.weight", (cfg.max_position_embeddings, e)),
-  }
-  for i in range(cfg.num_layers):
-    p = f"{pre}h.{i}."
-    L = ("layers", i)
-    w = src.get(p + "attn.c_attn.weight", (e, 3 * e)).reshape(e, 3, h, 1, d)  # q|k|v, head-major
-    out[L + ("attn", "wqkv")] = np.concatenate([w[:, 0], w[:, 1], w[:, 2]], 2)  # [E,H,3,D]
-    b = src.get(p + "attn.c_attn.bias", (3 * e,)).reshape(3, h, 1, d)
-    out[L + ("attn", "bqkv")] = np.concatenate([b[0], b[1], b[2]], 1)  # [H,3,D]
-    out[L + ("attn", "wo")] = src.get(p + "attn.c_proj.weight", (e, e)).reshape(h, d, e)
-    out[L + ("attn", "bo")] = src.get(p + "attn.c_proj.bias", (e,))
-    out[L + ("mlp", "w_in")] = src.get(p + "mlp.c_fc.weight", (e, f))[:, None, :]  # [E,1,F]
-    out[L + ("mlp", "b_in")] = src.get(p + "mlp.c_fc.bias", (f,))[None, :]
-    out[L + ("mlp", "w_out")] = src.get(p + "mlp.c_proj.weight", (f, e))
-    out[L + ("mlp", "b_out")] = src.get(p + "mlp.c_proj.bias", (e,))
-    for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-      out[L + (ours, "scale")] = src.get(p + theirs + ".weight", (e,))
-      out[L + (ours, "bias")] = src.get(p + theirs + ".bias", (e,))
-  out[("final_norm", "scale")] = src.get(pre + "ln_f.weight", (e,))
-  out[("final_norm", "bias")] = src.get(pre + "ln_f.bias", (e,))
-  if src.has("lm_head.weight"):  # tied: a saved copy equals wte; read it so it is accounted for
-    src.get("lm_head.weight", (v, e))
-  return out
-
-
 def _convert(cfg: ModelConfig, src: _Source) -> dict:
-  flat = _gpt2_params(cfg, src) if cfg.arch == "gpt2" else _llama_params(cfg, src)
+  """Every tensor of the checkpoint -> specjax flat params, by the config's family (specjax/arch)."""
+  flat = arch.of(cfg).params_from_hf(cfg, src)
   src.check_all_used()
   return flat
 
@@ -187,10 +126,11 @@ def _safetensors_source(path: str) -> _Source:
 
 
 def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
-  cfg = config_lib.from_hf_dir(path)
+  cfg = arch.from_hf_dir(path)  # config errors before any weight is read
   src = _safetensors_source(path)
-  if cfg.arch != "gpt2" and not cfg.tie_word_embeddings and not src.has("lm_head.weight"):
-    raise WeightsError(f"{path}: missing tensor 'lm_head.weight' (tie_word_embeddings is false)")
+  missing = arch.of(cfg).check_tensors(cfg, src, path)
+  if missing:
+    raise WeightsError(missing)
   return cfg, _convert(cfg, src)
 
 
@@ -239,28 +179,21 @@ def load_gguf(file: str) -> tuple[ModelConfig, dict]:
                          "tokenizer.ggml.token_type", "tokenizer.ggml.scores")}
   if "tokenizer.ggml.tokens" in reader.fields:
     fields["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
-  cfg = config_lib.from_gguf_fields(fields, source=file)
+  cfg = arch.from_gguf_fields(fields, source=file)
   tensors = {t.name: t for t in reader.tensors}
   tied = "output.weight" not in tensors
   cfg = dataclasses.replace(cfg, tie_word_embeddings=tied)
-  permute = cfg.arch == "llama"
+  family = arch.of(cfg)
+  permute = family.gguf_permuted(cfg)
 
-  # GGUF names -> HF names, so one converter serves both.
-  rename = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight"}
-  per_layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-               "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-               "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-               "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
-               "attn_v.bias": "self_attn.v_proj.bias", "ffn_gate.weight": "mlp.gate_proj.weight",
-               "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+  # GGUF names -> HF names (the family's table), so one converter serves both.
   hf_to_gguf = {}
   for name in tensors:
-    if name in rename:
-      hf_to_gguf[rename[name]] = name
+    if name in family.GGUF_NAMES:
+      hf_to_gguf[family.GGUF_NAMES[name]] = name
     elif name.startswith("blk."):
       _, i, rest = name.split(".", 2)
-      hf_to_gguf[f"model.layers.{i}.{per_layer.get(rest, rest)}"] = name
+      hf_to_gguf[f"model.layers.{i}.{family.GGUF_LAYER_NAMES.get(rest, rest)}"] = name
     else:
       hf_to_gguf[name] = name
   shapes = {hf: tuple(int(s) for s in reversed(tensors[g].shape)) for hf, g in hf_to_gguf.items()}
@@ -311,7 +244,7 @@ def gguf_blocks(file: str, cfg: ModelConfig, supported) -> tuple[dict, dict]:
   import gguf
 
   tensors = {t.name: t for t in gguf.GGUFReader(file).tensors}
-  permute = cfg.arch == "llama"
+  permute = arch.of(cfg).gguf_permuted(cfg)
   sites, skipped = {}, {}
 
   def add(site, parts, join=lambda *rows: np.concatenate(rows, 0)):
