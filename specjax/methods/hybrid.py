@@ -1,0 +1,253 @@
+"""Hybrid trees: copied and predicted candidates merged into one tree, verified in one forward.
+
+Copying (prompt lookup, suffix decoding) drafts long, free, exact runs where the answer repeats its
+context, and little elsewhere; trained heads (Medusa) draft a few likely tokens everywhere. Rather
+than pick one per request, every step puts both kinds of candidates in one static-size tree:
+
+  propose  each drafter lists its candidates as nodes with parents (`merge` module docstring):
+             PromptLookup    the chain after the last n-gram's most recent earlier occurrence,
+                             score (match / ngram) * DECAY^depth (a full n-gram match: 1, 0.9, ...)
+             SuffixDecoding  the chains after its best occurrences in the context and its store,
+                             score (match / max_match) * DECAY^depth each
+             Medusa          its static tree over the heads' top-k, score each node's path
+                             probability under the heads' recorded per-rank accuracies (held-out
+                             top-1 / top-5, tree.per_rank_accuracy; a prior without them)
+           `merge.merge` folds nodes with the same path into one (their scores add: a copied
+           token the heads also predict ranks higher), clips each score to its parent's, keeps
+           the best num_nodes and masks out the slots nobody filled. A full n-gram match scores
+           above any heads' node, so copies go first when they exist; the heads fill the rest.
+  verify   one target forward over [pending token, N nodes] under the tree mask;
+  accept   greedy: the longest path matching the target's argmax; sampling: the exact multi-draft
+           rule (SpecInfer / EAGLE; acceptance.multi_draft_tree) over the whole tree;
+  update   `cache.commit` of the accepted path; the target's hidden state at the accepted node
+           is the heads' input for the next step.
+
+Why sampling stays exact with both kinds of candidates: every candidate here is deterministic
+given the context. The heads contribute their top-k tokens (an argmax-like choice, no draw), the
+copies what followed an earlier occurrence; the tree is fixed before the acceptance coins are
+drawn, and the multi-draft rule emits each token with the target's probability p(x) at every node
+whatever the candidates are (a rejected child's mass is removed from the residual, the next child
+is tried against what is left). A copied chain alone is the case q = one-hot of prompt lookup's
+chain rule. A drafter that *sampled* its candidates would need the rule with its q instead: none
+of the accepted drafters does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import tree as trees
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
+from specjax.errors import InputError, check_int
+from specjax.methods import merge
+from specjax.methods.medusa import Medusa
+from specjax.methods.prompt_lookup import PromptLookup, ngram_search
+from specjax.methods.suffix import DECAY, RULES, SuffixDecoding
+
+DRAFTERS = (PromptLookup, SuffixDecoding, Medusa)
+
+
+def _size(d) -> int:
+  """Candidates a drafter lists per step."""
+  if isinstance(d, PromptLookup):
+    return d.num_tokens
+  if isinstance(d, SuffixDecoding):
+    return d.occurrences * d.max_depth
+  return d.tree.num_nodes
+
+
+def _budget(d) -> int:
+  """Nodes a drafter would verify on its own (the default num_nodes adds these up)."""
+  return d.num_nodes if isinstance(d, SuffixDecoding) else _size(d)
+
+
+def _depth(d) -> int:
+  if isinstance(d, PromptLookup):
+    return d.num_tokens
+  if isinstance(d, SuffixDecoding):
+    return d.max_depth
+  return d.tree.max_depth
+
+
+def path_probability(d: Medusa) -> np.ndarray:
+  """[Nm] each Medusa tree node's probability of being right: the product along its path of the
+  heads' recorded per-rank accuracies (a prior where none are recorded; 0 past the known ranks)."""
+  k = d.heads.config.num_heads
+  acc = trees.per_rank_accuracy(d.heads.meta or {}, k)
+  if acc is None:
+    acc = trees.prior_accuracies(k)
+  return np.array([np.prod([acc[i, r] if r < acc.shape[1] else 0.0 for i, r in enumerate(p)])
+                   for p in d.tree.paths], np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hybrid(Method):
+  """One candidate tree per step from several drafters (module docstring).
+
+  drafters: a list of PromptLookup, SuffixDecoding and Medusa objects (their own acceptance
+  settings are not used: the hybrid tree has one); num_nodes: the tree verified per step (N;
+  default: the nodes the drafters would verify alone, added up); acceptance: "exact" | "greedy".
+  """
+  drafters: tuple = ()
+  num_nodes: int | None = None
+  acceptance: str = "exact"
+
+  name = "hybrid"
+  lossless = True
+
+  def __post_init__(self):
+    ds = self.drafters
+    if isinstance(ds, DRAFTERS) or not isinstance(ds, (list, tuple)):
+      raise InputError(f"drafters={ds!r} is invalid: give a list of drafters, e.g. "
+                       f"[sj.PromptLookup(), sj.Medusa(heads)]")
+    if not ds:
+      raise InputError("drafters=[] is empty: give at least one drafter, e.g. "
+                       "[sj.PromptLookup(), sj.Medusa(heads)]")
+    for i, d in enumerate(ds):
+      if not isinstance(d, DRAFTERS):
+        raise InputError(f"drafters[{i}]={d!r} cannot feed a hybrid tree: each drafter must be "
+                         f"one of {', '.join(c.__name__ for c in DRAFTERS)}")
+    object.__setattr__(self, "drafters", tuple(ds))
+    if self.acceptance not in RULES:
+      raise InputError(f"acceptance={self.acceptance!r} is invalid: must be one of "
+                       f"{', '.join(RULES)}")
+    total = sum(_size(d) for d in ds)
+    if self.num_nodes is None:
+      object.__setattr__(self, "num_nodes", min(total, sum(_budget(d) for d in ds)))
+    check_int("num_nodes", self.num_nodes, 1, total,
+              f" (the drafters list {total} candidates per step)")
+
+  @classmethod
+  def default(cls, target, heads=None, drafters=None, **options) -> "Hybrid":
+    """The registry's hybrid for `target`: drafters as given; else prompt lookup beside Medusa
+    `heads` (a Heads object, or a name / file to load), whose tree and the node budget N come
+    from the device's cost curve as Medusa's own default does (methods/defaults.py; the copied
+    chain may take up to N of them); without heads, prompt lookup beside suffix decoding."""
+    if drafters is not None:
+      return cls(drafters, **options)
+    if heads is None:
+      return cls([PromptLookup(), SuffixDecoding()], **options)
+    from specjax.heads import load_heads
+    from specjax.methods import defaults
+
+    if isinstance(heads, (str, os.PathLike)):
+      heads = load_heads(heads, target)
+    med = Medusa(heads, **defaults.choose("medusa", target, heads, {}))
+    n = med.tree.num_nodes
+    options.setdefault("num_nodes", n)
+    return cls([PromptLookup(num_tokens=min(10, n)), med], **options)
+
+  @property
+  def max_depth(self) -> int:
+    return max(_depth(d) for d in self.drafters)
+
+  @property
+  def extra_slots(self) -> int:
+    return self.num_nodes + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.max_depth + 1
+
+  @property
+  def _heads(self) -> bool:
+    return any(isinstance(d, Medusa) for d in self.drafters)
+
+  def validate(self, model) -> None:
+    for d in self.drafters:
+      d.validate(model)
+
+  def arrays(self, model):
+    return tuple(d.arrays(model) for d in self.drafters)
+
+  def init(self, prog, arrays, state, hidden):
+    b = state.seq.shape[0]
+    z = jnp.zeros((b,), jnp.int32)
+    out = {"rounds": z, "accepted": z, "depth_hist": jnp.zeros((b, self.max_depth + 1), jnp.int32),
+           "by": jnp.zeros((b, len(self.drafters)), jnp.int32)}
+    if self._heads:  # the heads read the hidden state at the last accepted token
+      out["hidden"] = jnp.take_along_axis(hidden, (state.prompt_len - 1)[:, None, None],
+                                          axis=1)[:, 0]
+    return out
+
+  def candidates(self, d, prog, params, arrays, state: DecodeState):
+    """One drafter's candidates: (tokens [B,M], parents [M] or [B,M], valid [B,M], score [B,M])."""
+    b = state.seq.shape[0]
+    if isinstance(d, SuffixDecoding):
+      return d.candidates(arrays, state)
+    if isinstance(d, PromptLookup):
+      draft, n_draft, match = ngram_search(state.seq, state.seq_len, d.ngram, d.num_tokens)
+      j = jnp.arange(d.num_tokens)
+      score = (match[:, None] / d.ngram) * DECAY ** j[None, :]
+      return (jnp.maximum(draft, 0), j - 1, j[None, :] < n_draft[:, None],
+              score.astype(jnp.float32))
+    t = d.tree
+    cands = d.propose(prog, params, arrays, state.method["hidden"])  # [B,K,R]
+    tok = cands[:, t.head[1:], t.rank[1:]]  # [B,Nm]
+    score = jnp.broadcast_to(jnp.asarray(path_probability(d)), tok.shape)
+    return tok, jnp.asarray(t.parent[1:] - 1), jnp.ones(tok.shape, bool), score
+
+  def propose(self, prog, params, arrays, state: DecodeState):
+    """Every drafter's candidates, merged: (draft [B,N], parents [B,N+1], depth [B,N+1],
+    filled [B,N], tags [B,N] which drafters proposed each node (bit i: drafters[i]))."""
+    parts = [self.candidates(d, prog, params, a, state) for d, a in zip(self.drafters, arrays)]
+    off = 0
+    tok, par, valid, score, tags = [], [], [], [], []
+    for i, (t, p, v, s) in enumerate(parts):
+      p = jnp.broadcast_to(p, t.shape)
+      tok.append(t.astype(jnp.int32))
+      par.append(jnp.where(p >= 0, p + off, -1))
+      valid.append(v)
+      score.append(s.astype(jnp.float32))
+      tags.append(jnp.full(t.shape, 1 << i, jnp.int32))
+      off += t.shape[1]
+    cat = lambda xs: jnp.concatenate(xs, axis=1)  # noqa: E731
+    return merge.merge(cat(tok), cat(par), cat(valid), cat(score), self.num_nodes,
+                       self.max_depth, cat(tags), len(self.drafters))
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    b = state.seq.shape[0]
+    m = state.method
+    active = ~state.done
+    key, sub = jax.random.split(state.key)
+    with phase(DRAFT):
+      draft, parents, depth, filled, tags = self.propose(prog, params, arrays, state)
+    skip = None if self._heads else ~jnp.any(filled, axis=1)
+    state, best, n, keep, hidden = merge.verify(prog, params, state, sub, draft, parents, depth,
+                                                self.max_depth, self.acceptance, skip_empty=skip)
+    a = active.astype(jnp.int32)
+    on_path = jnp.arange(1, keep.shape[1])[None, :] <= n[:, None]  # [B,D]
+    path_tags = jnp.take_along_axis(jnp.concatenate([jnp.zeros((b, 1), jnp.int32), tags], axis=1),
+                                    keep[:, 1:], axis=1)
+    bits = (path_tags[:, :, None] >> jnp.arange(len(self.drafters))[None, None, :]) & 1
+    upd = dict(m, rounds=m["rounds"] + a, accepted=m["accepted"] + a * n,
+               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a),
+               by=m["by"] + a[:, None] * jnp.sum(bits * on_path[:, :, None], axis=1))
+    if self._heads:
+      h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]
+      upd["hidden"] = jnp.where(active[:, None], h, m["hidden"])
+    return state.replace(key=key, method=upd)
+
+  def stats(self, state) -> dict:
+    m = state.method
+    rounds = int(np.asarray(m["rounds"]).sum())
+    accepted = int(np.asarray(m["accepted"]).sum())
+    by = np.asarray(m["by"]).sum(0)
+    for d in self.drafters:  # a suffix drafter's store learns this call's outputs
+      if isinstance(d, SuffixDecoding):
+        d.learn(state)
+    return {
+        "tree_nodes": self.num_nodes,
+        "draft_rounds": rounds,
+        "accepted_tokens": accepted,
+        "accepted_per_step": accepted / max(1, rounds),
+        "accepted_depth_hist": np.asarray(m["depth_hist"]).sum(0).tolist(),
+        # accepted tokens each drafter had proposed (a token both proposed counts for both)
+        "accepted_by": {f"{i}:{d.name}": int(by[i]) for i, d in enumerate(self.drafters)},
+    }
+
