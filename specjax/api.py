@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from specjax import auto, decode, methods
 from specjax.decode import GenerateOutput
+from specjax.errors import InputError
+from specjax.model import Model
 
 
 def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -23,6 +25,9 @@ def generate(model, prompts, method=None, *, max_new_tokens: int = 64, temperatu
   decoding). The arguments are checked before a named method is built (which may load its
   drafter), so a bad one fails at once.
   """
+  if not isinstance(model, Model):  # e.g. a name: its missing .config named nothing of the caller's
+    hint = f" (load it first: sj.load_model({model!r}))" if isinstance(model, str) else ""
+    raise InputError(f"model={model!r} is invalid: must be a loaded specjax Model{hint}")
   decode.check_arguments(max_new_tokens, temperature, top_k, top_p, seed, chat, stop_at_eos)
   report = None
   if auto.is_auto(method):

@@ -165,21 +165,45 @@ def save_heads(heads: Heads, path: str, meta: dict | None = None) -> str:
   return path
 
 
-def _read(path: str, dtype) -> Heads:
+HEADS_FILE = "heads (.npz written by sj.save_heads / `specjax train medusa|eagle|mtp --export`)"
+
+
+def _header(z, path: str) -> dict:
+  """A heads file's JSON header from its open archive; a draft model asset or a foreign .npz is
+  a WeightsError saying what the file is and what was expected."""
   try:
-    with np.load(path) as z:
-      header = json.loads(bytes(z["__header__"]).decode())
-      vocab = z["__vocab__"]
-      params = {k: jnp.asarray(z[k].astype(np.float32), dtype) for k in z.files
-                if not k.startswith("__")}
-  except (OSError, ValueError, KeyError) as e:
-    raise WeightsError(f"{path}: not a heads file written by specjax save_heads ({e})") from e
+    header = json.loads(bytes(z["__header__"]).decode())
+  except (UnicodeDecodeError, ValueError) as e:
+    raise WeightsError(f"{path}: its __header__ is not JSON ({e}); expected {HEADS_FILE}") from e
+  if not isinstance(header, dict):
+    raise WeightsError(f"{path}: its __header__ is not a JSON object; expected {HEADS_FILE}")
+  if "kind" not in header and "shared" in header:  # registry.export_draft's header
+    raise WeightsError(f"{path} is a draft model asset (export_draft), not {HEADS_FILE}: use it "
+                       f"with method draft (sj.DraftModel / load_model with target=)")
+  required = [f.name for f in dataclasses.fields(HeadsConfig)
+              if f.default is dataclasses.MISSING and f.name not in header]
+  if required:
+    raise WeightsError(f"{path}: its header has no {', '.join(required)}; expected {HEADS_FILE}")
+  if header["kind"] not in KINDS:
+    raise WeightsError(f"{path}: heads of kind {header['kind']!r}; expected one of "
+                       f"{', '.join(KINDS)}")
+  return header
+
+
+def _read(path: str, dtype) -> Heads:
+  from specjax import validate
+
+  with validate.npz(path, HEADS_FILE) as z:
+    header = _header(z, path)
+    vocab = z["__vocab__"]
+    params = {k: jnp.asarray(z[k].astype(np.float32), dtype) for k in z.files
+              if not k.startswith("__")}
   fields = {f.name for f in dataclasses.fields(HeadsConfig)}
   try:
     cfg = HeadsConfig(**{k: tuple(header[k]) if k == "taps" else header[k]
                          for k in fields if k in header})
-  except TypeError as e:
-    raise WeightsError(f"{path}: heads header is missing fields ({e})") from e
+  except (TypeError, ValueError) as e:
+    raise WeightsError(f"{path}: heads header does not describe heads ({e})") from e
   k, l, e = cfg.num_heads, cfg.num_layers, cfg.hidden_size
   want = {"w": (k, l, e, e), "b": (k, l, e)}
   if cfg.kind in FEATURE_KINDS:  # the layer's shapes are checked against a target (check_fits)

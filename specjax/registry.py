@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import validate
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.model import Model, path_key
 
@@ -152,20 +153,58 @@ def export_draft(draft: Model, path: str, *, target_name: str, meta: dict | None
   return path
 
 
+DRAFT_ASSET = "a draft model asset (.npz written by export_draft / `specjax train draft --export`)"
+
+
+def asset_path(path_or_name) -> str:
+  """A draft asset's file: a path as given, or a shipped draft's name ("smollm2-135m-draft") as
+  its asset in specjax/assets. A shipped heads name is an InputError saying how to load heads."""
+  if not isinstance(path_or_name, (str, os.PathLike)) or not os.fspath(path_or_name):
+    raise InputError(f"draft asset {path_or_name!r} is invalid: give a .npz path or a shipped "
+                     f"draft's name ({', '.join(names('draft'))})")
+  name = os.fspath(path_or_name)
+  if name in DRAFTERS:
+    entry = DRAFTERS[name]
+    if entry.kind != "draft":
+      raise InputError(f"{name!r} names shipped {entry.kind} heads, not a draft model: load them "
+                       f"with sj.load_heads({name!r}, target)")
+    return entry.path
+  return name
+
+
+def _header(z, path: str) -> dict:
+  """A draft asset's JSON header from its open archive; a heads file or a foreign .npz is a
+  WeightsError saying what the file is."""
+  try:
+    header = json.loads(bytes(z["__header__"]).decode())
+  except (UnicodeDecodeError, ValueError) as e:
+    raise WeightsError(f"{path}: its __header__ is not JSON ({e}); expected {DRAFT_ASSET}") from e
+  if not isinstance(header, dict):
+    raise WeightsError(f"{path}: its __header__ is not a JSON object; expected {DRAFT_ASSET}")
+  kind = header.get("kind")
+  if kind in KINDS and kind != "draft":
+    raise WeightsError(f"{path} holds {kind} heads (written by save_heads), not {DRAFT_ASSET}: "
+                       f"load it with sj.load_heads({path!r}, target)")
+  missing = [k for k in ("num_layers", "target") if k not in header]
+  if missing:
+    raise WeightsError(f"{path}: its header has no {', '.join(missing)}; expected {DRAFT_ASSET}")
+  return header
+
+
 def read_draft_header(path: str) -> dict:
-  """The JSON header of a draft asset (target, num_layers, training metadata)."""
-  if not os.path.isfile(path):
-    raise WeightsError(f"{path}: draft asset missing")
-  with np.load(path) as z:
-    return json.loads(bytes(z["__header__"]).decode())
+  """The JSON header of a draft asset (a path or a shipped draft's name): target, num_layers,
+  training metadata. A missing, empty, truncated or non-draft file is a WeightsError naming it."""
+  path = asset_path(path)
+  with validate.npz(path, DRAFT_ASSET) as z:
+    return _header(z, path)
 
 
 def load_draft_asset(path: str, target: Model, name: str = "") -> Model:
-  """Rebuilds a draft exported by `export_draft` around `target`'s shared tensors."""
-  if not os.path.isfile(path):
-    raise WeightsError(f"{path}: draft asset missing")
-  with np.load(path) as z:
-    header = json.loads(bytes(z["__header__"]).decode())
+  """Rebuilds a draft exported by `export_draft` (a path or a shipped draft's name) around
+  `target`'s shared tensors."""
+  path = asset_path(path)
+  with validate.npz(path, DRAFT_ASSET) as z:
+    header = _header(z, path)
     vocab = z["__vocab__"]
     own = {k: z[k].astype(np.float32) for k in z.files if not k.startswith("__")}
   try:

@@ -366,17 +366,24 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   """
   import jax.numpy as jnp
 
-  from specjax import malloc
+  from specjax import malloc, validate
   from specjax.model import Model, from_flat
 
   malloc.tune()
   if not isinstance(name_or_path, (str, os.PathLike)):
     raise ModelNotFoundError(f"load_model: expected a model name or path, got {type(name_or_path).__name__}")
   name_or_path = os.fspath(name_or_path)
+  dtype = validate.dtype("dtype", dtype)  # before anything is read (numpy's error named nothing)
+  validate.boolean("tokenizer", tokenizer)
+  if kernels is not None:
+    validate.boolean("kernels", kernels)
   if name_or_path in registry.DRAFTERS and registry.DRAFTERS[name_or_path].kind != "draft":
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
   _check_weights_arg(weights, kernels, mesh, place)
+  validate.draft_settings(name_or_path, weights=weights, dtype=dtype, drafter=name_or_path in
+                          registry.DRAFTERS, on_target=target is not None,
+                          target_dtype=getattr(target, "dtype", None))
   if target is not None:
     return _draft_on_target(name_or_path, target, mesh, place)
   if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself

@@ -136,6 +136,14 @@ def test_generate_rejects_before_compiling_and_objects_stay_usable(
   assert sj.generate(tiny, PROMPT, method, max_new_tokens=NEW).tokens == reference
 
 
+def test_generate_needs_a_loaded_model():
+  with pytest.raises(sj.InputError, match=r"model='smollm2-135m' is invalid: must be a loaded "
+                     r"specjax Model \(load it first: sj.load_model\('smollm2-135m'\)\)"):
+    sj.generate("smollm2-135m", ["hi"])
+  with pytest.raises(sj.InputError, match="model=None is invalid: must be a loaded specjax Model$"):
+    sj.generate(None, ["hi"])
+
+
 def test_numpy_and_jax_scalars_are_accepted(tiny, method):
   plain = sj.generate(tiny, PROMPT, method, max_new_tokens=NEW, temperature=0.5, top_k=3, seed=7)
   scalars = sj.generate(tiny, [np.array(PROMPT[0])], method, max_new_tokens=jnp.int32(NEW),
@@ -275,3 +283,226 @@ def test_loaded_prompts_say_where_they_came_from(tmp_path, monkeypatch):
   (tmp_path / "broken.jsonl").write_text("{not json\n")
   with pytest.raises(sj.InputError, match=r"broken.jsonl': cannot read it as JSON lines"):
     prompts.load(str(tmp_path / "broken.jsonl"))
+
+
+# ----------------------------------------------------------------------------- load_model
+
+
+def _never(*a, **k):
+  raise AssertionError("read or built before the arguments were checked")
+
+
+@pytest.mark.parametrize("dtype", ["bogus", "int8", "float64", 5, True, [1], jnp.int8])
+def test_load_model_rejects_a_bad_dtype_before_reading(dtype, monkeypatch):
+  monkeypatch.setattr(weights, "resolve", _never)
+  monkeypatch.setattr(weights, "read_checkpoint", _never)
+  with pytest.raises(sj.InputError, match=re.escape(
+      f"dtype={dtype!r} is invalid: must be one of float32, bfloat16, float16 (a name or a numpy "
+      f"/ JAX dtype), or None for the default")):
+    sj.load_model("smollm2-135m", dtype=dtype)
+
+
+def test_dtypes_by_name_or_as_numpy_and_jax_types():
+  for value, name in (("float32", "float32"), (" BFloat16", "bfloat16"), ("f4", "float32"),
+                      ("half", "float16"), (jnp.bfloat16, "bfloat16"), (np.float32, "float32"),
+                      (np.dtype("float16"), "float16"), (jnp.zeros(1).dtype, "float32"),
+                      (None, None)):
+    assert validate.dtype("dtype", value) == name
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(weights="blocks"), "weights='blocks' is invalid for the shipped draft "
+                             "'smollm2-135m-draft': a draft is built from its target's tensors"),
+    (dict(weights="blocks", target="TINY"), "weights='blocks' is invalid with target=: .* "
+                                            "Allowed here: weights='float32'"),
+    (dict(dtype="bfloat16", target="TINY"), r"dtype='bfloat16' is invalid with target=: a draft "
+                                            r"built on a loaded target runs in the target's dtype "
+                                            r"\(float32\)"),
+    (dict(tokenizer="no"), "tokenizer='no' is invalid: must be True or False, not str"),
+    (dict(kernels=1), "kernels=1 is invalid: must be True or False, not int"),
+])
+def test_load_model_settings_a_draft_would_ignore(kwargs, match, tiny, monkeypatch):
+  from specjax import registry
+
+  monkeypatch.setattr(weights, "resolve", _never)
+  monkeypatch.setattr(registry, "build", _never)
+  if kwargs.get("target") == "TINY":
+    kwargs["target"] = tiny
+  with pytest.raises(sj.InputError, match=match):
+    sj.load_model("smollm2-135m-draft", **kwargs)
+
+
+# ----------------------------------------------------------------------------- asset files
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory, tiny):
+  """A heads file and a draft asset for the tiny model, and broken files beside them."""
+  from specjax import heads, registry
+
+  d = tmp_path_factory.mktemp("assets")
+  out = {"heads": heads.save_heads(sj.init_heads(tiny, "medusa", num_heads=2), str(d / "h.npz")),
+         "draft": registry.export_draft(registry.draft_from_target(tiny, 1), str(d / "d.npz"),
+                                        target_name="tiny")}
+  raw = open(out["heads"], "rb").read()
+  for name, data in (("empty", b""), ("truncated", raw[:len(raw) // 2]),
+                     ("text", b"prompt,turns\nhello,1\n"),
+                     ("damaged", raw[:len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 0xFF])
+                      + raw[len(raw) // 2 + 1:])):
+    (d / f"{name}.npz").write_bytes(data)
+    out[name] = str(d / f"{name}.npz")
+  np.save(str(d / "one.npy"), np.zeros(3))
+  out["npy"] = str(d / "one.npy")
+  np.savez(str(d / "foreign.npz"), x=np.zeros(3))
+  out["foreign"] = str(d / "foreign.npz")
+  return out
+
+
+def _readers(tiny):
+  from specjax import registry
+
+  heads = "expected heads (.npz written by sj.save_heads / `specjax train medusa|eagle|mtp --export`)"
+  draft = ("expected a draft model asset (.npz written by export_draft / `specjax train draft "
+           "--export`)")
+  return {"load_heads": (sj.load_heads, heads),
+          "load_draft_asset": (lambda p: registry.load_draft_asset(p, tiny), draft),
+          "read_draft_header": (registry.read_draft_header, draft)}
+
+
+@pytest.mark.parametrize("reader", ["load_heads", "load_draft_asset", "read_draft_header"])
+@pytest.mark.parametrize("file,says", [
+    ("empty", r"is empty \(0 bytes\); "),
+    ("truncated", r"is not a readable .npz archive \(truncated, or another kind of file: "
+                  r"BadZipFile: .*\); "),
+    ("text", r"is not a readable .npz archive \(truncated, or another kind of file: .*\); "),
+    ("npy", r"holds a single array \(.npy\), not a .npz archive; "),
+    ("foreign", r"has no array '__header__' \(it holds x\); "),
+])
+def test_broken_asset_files_name_the_file_and_what_was_expected(reader, file, says, tiny, assets):
+  read, expected = _readers(tiny)[reader]
+  with pytest.raises(sj.WeightsError, match=re.escape(assets[file]) + " " + says
+                     + re.escape(expected)):
+    read(assets[file])
+
+
+def test_a_damaged_array_is_named_too(tiny, assets):
+  with pytest.raises(sj.WeightsError, match=re.escape(assets["damaged"]) + r": an array cannot be "
+                     r"read \(truncated or damaged: BadZipFile: .*\); expected heads"):
+    sj.load_heads(assets["damaged"])
+
+
+def test_a_file_of_the_other_kind_says_what_it_is(tiny, assets):
+  from specjax import registry
+
+  for read in (registry.read_draft_header, lambda p: registry.load_draft_asset(p, tiny)):
+    with pytest.raises(sj.WeightsError, match=re.escape(
+        f"{assets['heads']} holds medusa heads (written by save_heads), not a draft model asset "
+        f"(.npz written by export_draft / `specjax train draft --export`): load it with "
+        f"sj.load_heads({assets['heads']!r}, target)")):
+      read(assets["heads"])
+  with pytest.raises(sj.WeightsError, match=re.escape(
+      f"{assets['draft']} is a draft model asset (export_draft), not heads")):
+    sj.load_heads(assets["draft"])
+  assert registry.read_draft_header(assets["draft"])["target"] == "tiny"
+  assert sj.load_heads(assets["heads"], tiny).config.num_heads == 2
+
+
+def test_draft_assets_by_shipped_name():
+  from specjax import registry
+
+  assert registry.read_draft_header("smollm2-135m-draft")["target"] == "smollm2-135m"
+  with pytest.raises(sj.InputError, match="'smollm2-135m-medusa' names shipped medusa heads, not "
+                     r"a draft model: load them with sj.load_heads\('smollm2-135m-medusa', target\)"):
+    registry.read_draft_header("smollm2-135m-medusa")
+  with pytest.raises(sj.WeightsError, match="no-such.npz: no such file; expected a draft model"):
+    registry.read_draft_header("no-such.npz")
+
+
+# ----------------------------------------------------------------------------- counts and exports
+
+
+def test_counts_are_whole_numbers():
+  for text, n in (("2M", 2_000_000), ("500k", 500_000), ("1.5k", 1500), ("1.1k", 1100),
+                  ("2_000", 2000), (7, 7), (np.int64(3), 3)):
+    assert validate.count("tokens", text) == n
+  for bad in ("inf", "nan", "2.5", "lots", "", "0", "-1k", True, 2.0):
+    with pytest.raises(sj.InputError, match=re.escape(
+        f"tokens={bad!r} is invalid: must be a whole count >= 1, like 2000000, 500k or 2M")):
+      validate.count("tokens", bad)
+
+
+def test_writable_file_checks_and_creates_nothing(tmp_path):
+  blocker = tmp_path / "a-file"
+  blocker.write_text("x")
+  ok = tmp_path / "new" / "deeper" / "d.npz"
+  assert validate.writable_file("export", str(ok), ".npz") == str(ok)
+  assert not (tmp_path / "new").exists()
+  for path, says in ((blocker / "d.npz", f"cannot be written: {blocker} is a file, not a folder"),
+                     (tmp_path / "d.bin", "is invalid: must end in .npz"),
+                     ("/proc/d.npz", "cannot be written: folder /proc is not writable"),
+                     (None, "is invalid: must be a file path")):
+    with pytest.raises(sj.InputError, match=re.escape(f"export={str(path) if path else path!r}"
+                                                      if path else "export=None") + ".*"
+                       + re.escape(says)):
+      validate.writable_file("export", str(path) if path else path, ".npz")
+  with pytest.raises(sj.InputError, match="is a folder: give a file path in it"):
+    validate.writable_file("export", str(tmp_path))
+
+
+def test_trainers_check_the_export_before_anything_else(tmp_path, tiny):
+  """Before the corpus is even looked at (corpus=None is the next error), and no out folder."""
+  from specjax.training import draft, heads
+
+  blocker = tmp_path / "a-file"
+  blocker.write_text("x")
+  out = tmp_path / "run"
+  with pytest.raises(sj.InputError, match=f"export='{blocker}/d.npz' cannot be written"):
+    draft.train_draft(tiny, None, out_dir=str(out), export=str(blocker / "d.npz"))
+  with pytest.raises(sj.InputError, match=f"export='{blocker}/h-medusa.npz' cannot be written"):
+    heads.train_heads("medusa,mtp", tiny, None, out_dir=str(out),
+                      export=str(blocker / "h-{kind}.npz"))
+  assert not out.exists()
+  (tmp_path / "empty.npz").write_bytes(b"")
+  with pytest.raises(sj.WeightsError, match="empty.npz is empty .*; expected a draft model asset"):
+    draft.train_draft(tiny, None, out_dir=str(out), init=str(tmp_path / "empty.npz"))
+  assert not out.exists()
+  with pytest.raises(sj.InputError, match="corpus=None"):  # a good export passes
+    draft.train_draft(tiny, None, out_dir=str(out), export=str(tmp_path / "d.npz"))
+  assert not out.exists()  # made by the run, removed when it failed
+
+
+def test_a_failed_run_removes_only_what_it_created(tmp_path):
+  from specjax.training import folders, trainer
+
+  def run(out, save=False):
+    with pytest.raises(RuntimeError):
+      with folders.removed_on_failure(str(out), trainer.has_checkpoint):
+        os.makedirs(out / "ckpt", exist_ok=True)
+        if save:
+          (out / "ckpt" / "40").mkdir()
+        raise RuntimeError("failed")
+
+  run(tmp_path / "runs" / "a")
+  assert not (tmp_path / "runs").exists()
+  run(tmp_path / "b", save=True)  # a checkpoint to resume from
+  assert (tmp_path / "b" / "ckpt" / "40").is_dir()
+  (tmp_path / "mine").mkdir()
+  run(tmp_path / "mine")  # there before the run
+  assert (tmp_path / "mine" / "ckpt").is_dir()
+  with folders.removed_on_failure(str(tmp_path / "ok"), trainer.has_checkpoint):
+    (tmp_path / "ok").mkdir()
+  assert (tmp_path / "ok").is_dir()
+
+
+def test_corpus_arguments(tmp_path):
+  from specjax.training import corpus
+
+  for kw, match in ((dict(tokens="inf"), "tokens='inf' is invalid: must be a whole count"),
+                    (dict(temperatures=(0, "abc")), r"temperatures\[1\]='abc' is invalid: must "
+                                                    r"be a finite number in \[0, inf\) \(0 = greedy\)"),
+                    (dict(temperatures=()), r"temperatures=\(\) is invalid"),
+                    (dict(temperatures="0,1"), r"temperatures='0,1' is invalid"),
+                    (dict(seed=-1), r"seed=-1 is invalid: must be an integer in \[0, ")):
+    with pytest.raises(sj.InputError, match=match):
+      corpus.generate_corpus(_never, str(tmp_path / "c"), **kw)
+    assert not (tmp_path / "c").exists()

@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from specjax.errors import InputError
+from specjax.training import folders
 
 META = "meta.json"
 FORMAT_VERSION = 1
@@ -66,15 +67,11 @@ def _complete_shards(d: str) -> list[int]:
 
 
 def parse_count(text) -> int:
-  """'2M', '500k', '1_000', 2000 -> int (for --tokens)."""
-  if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
-    return int(text)
-  s = str(text).strip().lower().replace("_", "")
-  mult = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9}.get(s[-1:], 1)
-  try:
-    return int(float(s[:-1] if mult > 1 else s) * mult)
-  except ValueError:
-    raise InputError(f"tokens={text!r} is invalid: give a count like 2000000, 500k or 2M") from None
+  """'2M', '500k', '1_000', 2000 -> int (for --tokens); anything else ('inf', '2.5', 'lots', 0) is
+  an InputError."""
+  from specjax import validate
+
+  return validate.count("tokens", text)
 
 
 def _check_out_dir(out_dir: str) -> None:
@@ -108,67 +105,76 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
   pool: the prompt list [{"text", "chat", "source"}] (default: `prompt_pool.build(seed)`).
   Rerunning with the same arguments resumes; different settings on an existing corpus raise.
   """
-  total, temps = _check_corpus_args(tokens, batch_size, micro_batch, max_new_tokens,
-                                    temperatures, out_dir)
-  if isinstance(model, str):
-    from specjax.weights import load_model
-    name = model
-    model = load_model(model)
-  else:
-    name = model.name or "model"
-  if model.tokenizer is None:
-    raise InputError(f"model {name!r} has no tokenizer: a corpus needs text prompts")
-  pool, pool_info = _prompt_pool(pool, seed, max_prompt_chars)
-  v = model.config.vocab_size
-  meta = {
-      "format": FORMAT_VERSION, "model": name, "vocab_size": v, "weights_sha256": weights_sha256(model),
-      "tokenizer": getattr(model.tokenizer, "name_or_path", ""),
-      "token_dtype": "uint16" if v <= 1 << 16 else "uint32",
-      "batch_size": batch_size, "max_new_tokens": max_new_tokens, "temperatures": list(temps),
-      "top_p": top_p, "seed": seed, "pool": pool_info,
-  }
-  _check_or_write_meta(out_dir, meta)
-  done = _complete_shards(out_dir)
-  have = sum(_response_tokens(np.load(_shard_path(out_dir, i))) for i in done)
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=total, initial=min(have, total), unit="tok", desc="corpus", dynamic_ncols=True)
-  t0 = time.time()
-  i = len(done)
-  dtype = np.uint16 if meta["token_dtype"] == "uint16" else np.uint32
-  while have < total:
-    if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
-      break
-    shard = _generate_shard(model, pool, i, batch_size, max_new_tokens, temps[i % len(temps)],
-                            top_p, seed, dtype, micro_batch)
-    _atomic_npz(_shard_path(out_dir, i), shard)
-    n = _response_tokens(shard)
-    have += n
+  # A failed run removes the folder it created, unless a complete shard is there to resume from.
+  with folders.removed_on_failure(out_dir, lambda d: bool(_complete_shards(d))):
+    total, temps = _check_corpus_args(tokens, batch_size, micro_batch, max_new_tokens,
+                                      temperatures, seed, out_dir)
+    if isinstance(model, str):
+      from specjax.weights import load_model
+      name = model
+      model = load_model(model)
+    else:
+      name = model.name or "model"
+    if model.tokenizer is None:
+      raise InputError(f"model {name!r} has no tokenizer: a corpus needs text prompts")
+    pool, pool_info = _prompt_pool(pool, seed, max_prompt_chars)
+    v = model.config.vocab_size
+    meta = {
+        "format": FORMAT_VERSION, "model": name, "vocab_size": v,
+        "weights_sha256": weights_sha256(model),
+        "tokenizer": getattr(model.tokenizer, "name_or_path", ""),
+        "token_dtype": "uint16" if v <= 1 << 16 else "uint32",
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "temperatures": list(temps),
+        "top_p": top_p, "seed": seed, "pool": pool_info,
+    }
+    _check_or_write_meta(out_dir, meta)
+    done = _complete_shards(out_dir)
+    have = sum(_response_tokens(np.load(_shard_path(out_dir, i))) for i in done)
+    bar = None
+    if progress:
+      from tqdm.auto import tqdm
+      bar = tqdm(total=total, initial=min(have, total), unit="tok", desc="corpus",
+                 dynamic_ncols=True)
+    t0 = time.time()
+    i = len(done)
+    dtype = np.uint16 if meta["token_dtype"] == "uint16" else np.uint32
+    while have < total:
+      if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
+        break
+      shard = _generate_shard(model, pool, i, batch_size, max_new_tokens, temps[i % len(temps)],
+                              top_p, seed, dtype, micro_batch)
+      _atomic_npz(_shard_path(out_dir, i), shard)
+      n = _response_tokens(shard)
+      have += n
+      if bar is not None:
+        bar.update(min(n, max(0, total - bar.n)))
+      if on_shard is not None:
+        on_shard(i, shard)
+      i += 1
     if bar is not None:
-      bar.update(min(n, max(0, total - bar.n)))
-    if on_shard is not None:
-      on_shard(i, shard)
-    i += 1
-  if bar is not None:
-    bar.close()
-  return load(out_dir)
+      bar.close()
+    return load(out_dir)
 
 
-def _check_corpus_args(tokens, batch_size, micro_batch, max_new_tokens, temperatures, out_dir):
+def _check_corpus_args(tokens, batch_size, micro_batch, max_new_tokens, temperatures, seed,
+                       out_dir):
   """generate_corpus's checks that need no model. Returns (response tokens wanted, temperatures
   as a tuple of floats)."""
+  from specjax import validate
   from specjax.errors import check_int
 
   total = parse_count(tokens)
-  if total < 1:
-    raise InputError(f"tokens={tokens!r} is invalid: must be >= 1")
   check_int("batch_size", batch_size, 1, 4096)
   check_int("micro_batch", micro_batch, 1, 4096)
   check_int("max_new_tokens", max_new_tokens, 1, 1 << 16)
-  temps = tuple(float(t) for t in temperatures)
-  if not temps or any(not np.isfinite(t) or t < 0 for t in temps):
-    raise InputError(f"temperatures={temperatures!r} is invalid: finite numbers >= 0 (0 = greedy)")
+  validate.integer("seed", seed, 0, validate.SEED_MAX)  # the prompt pool's numpy generator's
+  listed = not isinstance(temperatures, (str, bytes)) and hasattr(temperatures, "__iter__")
+  temps = list(temperatures) if listed else []
+  if not temps:
+    raise InputError(f"temperatures={temperatures!r} is invalid: a list of finite numbers >= 0 "
+                     f"(0 = greedy)")
+  temps = tuple(validate.number(f"temperatures[{i}]", t, 0, what=" (0 = greedy)")
+                for i, t in enumerate(temps))
   _check_out_dir(out_dir)
   return total, temps
 

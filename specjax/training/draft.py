@@ -33,11 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import validate
 from specjax.errors import InputError, check_int
 from specjax.model import Model, forward_sequence, head_rows
 from specjax.registry import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
                               own_params, read_draft_header, with_params)
-from specjax.training import trainer
+from specjax.training import folders, trainer
 
 # ----------------------------------------------------------------------------- teacher
 
@@ -255,47 +256,56 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
                      ("batch_size", batch_size, 1), ("seq_len", seq_len, 2),
                      ("soft_top_k", soft_top_k, 0), ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
-  config, corpus, target, target_name = setup_run(
-      target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps, lr=lr,
-      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
-      eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress)
-  cfg = target.config
-  if num_layers is not None and not num_layers <= cfg.num_layers:
-    raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's layers)")
-  if soft_top_k > cfg.vocab_size:
-    raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary ({cfg.vocab_size})")
-  tok, labels, vtok, vlabels = _draft_windows(corpus, seq_len, held_out, seed,
-                                              max_held_out_windows, log)
-  name = f"{target_name}-draft"
-  draft, vocab, num_layers = _initial_draft(target, name, init, num_layers, labels, vocab_size,
-                                            log)
-  # Large frozen tensors go in as jit arguments, not closed-over constants.
-  frozen = {"draft": draft.params, "target": target.params if soft_top_k else None}
-  loss_fn, eval_fn = _draft_losses(draft, target, jnp.asarray(vocab), soft_top_k)
-  held = _held_out_batches(target, vtok, vlabels, batch_size, seq_len)
+  if export is not None:  # checked now: an unwritable export would fail only after training
+    validate.writable_file("export", export, ".npz")
+  if init is not None:  # a missing, damaged or non-draft asset fails before anything loads
+    read_draft_header(init)
+  with folders.removed_on_failure(out_dir, trainer.has_checkpoint):
+    config, corpus, target, target_name = setup_run(
+        target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps,
+        lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
+        eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress)
+    cfg = target.config
+    if num_layers is not None and not num_layers <= cfg.num_layers:
+      raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's "
+                       f"layers)")
+    if soft_top_k > cfg.vocab_size:
+      raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary "
+                       f"({cfg.vocab_size})")
+    tok, labels, vtok, vlabels = _draft_windows(corpus, seq_len, held_out, seed,
+                                                max_held_out_windows, log)
+    name = f"{target_name}-draft"
+    draft, vocab, num_layers = _initial_draft(target, name, init, num_layers, labels, vocab_size,
+                                              log)
+    # Large frozen tensors go in as jit arguments, not closed-over constants.
+    frozen = {"draft": draft.params, "target": target.params if soft_top_k else None}
+    loss_fn, eval_fn = _draft_losses(draft, target, jnp.asarray(vocab), soft_top_k)
+    held = _held_out_batches(target, vtok, vlabels, batch_size, seq_len)
 
-  def batches(step):
-    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-    return jnp.asarray(tok[rows]), jnp.asarray(labels[rows])
+    def batches(step):
+      rows = trainer.batch_rows(len(tok), batch_size, seed, step)
+      return jnp.asarray(tok[rows]), jnp.asarray(labels[rows])
 
-  res = trainer.train(own_params(draft), loss_fn, batches, config, held_out=held, eval_fn=eval_fn,
-                      frozen=frozen, log=log, title=f"{name}: {num_layers} layers, Vs={len(vocab)}"
-                      + (f", soft top-{soft_top_k}" if soft_top_k else ""))
-  val = None if res.held_out is None else res.held_out["top1"]
-  log(f"train: stopped at step {res.step}" + (f", held-out top1 {val:.4f}" if val is not None else ""))
-  draft = draft_from_target(target, num_layers, vocab, name=name,
-                            own={k: np.asarray(v) for k, v in res.params.items()})
-  draft.train_step, draft.held_out_top1 = res.step, val
-  if export:
-    meta = dict(corpus.meta)
-    export_draft(draft, export, target_name=target_name, meta={
-        "steps": res.step, "vocab_size": int(len(vocab)), "lr": lr, "batch_size": batch_size,
-        "seq_len": seq_len, "soft_top_k": soft_top_k, "labels": int(np.sum(labels >= 0)),
-        "init": init,
-        "held_out_top1": val, "held_out": None if res.held_out is None else res.held_out,
-        "corpus": {k: meta[k] for k in ("model", "vocab_size", "weights_sha256") if k in meta}})
-    log(f"export: wrote {export} ({os.path.getsize(export) / 2**20:.1f} MiB)")
-  return draft
+    res = trainer.train(own_params(draft), loss_fn, batches, config, held_out=held, eval_fn=eval_fn,
+                        frozen=frozen, log=log,
+                        title=f"{name}: {num_layers} layers, Vs={len(vocab)}"
+                        + (f", soft top-{soft_top_k}" if soft_top_k else ""))
+    val = None if res.held_out is None else res.held_out["top1"]
+    log(f"train: stopped at step {res.step}"
+        + (f", held-out top1 {val:.4f}" if val is not None else ""))
+    draft = draft_from_target(target, num_layers, vocab, name=name,
+                              own={k: np.asarray(v) for k, v in res.params.items()})
+    draft.train_step, draft.held_out_top1 = res.step, val
+    if export:
+      meta = dict(corpus.meta)
+      export_draft(draft, export, target_name=target_name, meta={
+          "steps": res.step, "vocab_size": int(len(vocab)), "lr": lr, "batch_size": batch_size,
+          "seq_len": seq_len, "soft_top_k": soft_top_k, "labels": int(np.sum(labels >= 0)),
+          "init": init,
+          "held_out_top1": val, "held_out": None if res.held_out is None else res.held_out,
+          "corpus": {k: meta[k] for k in ("model", "vocab_size", "weights_sha256") if k in meta}})
+      log(f"export: wrote {export} ({os.path.getsize(export) / 2**20:.1f} MiB)")
+    return draft
 
 
 def _draft_windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_windows: int,

@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import validate
 from specjax.errors import InputError, check_int
 from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
                            save_heads)
-from specjax.training import eagle, medusa, mtp, trainer
+from specjax.training import eagle, folders, medusa, mtp, trainer
 from specjax.training.draft import setup_run, vocab_subset
 from specjax.training.features import frozen_arrays, target_features
 
@@ -129,38 +130,39 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   _check_args(kinds, per_kind, export=export, num_layers=num_layers, vocab_size=vocab_size,
               batch_size=batch_size, seq_len=seq_len, max_held_out_windows=max_held_out_windows,
               unroll=unroll, taps=taps)
-  inits = {} if init is None else _load_inits(init, kinds, num_heads, per_kind)
-  config, corpus, target, target_name = setup_run(
-      target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
-      steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-      ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
-      clip_groups=joint)
-  taps = check_taps(taps, target.config.num_layers) if taps else ()
-  tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
-                             log)
-  valid = response_valid(mask)
-  heads_by, vocab = (_from_inits(inits, target, taps, init, log) if inits else _fresh_heads(
-      target, kinds, per_kind, tok, mask, vocab_size=vocab_size, num_layers=num_layers,
-      seed=seed, taps=taps, log=log))
-  # One frozen set for every kind: the target's params and the LM-head rows the heads score.
-  frozen = frozen_arrays(target, heads_by[kinds[0]])
+  with folders.removed_on_failure(out_dir, trainer.has_checkpoint):
+    inits = {} if init is None else _load_inits(init, kinds, num_heads, per_kind)
+    config, corpus, target, target_name = setup_run(
+        target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
+        steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+        ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes,
+        progress=progress, clip_groups=joint)
+    taps = check_taps(taps, target.config.num_layers) if taps else ()
+    tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
+                               log)
+    valid = response_valid(mask)
+    heads_by, vocab = (_from_inits(inits, target, taps, init, log) if inits else _fresh_heads(
+        target, kinds, per_kind, tok, mask, vocab_size=vocab_size, num_layers=num_layers,
+        seed=seed, taps=taps, log=log))
+    # One frozen set for every kind: the target's params and the LM-head rows the heads score.
+    frozen = frozen_arrays(target, heads_by[kinds[0]])
 
-  def batches(step):
-    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-    return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
+    def batches(step):
+      rows = trainer.batch_rows(len(tok), batch_size, seed, step)
+      return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
 
-  params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
-  res = trainer.train(params if joint else params[kinds[0]],
-                      make_loss(target, heads_by, unroll=unroll), batches, config,
-                      held_out=held, frozen=frozen, log=log,
-                      title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
-                      + f", Vs={'all' if vocab is None else len(vocab)}")
-  meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size, seq_len=seq_len,
-              trained_with=list(kinds), unroll=unroll, init=None if init is None else str(init),
-              corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
-                      if c in corpus.meta})
-  out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
-  return out if joint else out[kinds[0]]
+    params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
+    res = trainer.train(params if joint else params[kinds[0]],
+                        make_loss(target, heads_by, unroll=unroll), batches, config,
+                        held_out=held, frozen=frozen, log=log,
+                        title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
+                        + f", Vs={'all' if vocab is None else len(vocab)}")
+    meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size, seq_len=seq_len,
+                trained_with=list(kinds), unroll=unroll, init=None if init is None else str(init),
+                corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
+                        if c in corpus.meta})
+    out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
+    return out if joint else out[kinds[0]]
 
 
 def train_medusa(target="smollm2-135m", corpus=None, **kw):
@@ -193,6 +195,8 @@ def _check_args(kinds: tuple, per_kind: dict, *, export, num_layers, vocab_size,
   if export is not None and joint and "{kind}" not in export:
     raise InputError(f"export={export!r} must contain '{{kind}}' when training several kinds "
                      f"(one file per kind, e.g. 'heads-{{kind}}.npz')")
+  for k in kinds if export is not None else ():  # now: it would fail only after training
+    validate.writable_file("export", str(export).replace("{kind}", k))
   for k, v in per_kind.items():
     check_int("num_heads" if not joint else f"num_heads[{k!r}]", v, 1)
   for arg, v, lo in (("num_layers", num_layers, 1),

@@ -235,6 +235,13 @@ def prepare_out_dir(out_dir: str) -> str:
   return out_dir
 
 
+def has_checkpoint(out_dir: str) -> bool:
+  """Whether out_dir holds a saved training step (orbax names each step's folder by its number):
+  a run there resumes, so a failed call never removes it."""
+  ckpt = os.path.join(os.fspath(out_dir), CKPT_DIR)
+  return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt))
+
+
 class Terminated(SystemExit):
   """SIGTERM (or an otherwise ignored SIGINT) arrived during `train`: it saved a checkpoint at the
   step it had reached and stopped (exit status 128 + the signal's number)."""
