@@ -7,7 +7,81 @@ import json
 import os
 import sys
 
+from specjax import validate
+from specjax.errors import InputError
+
 DEFAULT_MODEL = "smollm2-135m"
+
+
+# ----------------------------------------------------------------------------- flag values
+# argparse reads a flag's text as an int or a float; what values are allowed is checked here,
+# after parsing and before anything loads, by the same checkers sj.generate and the trainers use
+# (specjax.validate), named by flag: "--top-p 2.0 is invalid: must be a finite number in (0, 1]".
+# main prints it as one line with exit status 2, like argparse's own errors.
+
+
+def _int(lo: int, hi: int | None = None, what: str = ""):
+  return lambda flag, value: validate.integer(flag, value, lo, hi, what)
+
+
+def _num(lo: float | None, hi: float | None = None, what: str = "", **ends):
+  return lambda flag, value: validate.number(flag, value, lo, hi, what=what, **ends)
+
+
+def _seed(lo: int = validate.SEED_MIN):
+  return lambda flag, value: validate.integer(flag, value, lo, validate.SEED_MAX,
+                                              " (a 64-bit signed seed)" if lo < 0 else "")
+
+
+def _numbers(kind, lo: float, hi: float | None = None, example: str = ""):
+  """A comma-separated list flag ("0,0.7,1.0") -> its numbers, each checked like one flag."""
+  def check(flag: str, text) -> list:
+    noun = "integers" if kind is int else "numbers"
+    rng = validate.int_range(lo, hi) if kind is int else validate.number_range(lo, hi)
+    out = []
+    for item in str(text).split(","):
+      try:
+        v = kind(item.strip())
+        out.append(validate.integer("", v, lo, hi) if kind is int
+                   else validate.number("", v, lo, hi))
+      except (ValueError, InputError):
+        raise InputError(f"{flag} {text!r} is invalid: {item.strip()!r} is not one of the comma-"
+                         f"separated {noun} {rng} it must hold, e.g. {example}") from None
+    return out
+  return check
+
+
+SAMPLING_FLAGS = {"--max-new-tokens": _int(1, validate.INT32_MAX),
+                  "--temperature": _num(0, what=" (0 = greedy)"),
+                  "--top-k": _int(0, validate.INT32_MAX, " (0 = off)"),
+                  "--top-p": _num(0, 1, " (1 = off)", lo_open=True), "--seed": _seed()}
+METHOD_FLAGS = {"--gamma": _int(0, what=" (0 = from the cost curve)"),
+                "--exit-layer": _int(0, what=" (0 = a quarter of the layers)"),
+                "--nodes": _int(0, what=" (0 = from the cost curve)")}
+BENCH_FLAGS = {"--num-prompts": _int(1), "--batch-size": _int(1), "--repeats": _int(1),
+               "--max-new-tokens": _int(1), "--temperature": _num(0, what=" (0 = greedy)")}
+DATA_FLAGS = {"--tokens": validate.count, "--batch-size": _int(1, 4096),
+              "--micro-batch": _int(1, 4096), "--max-new-tokens": _int(1, 1 << 16),
+              "--temperatures": _numbers(float, 0, example="0,0.7,1.0"),
+              "--max-minutes": _num(0, what=" (0 = no limit)"), "--seed": _seed(0),
+              "--batch-sizes": _numbers(int, 1, 4096, example="1,16,32"),
+              "--new-tokens": _int(1, 1 << 16)}
+TRAIN_FLAGS = {"--vocab-size": _int(0), "--steps": _int(1), "--batch-size": _int(1),
+               "--seq-len": _int(2), "--lr": _num(0, lo_open=True), "--warmup": _int(0),
+               "--weight-decay": _num(0), "--grad-clip": _num(0), "--held-out": _num(0, 1,
+               hi_open=True), "--ckpt-every": _int(1), "--eval-every": _int(1),
+               "--max-minutes": _num(0, what=" (0 = no limit)"), "--seed": _seed(0),
+               "--num-layers": _int(1), "--soft-top-k": _int(0, what=" (0 = corpus tokens)"),
+               "--unroll": _int(1)}
+
+
+def check_flags(args, rules: dict) -> None:
+  """Checks (and normalises) each flag of `rules` that args has: flag -> check(flag, value),
+  which returns the value to use or raises InputError naming the flag and the value."""
+  for flag, check in rules.items():
+    dest = flag[2:].replace("-", "_")
+    if getattr(args, dest, None) is not None:
+      setattr(args, dest, check(flag, getattr(args, dest)))
 
 
 def _method_options(name: str, args) -> dict:
@@ -76,34 +150,71 @@ def _load(args):
   return sj.load_model(args.model, weights=getattr(args, "weights", "float32"))
 
 
-def _make_method(name: str, model, args):
-  """The registry's method `name` (or an alias) for model, with the CLI's settings; "auto": the
-  method specjax.auto chooses (its choice is printed to stderr)."""
+def _method_name(name: str) -> str:
+  """--method NAME (or an alias) -> its registry name, or "auto"; InputError naming the
+  available ones otherwise. Needs no model."""
   from specjax import auto, methods
-  from specjax.errors import InputError
 
   if auto.is_auto(name):
-    method, report = auto.choose(model)
-    print(f"auto: {report['method']} {json.dumps(report['settings'], default=str)[:200]}, "
-          f"predicted {report['predicted_speedup']:.2f}x", file=sys.stderr)
-    return method
+    return auto.NAME
   canonical = methods.canonical(name)
   if canonical is None:
     raise InputError(f"--method {name!r} is unknown; available: "
                      f"{', '.join(methods.names())}, auto")
+  return canonical
+
+
+def _make_method(name: str, model, args):
+  """The registry's method `name` (or an alias) for model, with the CLI's settings; "auto": the
+  method specjax.auto chooses (its choice is printed to stderr)."""
+  from specjax import auto, methods
+
+  canonical = _method_name(name)
+  if canonical == auto.NAME:
+    method, report = auto.choose(model)
+    print(f"auto: {report['method']} {json.dumps(report['settings'], default=str)[:200]}, "
+          f"predicted {report['predicted_speedup']:.2f}x", file=sys.stderr)
+    return method
   return methods.build(canonical, model, **_method_options(canonical, args))
 
 
+def _check_generate_args(args) -> str:
+  """Every check of `specjax generate` that needs no model, so a bad argument fails in a moment
+  rather than after the load (~10 s): the flags' values, the method name, the model name.
+  Returns the method's registry name (or "auto")."""
+  from specjax import weights
+
+  check_flags(args, {**SAMPLING_FLAGS, **METHOD_FLAGS})
+  name = _method_name(args.method)
+  weights.resolve(args.model)  # an unknown model name fails here, before anything loads
+  return name
+
+
 def cmd_generate(args) -> None:
+  """`specjax generate`: checks every argument, then loads (the model, and the method's drafter)
+  and compiles, each with a progress line on stderr (bench.timed_step, as `specjax demo`)."""
   import specjax as sj
+  from specjax import auto, bench, methods
 
-  from specjax import auto
-
-  model = _load(args)
-  method = auto.NAME if auto.is_auto(args.method) else _make_method(args.method, model, args)
-  out = sj.generate(model, args.prompt, method, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=args.seed, chat=args.chat)
+  name = _check_generate_args(args)
+  with bench.timed_step(f"loading {args.model}", stream=sys.stderr) as step:
+    model = _load(args)
+    step["note"] = str(model)
+  if args.chat and getattr(model.tokenizer, "chat_template", None) is None:
+    raise InputError(f"--chat: the tokenizer of {args.model!r} has no chat template; run "
+                     f"without --chat")
+  if name == auto.NAME:
+    method = auto.NAME
+  elif methods.REGISTRY[name].trained:  # its drafter loads (a draft model: seconds)
+    with bench.timed_step(f"loading {name}'s drafter", stream=sys.stderr):
+      method = _make_method(name, model, args)
+  else:
+    method = _make_method(name, model, args)
+  with bench.timed_step(f"compiling and generating ({name}, {args.max_new_tokens} new tokens)",
+                        stream=sys.stderr):
+    out = sj.generate(model, args.prompt, method, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      seed=args.seed, chat=args.chat)
   for p, t in zip(args.prompt, out.texts):
     print(f">>> {p}\n{t}\n")
   stats = {k: v for k, v in out.stats.items() if not isinstance(v, list)}
@@ -127,6 +238,8 @@ def cmd_demo(args) -> None:
   import specjax as sj
   from specjax import bench
 
+  check_flags(args, {"--max-new-tokens": _int(1, validate.INT32_MAX), "--repeats": _int(1),
+                     **METHOD_FLAGS})
   bench.use_compile_cache()
   with bench.timed_step(f"loading {args.model}") as step:
     model = _load(args)
@@ -187,15 +300,8 @@ def _check_bench_args(args) -> list[str]:
   """Every check that needs no model, so a bad argument fails in a moment, before loading or
   compiling anything. Returns the method names (autoregressive first)."""
   from specjax import bench, weights
-  from specjax.errors import InputError
 
-  for flag, value in (("--num-prompts", args.num_prompts), ("--max-new-tokens", args.max_new_tokens),
-                      ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
-    if value < 1:
-      raise InputError(f"{flag} {value} is invalid: must be an integer >= 1")
-  if not args.temperature >= 0 or args.temperature == float("inf"):
-    raise InputError(f"--temperature {args.temperature} is invalid: must be a finite number >= 0 "
-                     f"(0 = greedy)")
+  check_flags(args, {**BENCH_FLAGS, **METHOD_FLAGS})
   from specjax import methods as registry
 
   names = [n.strip() for n in args.methods.split(",") if n.strip()] if args.methods else \
@@ -220,10 +326,12 @@ def _check_bench_args(args) -> list[str]:
 def _bench_methods(args) -> None:
   import specjax as sj
   from specjax import bench
-  from specjax.errors import InputError, SpecJaxError
+  from specjax.errors import SpecJaxError
 
   names = _check_bench_args(args)
   explicit = bool(args.methods)
+  # Read before the model loads: a prompt file without prompts fails in a moment.
+  ps, chat = bench.load_prompt_set(args.prompts, args.num_prompts)
   print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
   model = _load(args)
   methods = {}
@@ -236,7 +344,6 @@ def _bench_methods(args) -> None:
       if explicit:  # asked for by name: say why it cannot run here
         raise InputError(f"--methods {name}: cannot run on {args.model}: {e}") from e
       print(f"(skipping {name}: {e})", file=sys.stderr)
-  ps, chat = bench.load_prompt_set(args.prompts, args.num_prompts)
   used = {"set": ps.source, "path": bench.relative_path(ps.path), "count": len(ps)}  # what ran
   chat = chat and not args.no_chat
   b = args.batch_size
@@ -345,32 +452,31 @@ def _bench_plot(path: str, title: str, rows: list[dict]) -> None:
 def cmd_data_generate(args) -> None:
   from specjax.training import corpus
 
-  tokens = corpus.parse_count(args.tokens)  # bad counts fail before the model loads
-  if tokens < 1:
-    from specjax.errors import InputError
-    raise InputError(f"--tokens {args.tokens!r} is invalid: must be >= 1")
-  corpus._check_out_dir(args.out)
-  temps = [float(t) for t in args.temperatures.split(",")] if args.temperatures else []
-  c = corpus.generate_corpus(args.model, args.out, tokens=tokens, batch_size=args.batch_size,
+  check_flags(args, DATA_FLAGS)  # generate_corpus checks the out folder before the model loads
+  c = corpus.generate_corpus(args.model, args.out, tokens=args.tokens, batch_size=args.batch_size,
                              micro_batch=args.micro_batch, max_new_tokens=args.max_new_tokens,
-                             temperatures=temps,
+                             temperatures=args.temperatures,
                              seed=args.seed, max_minutes=args.max_minutes or None)
   print(c)
 
 
 def cmd_data_throughput(args) -> None:
   import specjax as sj
-  from specjax import bench
+  from specjax import bench, weights
   from specjax.training import corpus
 
-  sizes = [int(b) for b in args.batch_sizes.split(",")]
-  rows = corpus.measure_throughput(sj.load_model(args.model), sizes, new_tokens=args.new_tokens)
+  check_flags(args, DATA_FLAGS)
+  weights.resolve(args.model)
+  rows = corpus.measure_throughput(sj.load_model(args.model), args.batch_sizes,
+                                   new_tokens=args.new_tokens)
   print(bench.format_table(rows, [("batch", "batch", "d"), ("tokens_per_second", "tok/s", ".1f"),
                                   ("step_ms", "ms/step", ".1f"), ("vs_batch1", "vs batch 1", ".2f")]))
 
 
 def cmd_train_draft(args) -> None:
   from specjax.training import draft
+
+  check_flags(args, TRAIN_FLAGS)  # train_draft checks --export and --out-dir before loading
 
   draft.train_draft(args.model, args.corpus, out_dir=args.out_dir, export=args.export,
                     num_layers=args.num_layers, vocab_size=args.vocab_size, steps=args.steps,
@@ -383,8 +489,6 @@ def cmd_train_draft(args) -> None:
 
 def _num_heads_arg(text):
   """--num-heads: "4" (one kind) or "medusa=4,mtp=2" (several kinds)."""
-  from specjax.errors import InputError
-
   if text is None or "=" not in text:
     try:
       return None if text is None else int(text)
@@ -403,6 +507,8 @@ def _num_heads_arg(text):
 
 def cmd_train_heads(args) -> None:
   from specjax.training import heads
+
+  check_flags(args, TRAIN_FLAGS)  # train_heads checks --export and --out-dir before loading
 
   what = args.kinds if args.what == "heads" else args.what
   heads.train_heads(what, args.model, args.corpus, out_dir=args.out_dir, export=args.export,
