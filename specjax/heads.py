@@ -70,12 +70,16 @@ class HeadsConfig:
   target: str = ""  # the target's name when known (informational)
   vocab_subset: int = 0  # Vs, the size of the scored subset (0: the full vocabulary)
   taps: tuple = ()  # EAGLE with fused features: the target layers whose outputs are fused (below)
+  # False: the module's layer puts no norm on its input (published EAGLE-1/2 heads: the fc output
+  # enters attention as it is); its params then hold no "layer.attn_norm.*".
+  input_norm: bool = True
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Heads:
-  """config: HeadsConfig; params: {"w": [K,L,E,E], "b": [K,L,E]} (Medusa) or the flat feature-module
-  tensors (EAGLE / MTP, see the module docstring); vocab: [Vs] int32 or None."""
+  """config: HeadsConfig; params: {"w": [K,L,E,E], "b": [K,L,E]} (Medusa; with "lm" [K,V or Vs,E],
+  each head's own LM head, as published Medusa-1 heads have, instead of the target's) or the flat
+  feature-module tensors (EAGLE / MTP, see the module docstring); vocab: [Vs] int32 or None."""
   config: HeadsConfig
   params: Any
   vocab: Any = None
@@ -142,7 +146,7 @@ def check_fits(heads: Heads, target) -> None:
     raise InputError(f"heads {heads!r} fuse the outputs of target layers {list(c.taps)}, but this "
                      f"target has {t.num_layers} layers: load or train heads for this model")
   if c.kind in FEATURE_KINDS:
-    want = feature_shapes(c.kind, c.num_heads, target, c.taps)
+    want = feature_shapes(c.kind, c.num_heads, target, c.taps, c.input_norm)
     got = {k: tuple(np.shape(v)) for k, v in heads.params.items()}
     if got != want:
       bad = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
@@ -221,8 +225,9 @@ def _read(path: str, dtype) -> Heads:
 
 
 def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
-  """Shipped heads by name (see NAMED_HEADS) or a file written by `save_heads`. With `target`,
-  checks that they fit it (width and vocabulary) and uses its dtype."""
+  """Shipped heads by name (see NAMED_HEADS), a file written by `save_heads`, or published heads
+  (a directory, .safetensors, .pt or .bin in the Medusa or EAGLE layouts: specjax.drafters). With
+  `target`, checks that they fit it (width and vocabulary) and uses its dtype."""
   if not isinstance(path_or_name, (str, os.PathLike)):
     raise InputError(f"load_heads: expected a heads name or path, got "
                      f"{type(path_or_name).__name__}")
@@ -238,11 +243,18 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
           f"DIR --export heads.npz` and load them with sj.load_heads('heads.npz', target)")
   else:
     path = name
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
       raise ModelNotFoundError(f"load_heads: {name!r} is neither a shipped heads name "
-                               f"({', '.join(NAMED_HEADS)}) nor a file")
+                               f"({', '.join(NAMED_HEADS)}) nor a file or directory")
   dt = dtype or (getattr(target, "dtype", None) if target is not None else None) or jnp.float32
-  heads = _read(path, dt)
+  from specjax.drafters import layouts  # published layouts (Medusa, EAGLE): directories, .pt, ...
+
+  if layouts.is_published(path):
+    fields, params, vocab, meta = layouts.read(path, None if target is None else target.config)
+    heads = Heads(HeadsConfig(**fields), {k: jnp.asarray(v, dt) for k, v in params.items()},
+                  vocab, meta)
+  else:
+    heads = _read(path, dt)
   if target is not None:
     check_fits(heads, target)
   return heads
@@ -304,8 +316,9 @@ def _layer_keys(config) -> dict:
           for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
 
 
-def feature_shapes(kind: str, num_heads: int, target, taps=()) -> dict:
-  """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`."""
+def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool = True) -> dict:
+  """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`
+  (input_norm False: without the layer's input norm, see HeadsConfig)."""
   c = target.config
   e, k = c.hidden_size, num_heads
   out = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
@@ -313,7 +326,8 @@ def feature_shapes(kind: str, num_heads: int, target, taps=()) -> dict:
     out.update(fuse_w=(k, (len(taps) + 1) * e, e), fuse_b=(k, e))
   if kind == "mtp":
     out.update(norm_e=(k, e), norm_h=(k, e))
-  out.update({name: (k,) + shape for name, shape in _layer_keys(c).items()})
+  out.update({name: (k,) + shape for name, shape in _layer_keys(c).items()
+              if input_norm or not name.startswith("layer.attn_norm.")})
   return out
 
 
@@ -479,6 +493,10 @@ def pack_module(mod: dict) -> dict:
   return dict(mod, packed=packed)
 
 
+def _identity(x):
+  return x
+
+
 def _rms(x, scale, eps):
   from specjax.model import rms_unit
 
@@ -507,14 +525,19 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
   x = dense(jnp.concatenate([emb, feat.astype(emb.dtype)], axis=-1), mod["fc_w"],
             packed.get("fc_w")) + mod["fc_b"]
   graphdef, abstract = layer_template(config, jnp.dtype(mod["fc_w"].dtype).name)
+  raw = "attn_norm" not in mod["layer"]  # no input norm (published EAGLE-1/2 layers)
 
-  def leaf(path, _):
+  def leaf(path, x):
     d = mod["layer"]
     for p in path_key(path):
+      if raw and p == "attn_norm":
+        return jnp.ones(x.shape, x.dtype)  # a placeholder; replaced by the identity below
       d = d[p]
     return d
 
   block = nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
+  if raw:
+    block.attn_norm = _identity
   for name, arr in packed.items():  # "layer.attn.wqkv" -> block.attn.packed_wqkv
     parts = name.split(".")
     if parts[0] == "layer":

@@ -119,7 +119,11 @@ class Medusa(Method):
 
   def arrays(self, model):
     out = {"w": self.heads.params["w"], "b": self.heads.params["b"]}
-    if self.heads.vocab is not None:
+    if "lm" in self.heads.params:  # each head's own LM head [K,V or Vs,E] (published Medusa-1)
+      out["lm"] = self.heads.params["lm"]
+      if self.heads.vocab is not None:
+        out["vocab"] = jnp.asarray(self.heads.vocab)
+    elif self.heads.vocab is not None:
       out.update(subset_head(model, self.heads.vocab))  # vocab [Vs], head [Vs,E]
     return out
 
@@ -135,6 +139,9 @@ class Medusa(Method):
     """hidden [B,E] -> the heads' top-R candidates [B,K,R] (R = the ranks the tree reads)."""
     z = medusa_hidden(arrays, hidden)  # [B,K,E]
     r = self.tree.ranks_needed()
+    if "lm" in arrays:  # head k's own LM head
+      ids = top_k_ids(jnp.einsum("bke,kve->bkv", z, arrays["lm"]).astype(jnp.float32), r)
+      return arrays["vocab"][ids] if "vocab" in arrays else ids
     if "head" in arrays:  # score only the subset's rows of the target's LM head
       logits = subset_logits(z, arrays)  # [B,K,Vs]
       return arrays["vocab"][top_k_ids(logits, r)]

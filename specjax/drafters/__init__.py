@@ -1,0 +1,128 @@
+"""Drafter assets: specjax's own heads files and the published Medusa / EAGLE layouts, one layer.
+
+    heads = sj.load_heads("medusa-vicuna-7b/", target)         # recognised from the files' contents
+    logits = sj.head_logits(target, heads, tokens)             # teacher-forced, to measure heads
+    export_heads(heads, "medusa", "out/", target)              # our heads in a published layout
+
+`sj.load_heads` (specjax/heads.py) reads our .npz itself and hands directories, safetensors and
+torch files to `layouts.read`, which recognises the layout from the tensor names and config fields
+(layouts.LAYOUTS) and converts it to specjax's heads, computing exactly what the published
+architecture computes: Medusa-1 heads with their own LM heads (params "lm" [K,V,E]) or the
+target's; EAGLE-1/2 heads whose layer has no input norm (HeadsConfig.input_norm False). The
+readers live in `layouts` (below specjax.heads, which imports them); this module, above both, holds
+what needs the target: `head_logits` and `export_heads`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+from specjax.drafters import layouts
+from specjax.drafters.layouts import LAYOUTS
+from specjax.errors import InputError
+from specjax.heads import (Heads, check_fits, feature_module, fuse_features, medusa_hidden,
+                           module_arrays)
+from specjax.model import forward_sequence
+
+FORMATS = ("medusa", "eagle")
+
+__all__ = ["FORMATS", "LAYOUTS", "export_heads", "head_logits"]
+
+
+def _check_tokens(tokens, vocab_size: int, least: int) -> np.ndarray:
+  arr = np.asarray(tokens)
+  if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer) or arr.shape[-1] < least:
+    raise InputError(f"tokens: expected token ids [T] or [B,T] with T >= {least}, got shape "
+                     f"{arr.shape} dtype {arr.dtype}")
+  if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+    raise InputError(f"tokens: ids must lie in [0, {vocab_size}), got {arr.min()}..{arr.max()}")
+  return arr.astype(np.int32)
+
+
+def _to_vocab(logits: jax.Array, vocab, v: int, subset: bool) -> jax.Array:
+  """Logits over the heads' vocabulary -> [..., V]: a subset's scores at its ids (subset: the
+  logits are [..., Vs]) or the full logits masked to it, -inf elsewhere."""
+  if vocab is None:
+    return logits
+  ids = jnp.asarray(vocab)
+  if subset:
+    full = jnp.full(logits.shape[:-1] + (v,), -jnp.inf, jnp.float32)
+    return full.at[..., ids].set(logits)
+  keep = jnp.zeros((v,), bool).at[ids].set(True)
+  return jnp.where(keep, logits, -jnp.inf)
+
+
+def head_logits(target, heads: Heads, tokens) -> jax.Array:
+  """Teacher-forced logits of `heads` on `target` over a token sequence, float32.
+
+  tokens [T] (or [B,T], giving a leading B). Medusa: [T,K,V], head k at position t (its guess
+  for token t + k + 2, reading the target's final-normed hidden state at t). EAGLE: [T-1,V], the
+  first draft step at position t, from the target's feature at t and token t + 1 (its guess for
+  token t + 2), attending causally over positions 0..t. Tokens outside a heads' vocabulary
+  subset get -inf.
+  """
+  if not isinstance(heads, Heads):
+    raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.load_heads(...))")
+  c = heads.config
+  if c.kind not in FORMATS:
+    raise InputError(f"head_logits: heads of kind {c.kind!r}; it reads {', '.join(FORMATS)}")
+  check_fits(heads, target)
+  toks = _check_tokens(tokens, target.config.vocab_size, 1 if c.kind == "medusa" else 2)
+  batched = toks.ndim == 2
+  toks = jnp.asarray(toks if batched else toks[None])  # [B,T]
+  dec = target.module()
+  _, hidden, _ = forward_sequence(target.config, dec, toks, dtype=target.dtype, taps=c.taps)
+  p, v = heads.params, target.config.vocab_size
+  if c.kind == "medusa":
+    z = medusa_hidden(p, hidden)  # [B,T,K,E]
+    if "lm" in p:
+      out = _to_vocab(jnp.einsum("btke,kve->btkv", z, p["lm"]).astype(jnp.float32), heads.vocab,
+                      v, True)
+    else:
+      out = _to_vocab(dec.head(z), heads.vocab, v, False)
+  else:
+    out = _to_vocab(dec.head(_eagle_features(target, heads, toks, hidden)), heads.vocab, v, False)
+  return out if batched else out[0]
+
+
+def _eagle_features(target, heads, toks, hidden) -> jax.Array:
+  """The EAGLE module's outputs [B,T-1,E] over positions 0..T-2 (token t + 1, feature t)."""
+  cfg = target.config
+  b, t = toks.shape
+  n = t - 1
+  mod = module_arrays(heads.params, 0)
+  feats = fuse_features(mod, hidden[:, :-1])  # [B,n,E]
+  emb = target.params["embed"][...][toks[:, 1:]]  # [B,n,E]
+  layer = kv.init(1, b, n, cfg.num_kv_heads, cfg.head_dim, target.dtype).layers[0]
+  start = jnp.zeros((b,), jnp.int32)
+  mask = kv.causal_mask(start, n, n, cfg.sliding_window)  # [B,n,n]
+  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  out, _ = feature_module(cfg, mod, emb, feats, pos, layer, start, mask)
+  return out
+
+
+def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
+  """Writes `heads` to out_dir in a published layout: "medusa" (FasterDecoding's Medusa-1:
+  config.json + medusa_lm_head.safetensors) or "eagle" (SafeAILab's EAGLE-1/2: Llama config.json
+  + model.safetensors; needs `target` for its rope and norm settings). Returns out_dir."""
+  if not isinstance(heads, Heads):
+    raise InputError(f"heads={heads!r} is invalid: must be specjax Heads")
+  if fmt not in FORMATS:
+    raise InputError(f"format={fmt!r} is invalid: must be one of {', '.join(FORMATS)}")
+  c = heads.config
+  if c.kind != fmt:
+    raise InputError(f"format={fmt!r}, but these are {c.kind} heads")
+  fields = dataclasses.asdict(c)
+  params = {k: np.asarray(x) for k, x in heads.params.items()}
+  if fmt == "medusa":
+    return layouts.write_medusa(fields, params, heads.vocab, out_dir)
+  if target is None:
+    raise InputError("export --format eagle needs the target (its rope and norm settings go "
+                     "into the head's config.json)")
+  check_fits(heads, target)
+  return layouts.write_eagle(fields, params, heads.vocab, out_dir, target.config)

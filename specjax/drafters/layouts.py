@@ -1,0 +1,550 @@
+"""Published drafter layouts: recognised from the files' contents, read into specjax heads, written.
+
+    fields, params, vocab, meta = read(path, target_config)   # -> heads.HeadsConfig(**fields), ...
+    write(fmt, fields, params, vocab, out_dir, target_config)  # export (specjax.drafters.export)
+
+A layout is recognised from its tensor names (and config fields), never from a file name: the file
+names only tell which files to open, and a file's first bytes tell its container (safetensors, a
+torch zip / legacy pickle, numpy .npz). Pickles (.pt / .bin) are read with
+`torch.load(weights_only=True)` only, and refused unless they hold a flat {name: tensor} dict.
+
+The layouts (tensors [out, in] as torch's nn.Linear stores them; ours are [in, out]):
+
+  medusa-1      FasterDecoding's Medusa-1: config.json {medusa_num_heads, medusa_num_layers,
+                base_model_name_or_path}; medusa_lm_head.safetensors / .pt. Head i is
+                nn.Sequential(ResBlock x L, Linear(E, V, bias=False)): "{i}.{j}.linear.weight" [E,E]
+                and ".bias" [E] for the blocks x <- x + SiLU(W x + b), j < L, then "{i}.{L}.weight"
+                [V,E], the head's own LM head (newer files leave it out: the target's LM head). The
+                heads read the target's final-normed hidden state. The count of heads and layers
+                follows the tensors present (the original loader forces 5 heads); a head built as
+                [ResBlock] * L shares one block's weights, and a deduplicated safetensors file then
+                keeps only one of them: the missing blocks are that one.
+  medusa-vllm   vLLM's Medusa: config.json {num_heads, num_hidden_layers, vocab_size,
+                truncated_vocab_size}; "blocks.{i}.layers.{j}.weight" [E,E] (".bias" with
+                medusa_fc_bias), "lm_heads.{i}.weight" [Vt,E] (or one shared "lm_head.weight"),
+                "token_map" [Vt] (target ids of a truncated vocabulary, Vt < V).
+  eagle         SafeAILab's EAGLE-1/2: a Llama config.json (num_hidden_layers 1, bias, qkv_bias);
+                pytorch_model.bin / model.safetensors: "fc.weight" [E,2E] (+ "fc.bias") over
+                cat(embedding of token t+1, the target's final-normed hidden state at t), then one
+                Llama decoder layer "layers.0.*" that applies NO input norm (its
+                input_layernorm, if stored, is unused), no final norm, and the target's LM head
+                and embedding ("embed_tokens.weight", if stored, is a copy of the target's).
+
+This module depends on nothing above the config: it returns plain fields and arrays, and
+specjax.heads builds the Heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zipfile
+
+import numpy as np
+
+from specjax.errors import InputError, WeightsError
+
+LAYOUTS = {
+    "medusa-1": "FasterDecoding Medusa-1 (medusa_lm_head.safetensors / .pt: {i}.{j}.linear.weight, "
+                "{i}.{L}.weight)",
+    "medusa-vllm": "vLLM Medusa (blocks.{i}.layers.{j}.weight, lm_heads.{i}.weight, token_map)",
+    "eagle": "SafeAILab EAGLE-1/2 (fc.weight [E,2E], layers.0.*)",
+    "npz": "specjax's own heads (.npz from save_heads)",
+}
+# Trainer state an HF output directory may hold beside the weights: never read.
+_NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+# ----------------------------------------------------------------------------- containers
+
+
+def container(path: str) -> str | None:
+  """"safetensors" | "torch" | "npz" | None, from a file's first bytes (not its name)."""
+  try:
+    with open(path, "rb") as f:
+      head = f.read(9)
+  except OSError:
+    return None
+  if head[:2] == b"PK":  # a zip: torch.save's archive holds a data.pkl, numpy's .npz only .npy
+    try:
+      with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    except zipfile.BadZipFile:
+      return None
+    if any(n.endswith("data.pkl") for n in names):
+      return "torch"
+    return "npz" if names and all(n.endswith(".npy") for n in names) else None
+  if head[:1] == b"\x80":  # a legacy (pre-zip) torch pickle
+    return "torch"
+  if len(head) == 9 and head[8:9] == b"{":  # u64 header length, then the JSON header
+    return "safetensors"
+  return None
+
+
+def is_published(path: str) -> bool:
+  """A directory, or a safetensors / torch file: read here rather than as our .npz."""
+  return os.path.isdir(path) or container(path) in ("safetensors", "torch")
+
+
+def _read_safetensors(path: str) -> dict:
+  from safetensors import safe_open
+
+  out = {}
+  try:
+    with safe_open(path, framework="np") as f:
+      for k in f.keys():
+        out[k] = f.get_tensor(k)
+  except (TypeError, ValueError, Exception) as e:  # e.g. bfloat16, which numpy cannot hold
+    try:
+      import torch  # noqa: F401
+      with safe_open(path, framework="pt") as f:
+        return {k: _torch_to_numpy(f.get_tensor(k)) for k in f.keys()}
+    except ImportError:
+      raise WeightsError(f"{path}: cannot read safetensors file ({e})") from e
+  return out
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+  import torch
+
+  if t.is_floating_point() and t.dtype not in (torch.float16, torch.float32, torch.float64):
+    t = t.float()  # bfloat16 and float8: exact in float32
+  return t.detach().cpu().numpy()
+
+
+def _read_torch(path: str) -> dict:
+  """A .pt / .bin: torch.load(weights_only=True), which unpickles tensors and plain containers
+  only; anything but a flat {name: tensor} dict is refused too."""
+  try:
+    import torch
+  except ImportError as e:
+    raise WeightsError(f"{path}: a torch pickle needs torch installed to read it "
+                       f"(safetensors files do not)") from e
+  try:
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # weights_only's UnpicklingError, or a corrupt archive
+    raise WeightsError(f"{path}: refused: torch.load(weights_only=True) cannot read it as "
+                       f"tensors only ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+  if not isinstance(obj, dict):
+    raise WeightsError(f"{path}: refused: holds a {type(obj).__name__}, not a dict of tensors")
+  bad = [k for k, v in obj.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))]
+  if bad:
+    raise WeightsError(f"{path}: refused: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, "
+                       f"not a tensor (a drafter file holds tensors only)")
+  return {k: _torch_to_numpy(v) for k, v in obj.items()}
+
+
+def _weight_files(path: str) -> list:
+  if not os.path.isdir(path):
+    return [path]
+  names = sorted(n for n in os.listdir(path)
+                 if n.endswith(_WEIGHT_SUFFIXES) and n not in _NOT_WEIGHTS)
+  files = [os.path.join(path, n) for n in names]
+  safe = [f for f in files if container(f) == "safetensors"]  # preferred: nothing to unpickle
+  files = safe or [f for f in files if container(f) == "torch"]
+  if not files:
+    raise WeightsError(f"{path}: no drafter weights in this directory (expected .safetensors, "
+                       f".bin or .pt files; recognised layouts: {_layout_list()})")
+  return files
+
+
+def tensors(path: str) -> dict:
+  """Every tensor of a drafter file or directory: {name: numpy array}."""
+  out = {}
+  for f in _weight_files(path):
+    kind = container(f)
+    if kind == "safetensors":
+      out.update(_read_safetensors(f))
+    elif kind == "torch":
+      out.update(_read_torch(f))
+    else:
+      raise WeightsError(f"{f}: neither safetensors nor a torch archive (recognised layouts: "
+                         f"{_layout_list()})")
+  return out
+
+
+def config_json(path: str) -> dict:
+  """The config.json of a drafter directory, or beside a drafter file; {} if there is none."""
+  d = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+  f = os.path.join(d, "config.json")
+  if not os.path.isfile(f):
+    return {}
+  try:
+    with open(f) as fh:
+      cfg = json.load(fh)
+  except (OSError, ValueError) as e:
+    raise WeightsError(f"{f}: not readable JSON ({e})") from e
+  return cfg if isinstance(cfg, dict) else {}
+
+
+def _layout_list() -> str:
+  return "; ".join(f"{k}: {v}" for k, v in LAYOUTS.items())
+
+
+# ----------------------------------------------------------------------------- recognising
+
+
+_MEDUSA1 = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+_VLLM = re.compile(r"^(blocks\.\d+\.layers\.\d+\.(weight|bias)|lm_heads\.\d+\.weight|"
+                   r"lm_head\.weight|token_map)$")
+
+
+def _strip(names, prefix):
+  return all(n.startswith(prefix) for n in names) and names
+
+
+def detect(names, cfg: dict) -> str:
+  """The layout of a set of tensor names (and config fields); WeightsError listing the recognised
+  layouts otherwise."""
+  names = set(names)
+  if names and all(_MEDUSA1.match(n) for n in names):
+    return "medusa-1"
+  if names and all(_VLLM.match(n) for n in names) and any(n.startswith("blocks.") for n in names):
+    return "medusa-vllm"
+  if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
+    return "eagle"
+  if "fc.weight" in names and any(n.startswith("midlayer.") for n in names) or "d2t" in names:
+    raise WeightsError("an EAGLE-3 drafter (fc over three target layers, midlayer.*, d2t): "
+                       "recognised, but not supported yet; supported layouts: " + _layout_list())
+  shown = sorted(names)[:6]
+  raise WeightsError(f"not a recognised drafter layout (tensors {shown}"
+                     f"{' ...' if len(names) > 6 else ''}; config fields "
+                     f"{sorted(cfg)[:6]}); recognised layouts: {_layout_list()}")
+
+
+def read(path: str, target_config=None):
+  """A published drafter -> (HeadsConfig fields, params {name: array}, vocab ids or None, meta).
+  target_config (a ModelConfig, optional) fills what the files leave out (EAGLE's layer shapes,
+  vocabulary size) and is checked against what they state."""
+  cfg = config_json(path)
+  ts = tensors(path)
+  for prefix in ("medusa_head.", "medusa_heads."):  # whole-model saves keep the heads under these
+    if _strip(ts, prefix):
+      ts = {k[len(prefix):]: v for k, v in ts.items()}
+  try:
+    layout = detect(ts, cfg)
+  except WeightsError as e:
+    raise WeightsError(f"{path}: {e}") from None
+  reader = {"medusa-1": _medusa1, "medusa-vllm": _medusa_vllm, "eagle": _eagle}[layout]
+  fields, params, vocab, meta = reader(path, ts, cfg, target_config)
+  name = cfg.get("base_model_name_or_path") or ""
+  fields.setdefault("target", name if isinstance(name, str) else "")
+  return fields, params, vocab, dict(meta, layout=layout, source=os.path.basename(
+      os.path.normpath(path)))
+
+
+def _need(ts: dict, name: str, path: str, shape=None) -> np.ndarray:
+  if name not in ts:
+    raise WeightsError(f"{path}: missing tensor {name!r}")
+  arr = ts[name]
+  if shape is not None and tuple(arr.shape) != tuple(shape):
+    raise WeightsError(f"{path}: tensor {name!r} has shape {tuple(arr.shape)}, expected "
+                       f"{tuple(shape)}")
+  return arr
+
+
+# ----------------------------------------------------------------------------- Medusa
+
+
+def _medusa_stack(path, blocks, lms, bias_name=None):
+  """blocks {(i, j): (weight [E,E] or None, bias [E] or None)}, lms {i: [V,E]} -> w [K,L,E,E]
+  (ours, [in, out]), b [K,L,E], lm [K,V,E] or None, with the checks every Medusa layout shares.
+  bias_name(i, j): the name of a block's bias when the layout requires one."""
+  heads = sorted({i for i, _ in blocks} | set(lms))
+  k = len(heads)
+  if heads != list(range(k)):
+    missing = next(i for i in range(k + 1) if i not in heads)
+    raise WeightsError(f"{path}: Medusa heads {heads}: head {missing} has no tensors")
+  depth = {i: 1 + max([j for (h, j) in blocks if h == i], default=-1) for i in heads}
+  if len(set(depth.values())) != 1 or not depth[0]:
+    raise WeightsError(f"{path}: Medusa heads have different numbers of residual blocks "
+                       f"{depth} (every head needs the same, at least one)")
+  layers = depth[0]
+  e = next(w.shape[0] for w, _ in blocks.values() if w is not None)
+  w = np.zeros((k, layers, e, e), np.float32)
+  b = np.zeros((k, layers, e), np.float32)
+  for i in heads:
+    present = [j for j in range(layers) if blocks.get((i, j), (None, None))[0] is not None]
+    if not present:
+      raise WeightsError(f"{path}: Medusa head {i} has no residual block weights")
+    for j in range(layers):  # a head of [ResBlock] * L shares one block: files may keep one copy
+      wij, bij = blocks.get((i, j), (None, None))
+      if wij is None:
+        wij, bij = blocks[(i, present[0])]
+      if tuple(wij.shape) != (e, e):
+        raise WeightsError(f"{path}: Medusa head {i} block {j} weight has shape "
+                           f"{tuple(wij.shape)}, expected {(e, e)}")
+      if bij is None and bias_name is not None:
+        raise WeightsError(f"{path}: missing tensor {bias_name(i, j)!r}")
+      w[i, j] = np.asarray(wij, np.float32).T
+      if bij is not None:
+        b[i, j] = np.asarray(bij, np.float32).reshape(e)
+  lm = None
+  if lms:
+    if sorted(lms) != heads:
+      raise WeightsError(f"{path}: only heads {sorted(lms)} of {heads} have their own LM head")
+    shapes = {tuple(x.shape) for x in lms.values()}
+    if len(shapes) != 1 or next(iter(shapes))[1] != e:
+      raise WeightsError(f"{path}: Medusa LM heads have shapes {sorted(shapes)}, expected [V, {e}]")
+    lm = np.stack([np.asarray(lms[i], np.float32) for i in heads])
+  return w, b, lm
+
+
+def _medusa1(path, ts, cfg, tc):
+  blocks, lms, lm_at = {}, {}, {}
+  for n, arr in ts.items():
+    i, j, what = _MEDUSA1.match(n).groups()
+    i, j = int(i), int(j)
+    if what == "weight":  # "{i}.{L}.weight": the head's LM head, after its L blocks
+      lms[i], lm_at[i] = arr, j
+    else:
+      blocks.setdefault((i, j), [None, None])[what == "linear.bias"] = arr
+  for (i, j), (wij, _) in blocks.items():
+    if wij is None:
+      raise WeightsError(f"{path}: missing tensor '{i}.{j}.linear.weight'")
+    if j >= lm_at.get(i, j + 1):
+      raise WeightsError(f"{path}: head {i} has a residual block {j} after its LM head "
+                         f"'{i}.{lm_at[i]}.weight'")
+  # Blocks a deduplicated file left out (shared weights): up to the LM head, or, in files
+  # without LM heads, up to the config's medusa_num_layers.
+  want = cfg.get("medusa_num_layers") if isinstance(cfg.get("medusa_num_layers"), int) else 0
+  for i in {i for i, _ in blocks} | set(lm_at):
+    for j in range(lm_at.get(i, want)):
+      blocks.setdefault((i, j), (None, None))
+  w, b, lm = _medusa_stack(path, blocks, lms, lambda i, j: f"{i}.{j}.linear.bias")
+  return _medusa_fields(path, w, b, lm, None, cfg, tc,
+                        {"medusa_num_heads": cfg.get("medusa_num_heads"),
+                         "medusa_num_layers": cfg.get("medusa_num_layers")})
+
+
+def _medusa_vllm(path, ts, cfg, tc):
+  blocks, lms = {}, {}
+  for n in ts:
+    m = re.match(r"blocks\.(\d+)\.layers\.(\d+)\.weight$", n)
+    if m:
+      i, j = int(m.group(1)), int(m.group(2))
+      blocks[(i, j)] = (ts[n], ts.get(f"blocks.{i}.layers.{j}.bias"))
+    m = re.match(r"lm_heads\.(\d+)\.weight$", n)
+    if m:
+      lms[int(m.group(1))] = ts[n]
+  for n in ts:
+    m = re.match(r"blocks\.(\d+)\.layers\.(\d+)\.bias$", n)
+    if m and (int(m.group(1)), int(m.group(2))) not in blocks:
+      raise WeightsError(f"{path}: missing tensor 'blocks.{m.group(1)}.layers.{m.group(2)}.weight'")
+  if "lm_head.weight" in ts:  # original_lm_head: one LM head for every head
+    if lms:
+      raise WeightsError(f"{path}: both lm_head.weight and lm_heads.* are stored")
+    lms = {i: ts["lm_head.weight"] for i in {i for i, _ in blocks}}
+  w, b, lm = _medusa_stack(path, blocks, lms)
+  vocab = None
+  full = cfg.get("vocab_size") or (tc.vocab_size if tc is not None else None)
+  trunc = cfg.get("truncated_vocab_size")
+  if "token_map" in ts:
+    vocab = np.asarray(ts["token_map"]).astype(np.int64).reshape(-1)
+    if lm is not None and lm.shape[1] != vocab.size:
+      raise WeightsError(f"{path}: token_map has {vocab.size} ids but the LM heads score "
+                         f"{lm.shape[1]} tokens")
+  elif lm is not None and ((trunc and full and trunc < full) or (full and lm.shape[1] < full)):
+    raise WeightsError(f"{path}: the LM heads score a truncated vocabulary ({lm.shape[1]} of "
+                       f"{full} tokens) but there is no 'token_map' tensor to map it to the "
+                       f"target's token ids")
+  return _medusa_fields(path, w, b, lm, vocab, cfg, tc, {
+      "num_heads": cfg.get("num_heads"), "truncated_vocab_size": trunc})
+
+
+def _medusa_fields(path, w, b, lm, vocab, cfg, tc, meta):
+  k, layers, e, _ = w.shape
+  if vocab is not None:
+    v = int(cfg.get("vocab_size") or (tc.vocab_size if tc is not None else vocab.max() + 1))
+  elif lm is not None:
+    v = lm.shape[1]
+  elif tc is not None:
+    v = tc.vocab_size
+  else:
+    v = int(cfg.get("vocab_size") or 0)
+  if not v:
+    raise InputError(f"{path}: these Medusa heads use the target's LM head and state no "
+                     f"vocabulary size: pass target= to load_heads")
+  if vocab is not None and (vocab.size != len(np.unique(vocab)) or vocab.min() < 0
+                            or vocab.max() >= v):
+    raise WeightsError(f"{path}: token_map must hold distinct token ids in [0, {v})")
+  params = {"w": w, "b": b}
+  if lm is not None:
+    params["lm"] = lm
+  fields = dict(kind="medusa", num_heads=k, num_layers=layers, hidden_size=e, vocab_size=v,
+                vocab_subset=0 if vocab is None else int(vocab.size))
+  meta = {m: x for m, x in meta.items() if x is not None}
+  return fields, params, None if vocab is None else vocab.astype(np.int32), meta
+
+
+# ----------------------------------------------------------------------------- EAGLE-1/2
+
+# One Llama decoder layer, HF names under "layers.0." -> ours under "layer." (heads.feature_module
+# runs it as the target's Block, with its input norm removed).
+_EAGLE_IGNORED = ("embed_tokens.weight", "layers.0.input_layernorm.weight")
+
+
+def _eagle_shapes(path, cfg, tc, e):
+  """(H, Kv, D) of the head's attention, from its config.json, else the target's; checked against
+  the target's where both are known."""
+  if tc is not None and e != tc.hidden_size:
+    raise InputError(f"{path}: EAGLE heads of width {e} (fc.weight [{e}, {2 * e}]) were made for "
+                     f"another target: this target has width {tc.hidden_size}")
+  pairs = (("num_attention_heads", "num_heads"), ("num_key_value_heads", "num_kv_heads"),
+           ("head_dim", "head_dim"), ("intermediate_size", "intermediate_size"),
+           ("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("vocab_size", "vocab_size"))
+  if tc is not None:
+    for theirs, ours in pairs:
+      got, want = cfg.get(theirs), getattr(tc, ours)
+      if got is not None and theirs != "vocab_size" and not np.isclose(float(got), float(want),
+                                                                       rtol=1e-6, atol=0):
+        raise InputError(f"{path}: the EAGLE head's {theirs} is {got}, the target's is {want}: "
+                         f"these heads were made for another target")
+    if cfg.get("hidden_act", "silu") != "silu" or not tc.gated_mlp:
+      raise InputError(f"{path}: the EAGLE head's layer is a SiLU-gated Llama MLP; the target's "
+                       f"is not (hidden_act {cfg.get('hidden_act')!r}, gated {tc.gated_mlp})")
+  h = cfg.get("num_attention_heads") or (tc.num_heads if tc is not None else None)
+  if not h:
+    raise InputError(f"{path}: no config.json with num_attention_heads beside the EAGLE weights: "
+                     f"pass target= to load_heads")
+  kv = cfg.get("num_key_value_heads") or (tc.num_kv_heads if tc is not None else h)
+  d = cfg.get("head_dim") or (tc.head_dim if tc is not None else e // h)
+  return int(h), int(kv), int(d)
+
+
+def _eagle(path, ts, cfg, tc):
+  fc = _need(ts, "fc.weight", path)
+  e = fc.shape[0]
+  _need(ts, "fc.weight", path, (e, 2 * e))
+  deeper = sorted(n for n in ts if n.startswith("layers.") and not n.startswith("layers.0."))
+  if deeper or cfg.get("num_hidden_layers", 1) != 1:
+    raise WeightsError(f"{path}: EAGLE heads with {cfg.get('num_hidden_layers')} layers "
+                       f"({deeper[:2]}): specjax runs EAGLE-1/2 heads of one decoder layer")
+  h, kv, d = _eagle_shapes(path, cfg, tc, e)
+  g, p = h // kv, "layers.0."
+  f = _need(ts, p + "mlp.gate_proj.weight", path).shape[0]
+  get = lambda n, shape: np.asarray(_need(ts, p + n, path, shape), np.float32)  # noqa: E731
+  q = get("self_attn.q_proj.weight", (h * d, e)).reshape(kv, g, d, e)
+  k = get("self_attn.k_proj.weight", (kv * d, e)).reshape(kv, 1, d, e)
+  v = get("self_attn.v_proj.weight", (kv * d, e)).reshape(kv, 1, d, e)
+  layer = {
+      "layer.attn.wqkv": np.concatenate([q, k, v], 1).transpose(3, 0, 1, 2),  # [E,Kv,G+2,D]
+      "layer.attn.wo": get("self_attn.o_proj.weight", (e, h * d)).T.reshape(h, d, e),
+      "layer.mlp.w_in": np.stack([get("mlp.gate_proj.weight", (f, e)),
+                                  get("mlp.up_proj.weight", (f, e))], 0).transpose(2, 0, 1),
+      "layer.mlp.w_out": get("mlp.down_proj.weight", (e, f)).T,
+      "layer.mlp_norm.scale": get("post_attention_layernorm.weight", (e,)),
+  }
+  used = {p + n for n in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                          "post_attention_layernorm.weight")} | {"fc.weight", "fc.bias"}
+  if p + "self_attn.q_proj.bias" in ts or (tc is not None and tc.qkv_bias):
+    if tc is not None and not tc.qkv_bias:
+      raise InputError(f"{path}: the EAGLE head's attention has q/k/v biases; the target's "
+                       f"layers have none, so specjax cannot run it as the target's layer type")
+    bias = [np.asarray(ts.get(p + f"self_attn.{x}_proj.bias", np.zeros(n * d)), np.float32)
+            for x, n in (("q", h), ("k", kv), ("v", kv))]
+    used |= {p + f"self_attn.{x}_proj.bias" for x in "qkv"}
+    layer["layer.attn.bqkv"] = np.concatenate(
+        [bias[0].reshape(kv, g, d), bias[1].reshape(kv, 1, d), bias[2].reshape(kv, 1, d)], 1)
+  extra = sorted(n for n in ts if n not in used and n not in _EAGLE_IGNORED
+                 and not n.endswith("rotary_emb.inv_freq"))
+  if extra:
+    raise WeightsError(f"{path}: unexpected tensor(s) {extra[:5]} in an EAGLE-1/2 head")
+  vocab = cfg.get("vocab_size") or (ts["embed_tokens.weight"].shape[0]
+                                    if "embed_tokens.weight" in ts else None)
+  vocab = vocab or (tc.vocab_size if tc is not None else None)
+  if not vocab:
+    raise InputError(f"{path}: the EAGLE head states no vocabulary size: pass target=")
+  fc_b = np.asarray(ts.get("fc.bias", np.zeros(e)), np.float32).reshape(e)
+  params = {"fc_w": np.asarray(fc, np.float32).T[None], "fc_b": fc_b[None]}
+  params.update({n: x[None] for n, x in layer.items()})
+  fields = dict(kind="eagle", num_heads=1, num_layers=1, hidden_size=e, vocab_size=int(vocab),
+                input_norm=False)
+  meta = {"eagle_config": {k: cfg[k] for k in ("rope_theta", "rms_norm_eps", "rope_scaling",
+                                               "max_position_embeddings", "bias", "qkv_bias")
+                           if k in cfg}}
+  return fields, params, None, meta
+
+
+# ----------------------------------------------------------------------------- writing (export)
+
+
+def _save(tensors_: dict, config: dict, out_dir: str, file: str) -> str:
+  from safetensors.numpy import save_file
+
+  os.makedirs(out_dir, exist_ok=True)
+  arrays = {}
+  for k, x in tensors_.items():
+    x = np.asarray(x)
+    if x.dtype not in (np.float16, np.float32, np.int64, np.int32):
+      x = x.astype(np.float32)  # bfloat16 and the like: exact in float32
+    arrays[k] = np.ascontiguousarray(x)
+  save_file(arrays, os.path.join(out_dir, file))
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+  return out_dir
+
+
+def write_medusa(fields: dict, params: dict, vocab, out_dir: str) -> str:
+  """Medusa heads -> FasterDecoding's Medusa-1 layout (config.json + medusa_lm_head.safetensors).
+  Heads without their own LM heads are written without "{i}.{L}.weight" (the target's is used)."""
+  if vocab is not None:
+    raise InputError("export --format medusa: these heads score a vocabulary subset, which the "
+                     "Medusa-1 layout cannot express; train heads over the whole vocabulary")
+  w, b = np.asarray(params["w"]), np.asarray(params["b"])  # [K,L,E,E] (ours: [in, out]), [K,L,E]
+  k, layers = w.shape[:2]
+  out = {}
+  for i in range(k):
+    for j in range(layers):
+      out[f"{i}.{j}.linear.weight"] = w[i, j].T
+      out[f"{i}.{j}.linear.bias"] = b[i, j]
+    if "lm" in params:
+      out[f"{i}.{layers}.weight"] = np.asarray(params["lm"][i])
+  config = {"medusa_num_heads": k, "medusa_num_layers": layers,
+            "base_model_name_or_path": fields.get("target", ""),
+            "hidden_size": fields["hidden_size"], "vocab_size": fields["vocab_size"]}
+  return _save(out, config, out_dir, "medusa_lm_head.safetensors")
+
+
+def write_eagle(fields: dict, params: dict, vocab, out_dir: str, target_config) -> str:
+  """An EAGLE head -> SafeAILab's EAGLE-1/2 layout (Llama config.json + model.safetensors). Only
+  heads of the published architecture (no input norm on the layer, no fused taps, the whole
+  vocabulary) can be written: anything else would compute something else when read back."""
+  tc = target_config
+  if fields.get("input_norm", True) or fields.get("taps") or vocab is not None:
+    what = ("normalise their layer's input" if fields.get("input_norm", True) else
+            "fuse several target layers" if fields.get("taps") else "score a vocabulary subset")
+    raise InputError(f"export --format eagle: these heads {what}; the EAGLE-1/2 architecture "
+                     f"does not, so the published loaders would compute something else")
+  x = {n: np.asarray(a)[0] for n, a in params.items()}
+  wqkv = x["layer.attn.wqkv"]  # [E,Kv,G+2,D]
+  e, kv, g2, d = wqkv.shape
+  g = g2 - 2
+  qkv = wqkv.transpose(1, 2, 3, 0)  # [Kv,G+2,D,E]
+  p = "layers.0."
+  out = {"fc.weight": x["fc_w"].T, "fc.bias": x["fc_b"],
+         p + "self_attn.q_proj.weight": qkv[:, :g].reshape(kv * g * d, e),
+         p + "self_attn.k_proj.weight": qkv[:, g].reshape(kv * d, e),
+         p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(kv * d, e),
+         p + "self_attn.o_proj.weight": x["layer.attn.wo"].reshape(kv * g * d, e).T,
+         p + "mlp.gate_proj.weight": x["layer.mlp.w_in"][:, 0].T,
+         p + "mlp.up_proj.weight": x["layer.mlp.w_in"][:, 1].T,
+         p + "mlp.down_proj.weight": x["layer.mlp.w_out"].T,
+         p + "post_attention_layernorm.weight": x["layer.mlp_norm.scale"]}
+  if "layer.attn.bqkv" in x:
+    bq = x["layer.attn.bqkv"]  # [Kv,G+2,D]
+    out.update({p + "self_attn.q_proj.bias": bq[:, :g].reshape(-1),
+                p + "self_attn.k_proj.bias": bq[:, g].reshape(-1),
+                p + "self_attn.v_proj.bias": bq[:, g + 1].reshape(-1)})
+  config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "hidden_size": e, "intermediate_size": int(x["layer.mlp.w_out"].shape[0]),
+            "num_attention_heads": kv * g, "num_key_value_heads": kv, "head_dim": d,
+            "num_hidden_layers": 1, "vocab_size": fields["vocab_size"], "bias": True,
+            "qkv_bias": "layer.attn.bqkv" in x, "rms_norm_eps": tc.norm_eps,
+            "rope_theta": tc.rope_theta, "max_position_embeddings": tc.max_position_embeddings,
+            "rope_scaling": dict(tc.rope_scaling) or None, "tie_word_embeddings": False}
+  return _save(out, config, out_dir, "model.safetensors")

@@ -1,0 +1,342 @@
+"""Published drafter layouts (specjax/drafters): each written here with random weights in exactly
+its layout (file names, tensor names, dtypes, config fields) for the tiny target, checked against a
+small torch reference of the published architecture (sj.head_logits within 1e-4), run losslessly
+(greedy identity with autoregressive decoding at batch 1 and 4), exported and read back."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax.drafters import export_heads, head_logits
+from specjax.errors import InputError, WeightsError
+from specjax.model import forward_sequence
+
+from conftest import random_prompts, tiny_model
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+TOKENS = np.array([5, 17, 3, 44, 8, 8, 60, 0, 12, 33, 21, 7], np.int32)
+
+
+def _features(target, tokens=TOKENS):
+  """The target's final-normed hidden states [T,E] and its LM head [E,V], as torch tensors."""
+  _, hidden, _ = forward_sequence(target.config, target.module(), np.asarray(tokens)[None])
+  lm = np.asarray(target.params["lm_head"][...])
+  return torch.tensor(np.asarray(hidden[0])), torch.tensor(lm)
+
+
+def _config(d, **fields):
+  with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump(fields, f)
+
+
+RUNS = []  # (prompt, generated tokens) of every method run here, checked at the end at once
+
+
+def _check_lossless(target, method):
+  """Runs `method` at batch 1 and 4; test_greedy_identity checks every output against the
+  target's greedy choice at each position (what autoregressive decoding emits), in one forward."""
+  for b in (1, 4):
+    prompts = random_prompts(b, target.config.vocab_size, seed=b)
+    out = sj.generate(target, prompts, method, max_new_tokens=12)
+    RUNS.extend((type(method).__name__, p, t) for p, t in zip(prompts, out.tokens))
+
+
+# ----------------------------------------------------------------------------- Medusa-1
+
+
+class ResBlock(torch.nn.Module):  # FasterDecoding's: x + SiLU(W x + b)
+
+  def __init__(self, e):
+    super().__init__()
+    self.linear = torch.nn.Linear(e, e)
+    self.act = torch.nn.SiLU()
+
+  def forward(self, x):
+    return x + self.act(self.linear(x))
+
+
+def _medusa1_heads(e, v, k, layers, lm_heads=True, seed=0):
+  """Medusa-1's heads as FasterDecoding builds them: [ResBlock] * L (one block, shared) and a
+  per-head LM head (left out in the newer files that use the target's)."""
+  torch.manual_seed(seed)
+  heads = torch.nn.ModuleList([
+      torch.nn.Sequential(*([ResBlock(e)] * layers),
+                          *([torch.nn.Linear(e, v, bias=False)] if lm_heads else []))
+      for _ in range(k)])
+  with torch.no_grad():
+    for p in heads.parameters():
+      p.normal_(0.0, 0.3)
+  return heads
+
+
+@pytest.fixture(scope="module")
+def medusa1(tiny, tmp_path_factory):
+  """medusa_lm_head.pt (float16, per-head LM heads, 3 heads of 2 shared blocks) + config.json."""
+  d = str(tmp_path_factory.mktemp("medusa1"))
+  heads = _medusa1_heads(32, 61, 3, 2).half()
+  torch.save(heads.state_dict(), os.path.join(d, "medusa_lm_head.pt"))
+  _config(d, medusa_num_heads=5, medusa_num_layers=2, base_model_name_or_path="tiny")
+  return d, heads.float()
+
+
+def test_medusa1_logits_match_reference(tiny, medusa1):
+  d, ref = medusa1
+  heads = sj.load_heads(d, tiny)
+  assert heads.meta["layout"] == "medusa-1" and heads.config.num_heads == 3  # not config's 5
+  hidden, _ = _features(tiny)
+  with torch.no_grad():
+    want = torch.stack([h(hidden) for h in ref], 1).numpy()  # [T,K,V]
+  got = np.asarray(head_logits(tiny, heads, TOKENS))
+  assert got.shape == (len(TOKENS), 3, 61)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+  _check_lossless(tiny, sj.Medusa(heads, acceptance="greedy", tree=[(0,), (1,), (0, 0), (0, 0, 0)]))
+
+
+def test_medusa1_deduplicated_safetensors_without_lm_heads(tiny, tmp_path):
+  """A newer file: bfloat16 safetensors, no per-head LM heads (the target's is used), saved by
+  safetensors' save_model, which keeps one name of each shared block."""
+  from safetensors.torch import save_model
+
+  ref = _medusa1_heads(32, 61, 2, 3, lm_heads=False, seed=1).to(torch.bfloat16)
+  save_model(ref, str(tmp_path / "medusa_lm_head.safetensors"))
+  _config(str(tmp_path), medusa_num_heads=2, medusa_num_layers=3, base_model_name_or_path="tiny")
+  heads = sj.load_heads(str(tmp_path), tiny)
+  assert (heads.config.num_heads, heads.config.num_layers) == (2, 3) and "lm" not in heads.params
+  hidden, lm = _features(tiny)
+  with torch.no_grad():
+    want = torch.stack([h.float()(hidden) @ lm for h in ref], 1).numpy()
+  np.testing.assert_allclose(np.asarray(head_logits(tiny, heads, TOKENS)), want, atol=1e-4,
+                             rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- vLLM's Medusa
+
+
+@pytest.fixture(scope="module")
+def vllm_medusa(tiny, tmp_path_factory):
+  """model.safetensors in vLLM's layout: 2 heads of 1 block without bias, LM heads over a
+  truncated vocabulary of 40 tokens, and its token_map."""
+  from safetensors.torch import save_file
+
+  d = str(tmp_path_factory.mktemp("vllm"))
+  g = torch.Generator().manual_seed(2)
+  token_map = torch.randperm(61, generator=g)[:40]
+  ts = {"token_map": token_map}
+  for i in range(2):
+    ts[f"blocks.{i}.layers.0.weight"] = torch.randn(32, 32, generator=g) * 0.3
+    ts[f"lm_heads.{i}.weight"] = torch.randn(40, 32, generator=g) * 0.3
+  save_file(ts, os.path.join(d, "model.safetensors"))
+  _config(d, model_type="medusa", architectures=["MedusaModel"], hidden_size=32, vocab_size=61,
+          num_heads=2, num_hidden_layers=1, truncated_vocab_size=40)
+  return d, ts
+
+
+def test_vllm_medusa_logits_match_reference(tiny, vllm_medusa):
+  d, ts = vllm_medusa
+  heads = sj.load_heads(d, tiny)
+  assert heads.meta["layout"] == "medusa-vllm" and heads.config.vocab_subset == 40
+  hidden, _ = _features(tiny)
+  want = torch.full((len(TOKENS), 2, 61), -float("inf"))
+  for i in range(2):  # vLLM's ResidualBlock, then its LM head scattered through token_map
+    x = hidden + F.silu(hidden @ ts[f"blocks.{i}.layers.0.weight"].T)
+    want[:, i, ts["token_map"]] = x @ ts[f"lm_heads.{i}.weight"].T
+  got = np.asarray(head_logits(tiny, heads, TOKENS))
+  np.testing.assert_array_equal(np.isinf(got), np.isinf(want.numpy()))
+  np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=1e-4)
+  _check_lossless(tiny, sj.Medusa(heads, acceptance="greedy", tree=[(0,), (1,), (0, 0)]))
+
+
+# ----------------------------------------------------------------------------- EAGLE-1/2
+
+
+def _eagle_state(target, seed=3):
+  """An EAGLE-1/2 head's state dict (SafeAILab's names) for the tiny target, float16."""
+  c = target.config
+  e, h, kv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+  g = torch.Generator().manual_seed(seed)
+  r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
+  p = "layers.0."
+  sd = {"fc.weight": r(e, 2 * e), "fc.bias": r(e),
+        p + "self_attn.q_proj.weight": r(h * d, e), p + "self_attn.k_proj.weight": r(kv * d, e),
+        p + "self_attn.v_proj.weight": r(kv * d, e), p + "self_attn.o_proj.weight": r(e, h * d),
+        p + "mlp.gate_proj.weight": r(f, e), p + "mlp.up_proj.weight": r(f, e),
+        p + "mlp.down_proj.weight": r(e, f), p + "post_attention_layernorm.weight": 1 + r(e),
+        "embed_tokens.weight": torch.tensor(np.asarray(target.params["embed"][...]))}
+  return {k: x.half() for k, x in sd.items()}
+
+
+def _eagle_reference(sd, cfg, target, tokens=TOKENS):
+  """EAGLE-1/2's draft step, from SafeAILab's architecture: fc over cat(embedding of token t + 1,
+  feature t), one Llama decoder layer with no input norm (rotary, grouped kv heads, causal), no
+  final norm, the target's LM head. -> logits [T-1,V]."""
+  sd = {k: x.float() for k, x in sd.items()}
+  hidden, lm = _features(target, tokens)
+  table = torch.tensor(np.asarray(target.params["embed"][...]))  # the target's (SafeAILab's loader
+  emb = table[torch.tensor(tokens[1:], dtype=torch.long)]  # copies it in; the file's is a copy)
+  x = F.linear(torch.cat([emb, hidden[:-1]], -1), sd["fc.weight"], sd["fc.bias"])
+  n, h, kv = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+  d = cfg["hidden_size"] // h
+  p = "layers.0.self_attn."
+  q = F.linear(x, sd[p + "q_proj.weight"]).view(n, h, d).transpose(0, 1)
+  k = F.linear(x, sd[p + "k_proj.weight"]).view(n, kv, d).transpose(0, 1)
+  v = F.linear(x, sd[p + "v_proj.weight"]).view(n, kv, d).transpose(0, 1)
+  inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
+  ang = torch.arange(n).float()[:, None] * inv[None]
+  cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+  rot = lambda u: torch.cat([-u[..., d // 2:], u[..., :d // 2]], -1)  # noqa: E731
+  q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+  k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)
+  att = (q @ k.transpose(1, 2)) / d ** 0.5
+  att = att.masked_fill(torch.ones(n, n).triu(1).bool(), -float("inf")).softmax(-1)
+  x = x + F.linear((att @ v).transpose(0, 1).reshape(n, h * d), sd[p + "o_proj.weight"])
+  m = "layers.0.mlp."
+  y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"])
+  y = y * sd["layers.0.post_attention_layernorm.weight"]
+  x = x + F.linear(F.silu(F.linear(y, sd[m + "gate_proj.weight"])) * F.linear(y, sd[m + "up_proj.weight"]),
+                   sd[m + "down_proj.weight"])
+  return (x @ lm).numpy()
+
+
+def _eagle_config(target):
+  c = target.config
+  return dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+              hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+              num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+              num_hidden_layers=1, rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta,
+              max_position_embeddings=2048, vocab_size=c.vocab_size, bias=True,
+              torch_dtype="float16")
+
+
+@pytest.fixture(scope="module")
+def eagle(tiny, tmp_path_factory):
+  """pytorch_model.bin (float16, with the embedding copy SafeAILab's files carry) + config.json."""
+  d = str(tmp_path_factory.mktemp("eagle"))
+  sd, cfg = _eagle_state(tiny), _eagle_config(tiny)
+  torch.save(sd, os.path.join(d, "pytorch_model.bin"))
+  _config(d, **cfg)
+  return d, sd, cfg
+
+
+def test_eagle_logits_match_reference(tiny, eagle):
+  d, sd, cfg = eagle
+  heads = sj.load_heads(d, tiny)
+  assert heads.meta["layout"] == "eagle" and not heads.config.input_norm
+  got = np.asarray(head_logits(tiny, heads, TOKENS))
+  assert got.shape == (len(TOKENS) - 1, 61)
+  np.testing.assert_allclose(got, _eagle_reference(sd, cfg, tiny), atol=1e-4, rtol=1e-4)
+  _check_lossless(tiny, sj.Eagle(heads, acceptance="greedy", depth=3, top_k=2, num_nodes=6))
+
+
+def test_greedy_identity(tiny):
+  """Every output above is what autoregressive greedy decoding emits: at each position the
+  target's argmax given the prompt and the tokens before it (one teacher-forced forward over all
+  rows, right-padded; causal, so the padding changes nothing before it)."""
+  assert {m for m, _, _ in RUNS} == {"Medusa", "Eagle"} and len(RUNS) == 15
+  width = max(len(p) + len(t) for _, p, t in RUNS)
+  seqs = np.zeros((len(RUNS), width), np.int32)
+  for i, (_, p, t) in enumerate(RUNS):
+    seqs[i, :len(p) + len(t)] = p + t
+  logits, _, _ = forward_sequence(tiny.config, tiny.module(), seqs)
+  greedy = np.asarray(logits).argmax(-1)  # [N,width]: the next token after each position
+  for i, (m, p, t) in enumerate(RUNS):
+    assert len(t) == 12 and t == greedy[i, len(p) - 1:len(p) + len(t) - 1].tolist(), (m, p)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def test_export_import_round_trips_bit_exactly(tiny, medusa1, eagle, tmp_path):
+  for fmt, src in (("medusa", medusa1[0]), ("eagle", eagle[0])):
+    heads = sj.load_heads(src, tiny)
+    out = export_heads(heads, fmt, str(tmp_path / fmt), tiny)
+    back = sj.load_heads(out, tiny)
+    assert back.config == heads.config and sorted(back.params) == sorted(heads.params)
+    for name, x in heads.params.items():
+      assert np.array_equal(np.asarray(back.params[name]), np.asarray(x)), (fmt, name)
+  # The exported EAGLE head is read back by the reference, from its own files.
+  from safetensors.torch import load_file
+
+  sd = load_file(str(tmp_path / "eagle" / "model.safetensors"))
+  sd["embed_tokens.weight"] = eagle[1]["embed_tokens.weight"]
+  with open(tmp_path / "eagle" / "config.json") as f:
+    cfg = json.load(f)
+  np.testing.assert_allclose(_eagle_reference(sd, cfg, tiny),
+                             _eagle_reference(eagle[1], eagle[2], tiny), atol=1e-5)
+
+
+def test_export_refuses_what_the_layout_cannot_hold(tiny, tmp_path):
+  with pytest.raises(InputError, match="normalise their layer's input"):
+    export_heads(sj.init_heads(tiny, "eagle"), "eagle", str(tmp_path), tiny)
+  with pytest.raises(InputError, match="vocabulary subset"):
+    export_heads(sj.init_heads(tiny, "medusa", vocab=np.arange(10)), "medusa", str(tmp_path))
+  with pytest.raises(InputError, match="format='eagle', but these are medusa heads"):
+    export_heads(sj.init_heads(tiny, "medusa"), "eagle", str(tmp_path), tiny)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_heads_for_another_target_name_both_sizes(medusa1, eagle):
+  narrow = tiny_model(hidden_size=16, head_dim=4, intermediate_size=24)
+  with pytest.raises(InputError, match=r"width 32.*width 16"):
+    sj.load_heads(medusa1[0], narrow)
+  with pytest.raises(InputError, match=r"width 32.*width 16"):
+    sj.load_heads(eagle[0], narrow)
+  small_vocab = tiny_model(vocab_size=50)
+  with pytest.raises(InputError, match=r"vocabulary 61.*vocabulary 50"):
+    sj.load_heads(medusa1[0], small_vocab)
+  with pytest.raises(InputError, match=r"vocabulary 61.*vocabulary 50"):
+    sj.load_heads(eagle[0], small_vocab)
+
+
+def test_a_missing_tensor_is_named(tiny, eagle, tmp_path):
+  sd = {k: v for k, v in eagle[1].items() if k != "layers.0.mlp.down_proj.weight"}
+  torch.save(sd, tmp_path / "pytorch_model.bin")
+  _config(str(tmp_path), **eagle[2])
+  with pytest.raises(WeightsError, match="missing tensor 'layers.0.mlp.down_proj.weight'"):
+    sj.load_heads(str(tmp_path), tiny)
+  heads = _medusa1_heads(32, 61, 2, 1).state_dict()
+  del heads["1.0.linear.bias"]
+  torch.save(heads, tmp_path / "medusa.pt")
+  with pytest.raises(WeightsError, match="missing tensor '1.0.linear.bias'"):
+    sj.load_heads(str(tmp_path / "medusa.pt"), tiny)
+
+
+class _Payload:
+  """A pickled object that would create a directory when unpickled by a full unpickler."""
+
+  def __init__(self, path):
+    self.path = path
+
+  def __reduce__(self):
+    return (os.makedirs, (self.path,))
+
+
+def test_pickles_holding_anything_but_tensors_are_refused(tiny, tmp_path):
+  marker = str(tmp_path / "unpickled")
+  torch.save({"0.0.linear.weight": torch.zeros(32, 32), "x": _Payload(marker)},
+             tmp_path / "evil.pt")
+  with pytest.raises(WeightsError, match="refused"):
+    sj.load_heads(str(tmp_path / "evil.pt"), tiny)
+  assert not os.path.exists(marker)
+  torch.save({"0.0.linear.weight": torch.zeros(32, 32), "note": "hello"}, tmp_path / "str.pt")
+  with pytest.raises(WeightsError, match="refused: entry 'note' is a str"):
+    sj.load_heads(str(tmp_path / "str.pt"), tiny)
+
+
+def test_an_unknown_layout_lists_the_recognised_ones(tiny, tmp_path):
+  from safetensors.torch import save_file
+
+  save_file({"encoder.weight": torch.zeros(4, 4)}, str(tmp_path / "model.safetensors"))
+  with pytest.raises(WeightsError, match=r"not a recognised drafter layout.*medusa-1.*"
+                                         r"medusa-vllm.*eagle"):
+    sj.load_heads(str(tmp_path), tiny)
+  with pytest.raises(InputError, match="tokens"):
+    head_logits(tiny, sj.init_heads(tiny, "eagle"), [3])
