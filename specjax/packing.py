@@ -16,7 +16,8 @@ from a target's tensors works unchanged (a draft built that way has no packed co
 XLA; its forwards are small). The model reads a copy where it multiplies (model._packed).
 
 Packed copies are a load-time transform: `weights.load_model` makes them (`maybe_pack`: by default
-on a single CPU device in float32 unless SPECJAX_KERNELS is "0"; `kernels=False` never packs;
+on a single CPU device in float32, or bfloat16 where the CPU has AVX512-BF16, unless
+SPECJAX_KERNELS is "0"; `kernels=False` never packs;
 `kernels=True` packs or warns), nothing saves them (drafts' own tensors and checkpoints are
 written from unpacked models), and they are derived data: if you change a packed model's
 parameters, call `pack` again (or `unpack`) so the copies follow.
@@ -105,16 +106,23 @@ def on_kernel(model) -> bool:
 
 def pack(model, *, warn: bool = True):
   """A new Model whose params also carry packed copies of every dense weight (see the module
-  docstring); the model itself if the kernel is unavailable (warned once), if its dtype is not
-  float32, or if it is already packed."""
+  docstring), float32 or bfloat16 as the model's weights; the model itself if the kernel is
+  unavailable (warned once), if its dtype is neither (or bfloat16 on a CPU without AVX512-BF16:
+  warned), or if it is already packed."""
   if is_packed(model):
     return model
-  if jnp.dtype(model.dtype) != jnp.dtype(jnp.float32):
+  dtype = jnp.dtype(model.dtype)
+  if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
     if warn:
-      warnings.warn(f"specjax.kernels: {model.dtype} weights are not supported (float32 only); "
-                    f"using XLA", KernelFallbackWarning, stacklevel=2)
+      warnings.warn(f"specjax.kernels: {model.dtype} weights are not supported (float32 or "
+                    f"bfloat16 only); using XLA", KernelFallbackWarning, stacklevel=2)
     return model
   if not kernels.available():
+    return model
+  if dtype == jnp.bfloat16 and not kernels.matmul.bf16_available():
+    if warn:
+      warnings.warn("specjax.kernels: bfloat16 weights need AVX512-BF16, which this CPU (or the "
+                    "forced kernel path) lacks; using XLA", KernelFallbackWarning, stacklevel=2)
     return model
   nt = kernels.threads()
   module = model.module()
@@ -167,11 +175,11 @@ def single_cpu_device() -> bool:
 
 
 def maybe_pack(model, kernels_on: bool | None):
-  """load_model's policy: None = pack if SPECJAX_KERNELS allows, on one CPU device, in float32;
-  True = pack (warning if impossible); False = never."""
+  """load_model's policy: None = pack if SPECJAX_KERNELS allows, on one CPU device, in float32
+  or bfloat16; True = pack (warning if impossible); False = never."""
   if kernels_on is False or (kernels_on is None and (
       kernels.switched_off() or not single_cpu_device()
-      or jnp.dtype(model.dtype) != jnp.float32)):
+      or jnp.dtype(model.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)))):
     return model
   if kernels_on is True and not single_cpu_device():
     warnings.warn("specjax.kernels: the kernel runs on a single CPU device only; using XLA",

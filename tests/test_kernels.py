@@ -20,7 +20,7 @@ import specjax as sj
 from specjax import cache as kv
 from specjax import kernels, packing
 
-from conftest import random_prompts, tiny_model
+from conftest import random_prompts, tiny_config, tiny_model
 from test_lossless import GREEDY_METHODS
 
 _USER_CACHE = os.environ.get("SPECJAX_CACHE")
@@ -48,18 +48,23 @@ def _rel(a, ref):
   return float(np.abs(np.asarray(a, np.float64) - ref).max() / np.abs(ref).max())
 
 
+# M values the jitted tests compile (each shape is a compile): small, odd, either side of 32,
+# the largest.
+ROWS = (1, 2, 3, 5, 8, 13, 16, 24, 31, 33, 47, 64)
+
+
 @needs_kernel
 @pytest.mark.parametrize("isa_path", _paths(), indirect=True)
 def test_parity_random_shapes(isa_path):
-  """M = 1..32 with odd K and N (column tails in the last block), every block width, plain and
-  transposed weights, threaded and single-threaded sizes: within 1e-5 of the exact product."""
+  """M from 1 to 64 with odd K and N (column tails in the last block), every block width, plain
+  and transposed weights, threaded and single-threaded sizes: within 1e-5 of the exact product."""
   rng = np.random.default_rng(0)
   f = jax.jit(kernels.dense, static_argnames="transposed")
-  for i, m in enumerate(range(1, 33)):
+  for i, m in enumerate(ROWS):
     k = int(rng.integers(1, 700)) | 1
     n = int(rng.integers(1, 1100)) | 1
-    if i % 8 == 0:
-      k, n = 577, 961  # > the threaded threshold
+    if i % 4 == 0:
+      k, n = 1537, 961  # > the threaded threshold, K in three chunks
     transposed = i % 3 == 0
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
@@ -71,17 +76,110 @@ def test_parity_random_shapes(isa_path):
     assert _rel(jnp.dot(x, w.T if transposed else w), ref) < 1e-5  # the bar XLA itself meets
 
 
+def _host_dense(x, packed, n, bf16=False):
+  """The library's host entry (no XLA, no compile): y [M,N] for x [M,K] and a packed copy."""
+  import ctypes
+
+  lib = kernels.load()
+  fn = lib.specjax_dense_bf16 if bf16 else lib.specjax_dense_f32
+  fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 4
+  x, packed = np.ascontiguousarray(x), np.ascontiguousarray(packed)
+  y = np.full((x.shape[0], n), np.nan, np.float32)
+  bw = packed.shape[2] // (2 if bf16 else 1)
+  fn(x.ctypes.data, packed.ctypes.data, y.ctypes.data, x.shape[0], x.shape[1], n, bw)
+  return y
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+def test_every_row_count_and_rows_independent(isa_path):
+  """Every M from 1 to 64 (each row tiling: 1-8-row tiles, balanced splits, two 64-row groups
+  at 65 and 130), through the host entry: within 1e-5 of the exact product, and each row the
+  same bits as when it is computed alone (verifying T tokens gives each what decoding it alone
+  gives, which the lossless suite relies on)."""
+  rng = np.random.default_rng(5)
+  for k, n, bw in ((1300, 200, 48), (96, 64, 64), (33, 40, 16)):  # K = 1300: three K-chunks
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed = kernels.pack_weight(w, bw=bw)
+    x = rng.standard_normal((130, k)).astype(np.float32)
+    alone = _host_dense(x, packed, n)
+    assert _rel(alone, x.astype(np.float64) @ w.astype(np.float64)) < 1e-5, (isa_path, k)
+    for m in list(range(1, 65)) + [65, 130]:
+      np.testing.assert_array_equal(_host_dense(x[:m], packed, n), alone[:m], err_msg=str((k, m)))
+    for r in range(0, 130, 13):
+      np.testing.assert_array_equal(_host_dense(x[r:r + 1], packed, n), alone[r:r + 1])
+
+
 @needs_kernel
 def test_rows_do_not_depend_on_the_batch():
-  """A row's result is the same bits whether it is computed alone or with 31 others: verifying T
-  tokens gives each exactly what decoding it alone gives (what the lossless suite relies on)."""
+  """The same through XLA: a row's result is the same bits whether it is computed alone or with
+  63 others."""
   rng = np.random.default_rng(1)
-  x = rng.standard_normal((32, 577)).astype(np.float32)
+  x = rng.standard_normal((64, 577)).astype(np.float32)
   w = rng.standard_normal((577, 1000)).astype(np.float32)
   p = jnp.asarray(kernels.pack_weight(w))
   full = np.asarray(kernels.dense(x, w, p))
-  for m in (1, 3, 7, 16):
+  for m in (1, 7, 33, 47):
     np.testing.assert_array_equal(np.asarray(kernels.dense(x[:m], w, p)), full[:m])
+
+
+# ----------------------------------------------------------------------------- bfloat16
+
+needs_bf16 = pytest.mark.skipif(not kernels.matmul.bf16_available(),
+                                reason="the kernel's bf16 path needs AVX512-BF16")
+
+
+def _bf16_ulp(y):
+  """The spacing of bfloat16 numbers at |y| (8 significant bits)."""
+  y = np.abs(np.asarray(y, np.float64))
+  return np.exp2(np.floor(np.log2(np.maximum(y, 1e-30))) - 7)
+
+
+@needs_bf16
+def test_bf16_parity_with_xla():
+  """bf16 x, w: the kernel's fp32 accumulation is within 1e-5 of the exact product of the bf16
+  values (the fp32 bar), and its bf16 result is XLA's bf16 dot or a neighbour of it.
+
+  Why: both round an fp32 sum of the same exact products (bf16 x bf16 is exact in fp32) to bf16
+  once; the two sums differ only by summation order, by at most twice the fp32 bar (2e-5 of the
+  largest output; ~1e-6 typically, far below bf16's 2^-8 relative spacing). So the results are
+  equal unless a sum sits that close to a rounding boundary, and then differ by one bf16 spacing
+  plus that fp32 difference (which matters only for outputs near zero, after cancellation).
+  Differences are rare: < 1% of outputs (~0.01-0.1% here)."""
+  rng = np.random.default_rng(3)
+  f = jax.jit(kernels.dense, static_argnames="transposed")
+  for i, m in enumerate((1, 2, 7, 33, 47, 64)):
+    k, n = ((1537, 961), (577, 200), (64, 1000))[i % 3]  # odd K: a zero-padded pair
+    transposed = i % 2 == 1
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((n, k) if transposed else (k, n)), jnp.bfloat16)
+    packed = jnp.asarray(kernels.pack_weight(np.asarray(w), transposed=transposed))
+    assert packed.dtype == jnp.bfloat16 and packed.shape[1] == (k + 1) // 2
+    exact = np.asarray(x, np.float64) @ np.asarray(w.T if transposed else w, np.float64)
+    acc = kernels.matmul._ffi(x, packed, n)  # the fp32 sums before the rounding to bf16
+    assert acc.dtype == jnp.float32 and _rel(acc, exact) < 1e-5, (m, k, n)
+    y = f(x, w, packed, transposed=transposed)
+    ref = kernels.matmul._xla(x, w, transposed)
+    assert y.dtype == ref.dtype == jnp.bfloat16
+    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    diff = np.abs(y - ref)
+    bound = _bf16_ulp(np.maximum(np.abs(y), np.abs(ref))) + 2e-5 * np.abs(exact).max()
+    assert (diff <= bound).all(), (m, k, n)
+    assert (diff > 0).mean() < 0.01, (m, k, n)
+
+
+@needs_bf16
+def test_bf16_rows_independent():
+  """bf16 rows are the same bits alone or in a call of up to 64 (and 130) rows."""
+  rng = np.random.default_rng(4)
+  k, n = 577, 300
+  w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
+  packed = kernels.pack_weight(w, bw=48).view(np.uint16)
+  x = np.asarray(jnp.asarray(rng.standard_normal((130, k)), jnp.bfloat16)).view(np.uint16)
+  full = _host_dense(x, packed, n, bf16=True)
+  for m in list(range(1, 65)) + [130]:
+    np.testing.assert_array_equal(_host_dense(x[:m], packed, n, bf16=True), full[:m],
+                                  err_msg=str(m))
 
 
 @needs_kernel
@@ -128,9 +226,9 @@ def test_model_uses_the_kernel_and_keeps_its_params():
   assert not packing.is_packed(packing.unpack(packed))
 
   def hlo(model, t):
-    cache = model.init_cache(1, 64)
+    cache = model.init_cache(1, 128)
     toks = jnp.zeros((1, t), jnp.int32)
-    mask = kv.causal_mask(cache.lengths, t, 64)
+    mask = kv.causal_mask(cache.lengths, t, 128)
     return jax.jit(model.apply).lower(model.params, toks, jnp.arange(t)[None], cache, mask).as_text()
 
   assert hlo(packed, 4).count(kernels.TARGET) == 4 * 2 + 1  # 4 per layer + the head
@@ -277,3 +375,64 @@ def test_smollm2_every_method_identical_on_and_off(smollm2):
              sj.SelfSpeculative(exit_layer=6, gamma=3)]
   for method in methods:
     assert sj.generate(smollm2, prompts, method, max_new_tokens=32).tokens == ref, method.name
+
+
+# ----------------------------------------------------------------------------- a bfloat16 model
+
+
+@pytest.fixture(scope="module")
+def target_bf16():
+  return sj.Model.random(tiny_config(), seed=0, scale=0.3, dtype=jnp.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def bf16_reference(target_bf16, batch):
+  """XLA's greedy tokens for the bf16 model (2 prompts, 16 tokens)."""
+  return sj.generate(target_bf16, batch[:2], sj.Autoregressive(), max_new_tokens=16).tokens
+
+
+@needs_bf16
+def test_bf16_model_on_the_kernel(target_bf16, batch, bf16_reference):
+  """A bfloat16 model packs bf16 copies (half the bytes of fp32 ones) and runs its 9 products on
+  the bf16 path; prompt lookup through the kernel gives the kernel's autoregressive tokens, and
+  these are XLA's (this model has no near-ties; in general the kernel may round a product to the
+  bf16 number next to XLA's, see test_bf16_parity_with_xla). Every method of the lossless suite
+  was checked the same way once (experiments/kernels/README.md); here one, for time."""
+  packed = packing.pack(target_bf16)
+  copy = packed.params["layers"][0]["attn"]["packed_wqkv"][...]
+  assert copy.dtype == jnp.bfloat16
+  assert copy.nbytes == kernels.pack_weight(np.zeros((32, 64), np.float32)).nbytes // 2
+  cache = packed.init_cache(1, 64)
+  lowered = jax.jit(packed.apply).lower(packed.params, jnp.zeros((1, 3), jnp.int32),
+                                        jnp.arange(3)[None], cache,
+                                        kv.causal_mask(cache.lengths, 3, 64)).as_text()
+  assert lowered.count(kernels.matmul.TARGET_BF16) == 4 * 2 + 1
+  ar = sj.generate(packed, batch[:2], sj.Autoregressive(), max_new_tokens=16).tokens
+  assert ar == bf16_reference
+  pl = sj.generate(packed, batch[:2], sj.PromptLookup(ngram=2, num_tokens=4), max_new_tokens=16)
+  assert pl.tokens == ar
+
+
+@needs_kernel
+def test_bf16_fallbacks(monkeypatch, target_bf16):
+  """A CPU without AVX512-BF16 (simulated through the detection hook): packing a bf16 model warns
+  and leaves it on XLA (whose tokens test_bf16_model_on_the_kernel compares with the kernel's),
+  and a product given a bf16 packed copy anyway runs XLA's dot; with the switch off, load_model's
+  policy leaves it unpacked silently."""
+  monkeypatch.setattr(kernels.matmul, "_detect_bf16", lambda lib: False)
+  assert not kernels.matmul.bf16_available()
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    m = packing.maybe_pack(target_bf16, None)
+  assert not packing.is_packed(m)
+  assert [str(w.message) for w in caught if "AVX512-BF16" in str(w.message)]
+  x = jnp.ones((3, 64), jnp.bfloat16)
+  w = jnp.ones((64, 32), jnp.bfloat16)
+  p = jnp.asarray(kernels.pack_weight(np.asarray(w)))
+  hlo = jax.jit(kernels.dense).lower(x, w, p).as_text()
+  assert kernels.matmul.TARGET_BF16 not in hlo and kernels.TARGET not in hlo
+  monkeypatch.undo()
+  monkeypatch.setenv("SPECJAX_KERNELS", "0")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert not packing.is_packed(packing.maybe_pack(target_bf16, None))

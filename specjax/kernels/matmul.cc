@@ -1,18 +1,27 @@
-// y[M,N] = x[M,K] @ W for small M, with W pre-packed into column blocks: w[nb][K][bw].
+// y[M,N] = x[M,K] @ W for small M, with W pre-packed into column blocks: fp32 w[nb][K][bw], or
+// bf16 w[nb][ceil(K/2)][bw][2] (the pairs k = 2p, 2p + 1 of one column side by side).
 //
-// Why: a decode step reads every weight once; with M = 1..32 rows the arithmetic is small and the
-// cost should be the bytes. Each column block (bw = 16/32/48/64 floats) is one contiguous stream
-// of K * bw floats, read once per call while M rows of accumulators are updated from it. XLA's
-// general GEMM path instead repacks the whole weight on every call once M > 1.
+// Why: a decode step reads every weight once; with M = 1..64 rows the arithmetic is small and the
+// cost should be the bytes. Each column block (bw = 16/32/48/64 columns) is one contiguous stream,
+// read from memory once per call. Rows are taken in register tiles (up to 6 rows x 64 columns, or
+// 8 x 48, in 24 zmm accumulators) that run over all of K with the block's columns in registers;
+// further row tiles re-read the block from L2 (a block is 37-300 KB), while each pass prefetches a
+// share of the next block into L2, so that the memory stream overlaps the arithmetic instead of
+// alternating with it. XLA's general GEMM path instead repacks the whole weight on every call
+// once M > 1.
 //
 // This one file is compiled four times (SJ_PART = main, avx512, avx2, scalar) and linked into one
 // shared library, so each instruction-set path is built with its own -m flags and chosen at run
-// time (see specjax/kernels/build.py). Part `main` holds the XLA FFI handler, the ISA choice and
-// a small persistent thread pool.
+// time (see specjax/kernels/build.py). Part `main` holds the XLA FFI handlers, the ISA choice and
+// the call's split over the thread pool (pool.h). The bf16 path needs AVX512-BF16 (`vdpbf16ps`):
+// its functions carry their own target attribute in part avx512 and run only where the CPU has it.
 //
-// Numerics: every output is a sequential fused multiply-add over k = 0..K-1 (the scalar path
+// Numerics, fp32: every output is a sequential fused multiply-add over k = 0..K-1 (the scalar path
 // multiplies and adds), whatever M is and however the rows are tiled, so a row's result does not
-// depend on which other rows share the call.
+// depend on which other rows share the call. bf16: each `vdpbf16ps` adds the products of one pair
+// (k = 2p, 2p + 1; bf16 x bf16 is exact in fp32) to the fp32 accumulator, pairs in order, so again
+// a row's result is fixed by its own inputs; the instruction treats denormal inputs and outputs as
+// zero and rounds to nearest even.
 
 #include <algorithm>
 #include <cstdint>
@@ -27,29 +36,16 @@
 #error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
 #endif
 
-// Rows handled per pass over a block; more rows are processed in groups of this many.
-static constexpr long kMaxRows = 32;
-// A K-chunk of a block (kc * bw floats) is kept near this size so that several row tiles can
-// re-read it from L1 (the first tile streams it from memory).
-#ifndef SJ_CHUNK_BYTES
-#define SJ_CHUNK_BYTES (16 * 1024)
-#endif
-static constexpr long kChunkBytes = SJ_CHUNK_BYTES;
-// How far ahead a single-tile pass prefetches its weight stream (0: no software prefetch).
-#ifndef SJ_PREFETCH_BYTES
-#define SJ_PREFETCH_BYTES 4096
-#endif
-static constexpr long kPrefetchBytes = SJ_PREFETCH_BYTES;
-#ifndef SJ_PF_HINT
-#define SJ_PF_HINT _MM_HINT_T0
-#endif
-#ifndef SJ_PREFETCH_NEXT
-#define SJ_PREFETCH_NEXT 1
-#endif
+// Rows per call of a block function; more rows are processed in groups of this many.
+static constexpr long kMaxRows = 64;
+// How far ahead a single-pass block (one register tile) prefetches its own weight stream.
+static constexpr long kPrefetchBytes = 4096;
 
-// Computes buf[rows][bw] = x[rows][K] (row stride ldx) @ w[K][bw] for one packed block.
-typedef void BlockFn(const float* x, long ldx, const float* w, long k, long bw, long rows,
-                     float* buf);
+// out[rows][bw] (row stride ldo) = x[rows][K] (row stride ldx) @ w for one packed block; next: the
+// block the caller takes after this one (prefetched into L2 during the passes), or null.
+// fp32: x float, w [K][bw] float. bf16: x bf16 with K even (the caller pads), w [K/2][bw][2].
+typedef void BlockFn(const void* x, long ldx, const void* w, long k, long bw, long rows,
+                     float* out, long ldo, const void* next);
 
 #if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
 #include <immintrin.h>
@@ -69,8 +65,9 @@ struct V {
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T zero() { return _mm512_setzero_ps(); }
 };
-// Register budget (32 zmm): SV weight vectors + MT * SV accumulators.
-template <int SV> constexpr int max_rows() { return SV == 4 ? 6 : SV == 3 ? 8 : SV == 2 ? 12 : 24; }
+// Register budget (32 zmm): SV weight vectors + MT * SV accumulators (+ a broadcast); at most 8
+// rows, so that the row pointers stay in general registers.
+template <int SV> constexpr int max_rows() { return SV == 4 ? 6 : 8; }
 #else
 struct V {
   using T = __m256;
@@ -85,98 +82,206 @@ struct V {
 template <int SV> constexpr int max_rows() { return 6; }
 #endif
 
-// acc[MT][SV*W] (+)= x[MT][kc] @ w[kc][SV*W]; w has row stride ldw, acc row stride lda.
-// With PF, iteration e also prefetches pf_lines cache lines at pf + e * ldw: the weight stream a
-// little ahead, or the next K-chunk while this one is re-read from L1 by the other row tiles, so
-// memory traffic overlaps arithmetic instead of alternating with it.
-template <int SV, int MT, bool PF>
-void tile(const float* __restrict x, long ldx, const float* __restrict w, long ldw, long kc,
-          float* __restrict acc, long lda, bool accumulate, const float* pf, long pf_lines) {
+// Prefetch plan of one pass: at iteration e, `lines` cache lines from pf + e * step.
+struct Prefetch {
+  const char* pf;
+  long step, lines;
+};
+
+inline void prefetch(const Prefetch& p, long e, int hint_l2) {
+  const char* a = p.pf + e * p.step;
+  for (long l = 0; l < p.lines; ++l) {
+    if (hint_l2) _mm_prefetch(a + 64 * l, _MM_HINT_T1);
+    else _mm_prefetch(a + 64 * l, _MM_HINT_T0);
+  }
+}
+
+// out[MT][SV*W] = x[MT][k] @ w[k][SV*W] (w row stride ldw), all of k in registers.
+template <int SV, int MT, int PF>
+void tile(const float* __restrict x, long ldx, const float* __restrict w, long ldw, long k,
+          float* __restrict out, long ldo, bool acc, Prefetch pf) {
   typename V::T c[MT][SV];
-  for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < SV; ++v)
-      c[m][v] = accumulate ? V::load(acc + m * lda + v * V::W) : V::zero();
-  for (long e = 0; e < kc; ++e) {
-    if constexpr (PF)
-      for (long l = 0; l < pf_lines; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + e * ldw) + 64 * l, SJ_PF_HINT);
+  const float* xr[MT];
+  for (int m = 0; m < MT; ++m) {
+    xr[m] = x + m * ldx;
+    for (int v = 0; v < SV; ++v) c[m][v] = acc ? V::load(out + m * ldo + v * V::W) : V::zero();
+  }
+  for (long e = 0; e < k; ++e) {
+    if constexpr (PF != 0) prefetch(pf, e, PF == 2);
     typename V::T b[SV];
     for (int v = 0; v < SV; ++v) b[v] = V::load(w + e * ldw + v * V::W);
     for (int m = 0; m < MT; ++m) {
-      typename V::T a = V::bcast(x + m * ldx + e);
+      typename V::T a = V::bcast(xr[m] + e);
       for (int v = 0; v < SV; ++v) c[m][v] = V::fma(a, b[v], c[m][v]);
     }
   }
   for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < SV; ++v) V::store(acc + m * lda + v * V::W, c[m][v]);
+    for (int v = 0; v < SV; ++v) V::store(out + m * ldo + v * V::W, c[m][v]);
 }
 
-typedef void TileFn(const float*, long, const float*, long, long, float*, long, bool, const float*,
-                    long);
+typedef void TileFn(const float*, long, const float*, long, long, float*, long, bool,
+                    Prefetch);
 
-template <int SV, bool PF, int... Ms>
+template <int SV, int PF, int... Ms>
 constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms...>) {
   return {&tile<SV, Ms + 1, PF>...};
 }
 
-// Strip = SV vectors of columns, processed for all rows (tiles of up to MT rows) per K-chunk.
-template <int SV>
-void block_strips(const float* x, long ldx, const float* w, long k, long bw, long rows,
-                  float* buf) {
-  constexpr int MT = max_rows<SV>();
-  static constexpr auto plain = tiles<SV, false>(std::make_integer_sequence<int, MT>{});
-  static constexpr auto fetch = tiles<SV, true>(std::make_integer_sequence<int, MT>{});
-  constexpr long strip = SV * V::W;
-  const long nstrips = bw / strip;
-  const long lines = bw * 4 / 64;  // cache lines per packed row
-  if (rows <= MT && nstrips == 1) {  // one register tile: stream the whole block once
-    const long ahead = std::max<long>(1, kPrefetchBytes / (bw * 4));
-    (kPrefetchBytes > 0 ? fetch : plain)[rows - 1](x, ldx, w, bw, k, buf, bw, false,
-                                                   w + ahead * bw, lines);
+// When several row tiles (or strips) re-read a block, K is taken in chunks of at most this many k
+// (pairs for bf16), so that one chunk of the block and the call's rows of x for it stay in L2
+// together (K = 1536 at 64 rows: 3 chunks).
+static constexpr long kChunkK = 640;
+
+// The passes over one block: per K-chunk, per strip of columns, row tiles of balanced sizes (64
+// rows with 6-row tiles: 9 x 6 + 2 x 5). run(s, r, mt, e0, n, kind, pf) runs one tile: strip s,
+// rows r..r+mt, k e0..e0+n (accumulating onto the output when e0 > 0), prefetch plan pf of kind 0
+// (none), 1 (its own stream, into L1) or 2 (the next block, into L2).
+template <int MR, typename Run>
+void passes(long rows, long strips, long k, long row_bytes, const void* w, const void* next,
+            Run run) {
+  const long nt = (rows + MR - 1) / MR;
+  if (nt * strips == 1) {  // one register tile: stream the block once, prefetching a little ahead
+    const long ahead = std::max<long>(1, kPrefetchBytes / row_bytes);
+    run(0, 0, rows, 0, k, 1,
+        Prefetch{static_cast<const char*>(w) + ahead * row_bytes, row_bytes, row_bytes / 64});
     return;
   }
-  const long kc = std::max<long>(8, kChunkBytes / (bw * 4));
+  // Each pass prefetches its share of the next block into L2, spread over its k iterations.
+  const long nc = (k + kChunkK - 1) / kChunkK;
+  const long npass = nt * strips * nc;
+  const long kc = (k + nc - 1) / nc;
+  const long share = (k * row_bytes + npass - 1) / npass;
+  const long step = (share + kc - 1) / kc;
+  const long lines = next ? (step + 63) / 64 : 0;
+  long p = 0;
   for (long e0 = 0; e0 < k; e0 += kc) {
     const long n = std::min(kc, k - e0);
-    // The chunk after this one (the next block's first rows after the last chunk: blocks are
-    // contiguous) is prefetched by the first tile; the others re-read this chunk from L1.
-    const float* next = w + (e0 + n + (SJ_PREFETCH_NEXT - 1) * kc) * bw;
-    for (long s = 0; s < nstrips; ++s)
-      for (long r = 0; r < rows; r += MT) {
-        const long mt = std::min<long>(MT, rows - r);
-        const bool first = s == 0 && r == 0 && SJ_PREFETCH_NEXT;
-        (first ? fetch : plain)[mt - 1](x + r * ldx + e0, ldx, w + e0 * bw + s * strip, bw, n,
-                                        buf + r * bw + s * strip, bw, e0 > 0, next, lines);
+    for (long s = 0; s < strips; ++s) {
+      for (long t = 0, r = 0; t < nt; ++t, ++p) {
+        const long mt = rows / nt + (t < rows % nt);
+        const char* pf = next ? static_cast<const char*>(next) + p * share : nullptr;
+        run(s, r, mt, e0, n, lines ? 2 : 0, Prefetch{pf, step, lines});
+        r += mt;
       }
+    }
   }
 }
+
+template <int SV>
+void block_f32(const void* xv, long ldx, const void* wv, long k, long bw, long rows, float* out,
+               long ldo, const void* next) {
+  constexpr int MR = max_rows<SV>();
+  static constexpr auto plain = tiles<SV, 0>(std::make_integer_sequence<int, MR>{});
+  static constexpr auto own = tiles<SV, 1>(std::make_integer_sequence<int, MR>{});
+  static constexpr auto ahead = tiles<SV, 2>(std::make_integer_sequence<int, MR>{});
+  const float* x = static_cast<const float*>(xv);
+  const float* w = static_cast<const float*>(wv);
+  constexpr long strip = SV * V::W;
+  passes<MR>(rows, bw / strip, k, bw * 4, w, next,
+             [&](long s, long r, long mt, long e0, long n, int kind, Prefetch pf) {
+               const auto& table = kind == 0 ? plain : kind == 1 ? own : ahead;
+               table[mt - 1](x + r * ldx + e0, ldx, w + e0 * bw + s * strip, bw, n,
+                             out + r * ldo + s * strip, ldo, e0 > 0, pf);
+             });
+}
+
+#if SJ_PART == SJ_AVX512
+// ----------------------------------------------------------------------------- bf16 (AVX512-BF16)
+
+#define SJ_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// out[MT][SV*16] = x[MT][2*k2] @ w[k2][SV*16][2]; one vdpbf16ps per pair, row and vector.
+template <int SV, int MT, int PF>
+SJ_BF16 void tile_bf16(const uint16_t* __restrict x, long ldx, const uint16_t* __restrict w,
+                       long ldw, long k2, float* __restrict out, long ldo, bool acc,
+                       Prefetch pf) {
+  __m512 c[MT][SV];
+  const uint16_t* xr[MT];
+  for (int m = 0; m < MT; ++m) {
+    xr[m] = x + m * ldx;
+    for (int v = 0; v < SV; ++v)
+      c[m][v] = acc ? _mm512_loadu_ps(out + m * ldo + v * 16) : _mm512_setzero_ps();
+  }
+  for (long e = 0; e < k2; ++e) {
+    if constexpr (PF != 0) prefetch(pf, e, PF == 2);
+    __m512bh b[SV];
+    for (int v = 0; v < SV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(w + e * ldw + v * 32);
+    for (int m = 0; m < MT; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, xr[m] + 2 * e, 4);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+      for (int v = 0; v < SV; ++v) c[m][v] = _mm512_dpbf16_ps(c[m][v], a, b[v]);
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < SV; ++v) _mm512_storeu_ps(out + m * ldo + v * 16, c[m][v]);
+}
+
+typedef void TileBf16Fn(const uint16_t*, long, const uint16_t*, long, long, float*, long, bool,
+                        Prefetch);
+
+template <int SV, int PF, int... Ms>
+constexpr std::array<TileBf16Fn*, sizeof...(Ms)> tiles_bf16(std::integer_sequence<int, Ms...>) {
+  return {&tile_bf16<SV, Ms + 1, PF>...};
+}
+
+template <int SV>
+void block_bf16(const void* xv, long ldx, const void* wv, long k, long bw, long rows, float* out,
+                long ldo, const void* next) {
+  constexpr int MR = max_rows<SV>();
+  static constexpr auto plain = tiles_bf16<SV, 0>(std::make_integer_sequence<int, MR>{});
+  static constexpr auto own = tiles_bf16<SV, 1>(std::make_integer_sequence<int, MR>{});
+  static constexpr auto ahead = tiles_bf16<SV, 2>(std::make_integer_sequence<int, MR>{});
+  const uint16_t* x = static_cast<const uint16_t*>(xv);
+  const uint16_t* w = static_cast<const uint16_t*>(wv);
+  const long k2 = k / 2;
+  passes<MR>(rows, 1, k2, bw * 4, w, next,
+             [&](long, long r, long mt, long e0, long n, int kind, Prefetch pf) {
+               const auto& table = kind == 0 ? plain : kind == 1 ? own : ahead;
+               table[mt - 1](x + r * ldx + 2 * e0, ldx, w + e0 * 2 * bw, 2 * bw, n,
+                             out + r * ldo, ldo, e0 > 0, pf);
+             });
+}
+#endif
 
 }  // namespace
 
 #if SJ_PART == SJ_AVX512
-extern "C" void sj_block_avx512(const float* x, long ldx, const float* w, long k, long bw,
-                                long rows, float* buf) {
+extern "C" void sj_block_avx512(const void* x, long ldx, const void* w, long k, long bw,
+                                long rows, float* out, long ldo, const void* next) {
   switch (bw) {
-    case 64: return block_strips<4>(x, ldx, w, k, bw, rows, buf);
-    case 48: return block_strips<3>(x, ldx, w, k, bw, rows, buf);
-    case 32: return block_strips<2>(x, ldx, w, k, bw, rows, buf);
-    default: return block_strips<1>(x, ldx, w, k, bw, rows, buf);
+    case 64: return block_f32<4>(x, ldx, w, k, bw, rows, out, ldo, next);
+    case 48: return block_f32<3>(x, ldx, w, k, bw, rows, out, ldo, next);
+    case 32: return block_f32<2>(x, ldx, w, k, bw, rows, out, ldo, next);
+    default: return block_f32<1>(x, ldx, w, k, bw, rows, out, ldo, next);
+  }
+}
+
+extern "C" void sj_block_bf16(const void* x, long ldx, const void* w, long k, long bw, long rows,
+                              float* out, long ldo, const void* next) {
+  switch (bw) {
+    case 64: return block_bf16<4>(x, ldx, w, k, bw, rows, out, ldo, next);
+    case 48: return block_bf16<3>(x, ldx, w, k, bw, rows, out, ldo, next);
+    case 32: return block_bf16<2>(x, ldx, w, k, bw, rows, out, ldo, next);
+    default: return block_bf16<1>(x, ldx, w, k, bw, rows, out, ldo, next);
   }
 }
 #else
-extern "C" void sj_block_avx2(const float* x, long ldx, const float* w, long k, long bw, long rows,
-                              float* buf) {
-  block_strips<2>(x, ldx, w, k, bw, rows, buf);  // bw is a multiple of 16
+extern "C" void sj_block_avx2(const void* x, long ldx, const void* w, long k, long bw, long rows,
+                              float* out, long ldo, const void* next) {
+  block_f32<2>(x, ldx, w, k, bw, rows, out, ldo, next);  // bw is a multiple of 16
 }
 #endif
 
 #elif SJ_PART == SJ_SCALAR
 
 // Portable reference path: plain loops (the compiler may vectorise them for the baseline ISA).
-extern "C" void sj_block_scalar(const float* x, long ldx, const float* w, long k, long bw,
-                                long rows, float* buf) {
+extern "C" void sj_block_scalar(const void* xv, long ldx, const void* wv, long k, long bw,
+                                long rows, float* buf, long ldo, const void*) {
+  const float* x = static_cast<const float*>(xv);
+  const float* w = static_cast<const float*>(wv);
   for (long m = 0; m < rows; ++m) {
-    float* out = buf + m * bw;
+    float* out = buf + m * ldo;
     for (long j = 0; j < bw; ++j) out[j] = 0.0f;
     for (long e = 0; e < k; ++e) {
       const float a = x[m * ldx + e];
@@ -188,27 +293,19 @@ extern "C" void sj_block_scalar(const float* x, long ldx, const float* w, long k
 
 #elif SJ_PART == SJ_MAIN
 
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <climits>
-#include <cstdlib>
-#include <mutex>
 #include <string>
-#include <thread>
+#include <vector>
 
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__x86_64__)
-extern "C" BlockFn sj_block_avx512, sj_block_avx2, sj_block_scalar;
+extern "C" BlockFn sj_block_avx512, sj_block_avx2, sj_block_scalar, sj_block_bf16;
 #else  // only the portable path is built elsewhere
 extern "C" BlockFn sj_block_scalar;
 #define sj_block_avx512 sj_block_scalar
 #define sj_block_avx2 sj_block_scalar
+#define sj_block_bf16 nullptr
 #endif
 
 namespace ffi = xla::ffi;
@@ -228,6 +325,16 @@ int detect_isa() {
   return kScalar;
 }
 
+bool detect_bf16() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 std::atomic<int> g_isa{detect_isa()};
 
 BlockFn* block_fn() {
@@ -241,175 +348,124 @@ BlockFn* block_fn() {
 // ----------------------------------------------------------------------------- one call
 
 struct Job {
-  const float* x;  // [m, k]
-  const float* w;  // [nb, k, bw]
-  float* y;        // [m, n]
-  long m, k, n, bw, nb;
-  long blocks_per_chunk, nchunks;
+  const char* x;  // [m, k] (row stride ldx elements of esize bytes)
+  const char* w;  // [nb, block_bytes]
+  float* y;       // [m, n]
+  long m, k, n, bw, nb, ldx, esize, block_bytes;
+  long blocks_per_chunk;
   BlockFn* fn;
 };
 
 void run_blocks(const Job& j, long b0, long b1) {
-  alignas(64) float buf[kMaxRows * 64];
+  alignas(64) float buf[kMaxRows * 64];  // the last block's rows when it runs past N
   for (long b = b0; b < b1; ++b) {
-    const float* wb = j.w + b * j.k * j.bw;
+    const char* wb = j.w + b * j.block_bytes;
+    const char* next = b + 1 < j.nb ? wb + j.block_bytes : nullptr;
     const long col = b * j.bw;
     const long ncols = std::min(j.bw, j.n - col);
     for (long r0 = 0; r0 < j.m; r0 += kMaxRows) {
       const long rows = std::min(kMaxRows, j.m - r0);
-      j.fn(j.x + r0 * j.k, j.k, wb, j.k, j.bw, rows, buf);
+      const char* x = j.x + r0 * j.ldx * j.esize;
+      if (ncols == j.bw) {
+        j.fn(x, j.ldx, wb, j.k, j.bw, rows, j.y + r0 * j.n + col, j.n, next);
+        continue;
+      }
+      j.fn(x, j.ldx, wb, j.k, j.bw, rows, buf, j.bw, next);
       for (long r = 0; r < rows; ++r)
         std::memcpy(j.y + (r0 + r) * j.n + col, buf + r * j.bw, ncols * sizeof(float));
     }
   }
 }
 
-void run_chunk(const Job& j, long c) {
+void run_chunk(const void* ctx, long c) {
+  const Job& j = *static_cast<const Job*>(ctx);
   const long b0 = c * j.blocks_per_chunk;
   run_blocks(j, b0, std::min(j.nb, b0 + j.blocks_per_chunk));
 }
 
-// ----------------------------------------------------------------------------- thread pool
-//
-// Persistent workers (created once, on the first threaded call) share each call's chunks with the
-// calling thread through an atomic counter: whoever is free claims the next chunk, so a worker
-// that is slow to wake (or a core busy with another process) costs balance, never correctness;
-// the caller only waits for chunks a worker has already claimed. A second concurrent caller finds
-// the pool busy and runs its call alone. Workers spin briefly between calls (a forward issues its
-// matmuls microseconds apart), then sleep on a futex. Nothing is allocated per call.
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-long futex(std::atomic<uint32_t>* addr, int op, uint32_t val) {
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, nullptr, nullptr, 0);
-}
-
-struct Pool {
-  std::atomic<uint32_t> gen{0};     // bumped to publish a job (futex word)
-  std::atomic<uint32_t> closed{0};  // = gen once the caller has stopped taking chunks
-  std::atomic<long> next{0};        // next chunk to claim
-  std::atomic<int> active{0};       // workers inside a job
-  std::atomic<int> sleepers{0};
-  std::atomic<bool> busy{false};
-  int threads = 1;                  // including the caller
-  std::atomic<long> spin_us{200};
-  Job job;
-
-  void claim_all(const Job& j) {
-    for (;;) {
-      const long c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= j.nchunks) return;
-      run_chunk(j, c);
-    }
-  }
-
-  void worker() {
-    uint32_t seen = gen.load();
-    for (;;) {
-      wait_for_job(seen);
-      active.fetch_add(1, std::memory_order_seq_cst);
-      const uint32_t g = gen.load(std::memory_order_seq_cst);
-      if (closed.load(std::memory_order_seq_cst) != g) claim_all(job);
-      seen = g;
-      active.fetch_sub(1, std::memory_order_seq_cst);
-    }
-  }
-
-  void wait_for_job(uint32_t seen) {
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0;; ++i) {
-      if (gen.load(std::memory_order_acquire) != seen) return;
-      cpu_relax();
-      if ((i & 255) == 255) {
-        if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us)) break;
-        sched_yield();  // let other runnable threads on this core go first
-      }
-    }
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
-    while (gen.load(std::memory_order_seq_cst) == seen) futex(&gen, FUTEX_WAIT_PRIVATE, seen);
-    sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
-
-  void run(const Job& j) {
-    if (threads <= 1 || j.nchunks <= 1 || busy.exchange(true, std::memory_order_acquire)) {
-      for (long c = 0; c < j.nchunks; ++c) run_chunk(j, c);
-      return;
-    }
-    job = j;
-    next.store(0, std::memory_order_relaxed);
-    const uint32_t g = gen.load(std::memory_order_relaxed) + 1;
-    gen.store(g, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst) > 0) futex(&gen, FUTEX_WAKE_PRIVATE, INT_MAX);
-    claim_all(j);
-    closed.store(g, std::memory_order_seq_cst);
-    while (active.load(std::memory_order_seq_cst) != 0) cpu_relax();
-    busy.store(false, std::memory_order_release);
-  }
-};
-
-int default_threads() {
-  if (const char* s = std::getenv("SPECJAX_KERNEL_THREADS")) {
-    int n = std::atoi(s);
-    if (n >= 1) return std::min(n, 64);
-  }
-  cpu_set_t set;
-  int n = 1;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
-  return std::max(1, std::min(n, 4));  // memory bandwidth saturates long before many cores
-}
-
-Pool g_pool;
-std::once_flag g_pool_once;
-
-Pool& pool() {
-  std::call_once(g_pool_once, [] {
-    g_pool.threads = default_threads();
-    if (const char* s = std::getenv("SPECJAX_KERNEL_SPIN_US")) g_pool.spin_us = std::atol(s);
-    for (int i = 1; i < g_pool.threads; ++i) std::thread([] { g_pool.worker(); }).detach();
-  });
-  return g_pool;
-}
-
-// Below this many weight bytes a call is not worth waking another thread for.
+// Below this much work (weight bytes, times the row tiles that re-read them) a call is not worth
+// waking another thread for.
 constexpr long kThreadedBytes = 256 * 1024;
 
-void dense(const float* x, const float* w, float* y, long m, long k, long n, long bw, long nb) {
-  Job j{x, w, y, m, k, n, bw, nb, 1, nb, block_fn()};
-  const long bytes = nb * k * bw * 4;
-  Pool& p = pool();
-  if (bytes >= kThreadedBytes && p.threads > 1) {
-    j.blocks_per_chunk = std::max<long>(1, nb / (p.threads * 8));
-    j.nchunks = (nb + j.blocks_per_chunk - 1) / j.blocks_per_chunk;
-    p.run(j);
+void run(Job& j) {
+  sj_pool::Pool& p = sj_pool::pool();
+  const long work = j.nb * j.block_bytes * ((j.m + 5) / 6);
+  if (work >= kThreadedBytes && p.threads > 1) {
+    // 8 chunks per thread balance a core that other processes share; never fewer blocks than
+    // one per chunk.
+    j.blocks_per_chunk = std::max<long>(1, j.nb / (p.threads * 8));
+    p.run(run_chunk, &j, (j.nb + j.blocks_per_chunk - 1) / j.blocks_per_chunk);
   } else {
-    run_blocks(j, 0, nb);
+    run_blocks(j, 0, j.nb);
   }
+}
+
+void dense_f32(const float* x, const float* w, float* y, long m, long k, long n, long bw,
+               long nb) {
+  Job j{reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(w), y, m, k, n, bw, nb,
+        k, 4, k * bw * 4, nb, block_fn()};
+  run(j);
+}
+
+// x bf16 [m, k] (k odd: copied with a zero column, so every row holds whole pairs).
+void dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k, long n, long bw,
+                long nb) {
+  const long k2 = (k + 1) / 2;
+  static thread_local std::vector<uint16_t> padded;
+  if (k % 2) {
+    padded.assign(m * 2 * k2, 0);
+    for (long r = 0; r < m; ++r) std::memcpy(&padded[r * 2 * k2], x + r * k, k * 2);
+    x = padded.data();
+  }
+  Job j{reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(w), y, m, 2 * k2, n, bw,
+        nb, 2 * k2, 2, k2 * bw * 4, nb, sj_block_bf16};
+  run(j);
 }
 
 // ----------------------------------------------------------------------------- XLA FFI
 
+// Checks x[M,K], w[nb, kw, bw * pack], y[M,N] against the packed layout (kw = K, or ceil(K/2)
+// pairs for bf16); returns an error message, or "" if they agree.
+std::string check(const char* name, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
+                  ffi::Span<const int64_t> yd, long pack) {
+  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
+    return std::string(name) + ": expected x[M,K], w[nb,K,bw], y[M,N]";
+  const long m = xd[0], k = xd[1], nb = wd[0], bw = wd[2] / pack, n = yd[1];
+  if (wd[1] != (k + pack - 1) / pack || yd[0] != m) return std::string(name) + ": K or M mismatch";
+  if (wd[2] % pack || bw % 16 != 0 || bw < 16 || bw > 64 || n > nb * bw || n <= (nb - 1) * bw)
+    return std::string(name) + ": bad packed block layout";
+  return "";
+}
+
 ffi::Error DenseF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                     ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions();
-  auto wd = w.dimensions();
-  auto yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
-    return ffi::Error::InvalidArgument("specjax_dense_f32: expected x[M,K], w[nb,K,bw], y[M,N]");
-  const long m = xd[0], k = xd[1], nb = wd[0], bw = wd[2], n = yd[1];
-  if (wd[1] != k || yd[0] != m)
-    return ffi::Error::InvalidArgument("specjax_dense_f32: K or M mismatch");
-  if (bw % 16 != 0 || bw < 16 || bw > 64 || n > nb * bw || n <= (nb - 1) * bw)
-    return ffi::Error::InvalidArgument("specjax_dense_f32: bad packed block layout");
+  std::string err = check("specjax_dense_f32", x.dimensions(), w.dimensions(), y->dimensions(), 1);
+  if (!err.empty()) return ffi::Error::InvalidArgument(err);
+  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
   if (m == 0 || n == 0) return ffi::Error::Success();
   if (k == 0) {
     std::memset(y->typed_data(), 0, m * n * sizeof(float));
     return ffi::Error::Success();
   }
-  dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, bw, nb);
+  dense_f32(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, w.dimensions()[2],
+            w.dimensions()[0]);
+  return ffi::Error::Success();
+}
+
+ffi::Error DenseBF16(ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
+                     ffi::ResultBuffer<ffi::F32> y) {
+  std::string err = check("specjax_dense_bf16", x.dimensions(), w.dimensions(), y->dimensions(), 2);
+  if (!err.empty()) return ffi::Error::InvalidArgument(err);
+  if (!detect_bf16()) return ffi::Error::InvalidArgument("specjax_dense_bf16: no AVX512-BF16");
+  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  if (m == 0 || n == 0) return ffi::Error::Success();
+  if (k == 0) {
+    std::memset(y->typed_data(), 0, m * n * sizeof(float));
+    return ffi::Error::Success();
+  }
+  dense_bf16(reinterpret_cast<const uint16_t*>(x.untyped_data()),
+             reinterpret_cast<const uint16_t*>(w.untyped_data()), y->typed_data(), m, k, n,
+             w.dimensions()[2] / 2, w.dimensions()[0]);
   return ffi::Error::Success();
 }
 
@@ -419,6 +475,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxDenseF32, DenseF32,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxDenseBF16, DenseBF16,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 // ----------------------------------------------------------------------------- ctypes API
@@ -440,14 +502,24 @@ SJ_EXPORT int specjax_kernel_set_isa(int isa) {
   return g_isa.load();
 }
 
-SJ_EXPORT int specjax_kernel_threads() { return pool().threads; }
+// Whether this CPU runs the bf16 path (AVX-512 F/BW/VL and BF16).
+SJ_EXPORT int specjax_kernel_detected_bf16() { return detect_bf16(); }
+
+SJ_EXPORT int specjax_kernel_threads() { return sj_pool::pool().threads; }
 
 // How long idle workers spin before sleeping (tuning; default 200 or $SPECJAX_KERNEL_SPIN_US).
-SJ_EXPORT void specjax_kernel_set_spin_us(long us) { pool().spin_us = us; }
+SJ_EXPORT void specjax_kernel_set_spin_us(long us) { sj_pool::pool().spin_us = us; }
 
-// y = x @ w on host pointers, outside XLA (the build's smoke test).
-SJ_EXPORT void specjax_dense_f32(const float* x, const float* w, float* y, long m, long k, long n, long bw) {
-  dense(x, w, y, m, k, n, bw, (n + bw - 1) / bw);
+// y = x @ w on host pointers, outside XLA (the build's smoke test, benchmarks).
+SJ_EXPORT void specjax_dense_f32(const float* x, const float* w, float* y, long m, long k, long n,
+                                 long bw) {
+  dense_f32(x, w, y, m, k, n, bw, (n + bw - 1) / bw);
+}
+
+// The same for bf16 x [m, k] and bf16 w [nb, ceil(k/2), bw, 2]; does nothing without the ISA.
+SJ_EXPORT void specjax_dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k,
+                                  long n, long bw) {
+  if (detect_bf16()) dense_bf16(x, w, y, m, k, n, bw, (n + bw - 1) / bw);
 }
 
 }  // extern "C"

@@ -1,21 +1,33 @@
 """A weight-streaming CPU matmul through jax.ffi, beside its pure-JAX fallback (`_xla`).
 
     y[M,N] = x[M,K] @ W,   M = B*T in [1, MAX_ROWS],   W packed once into [nb, K, bw]
+                                                       (bf16: [nb, ceil(K/2), 2 * bw])
 
-Why. A decode step reads every weight once, and for 1..32 rows the arithmetic is small: a forward
+Why. A decode step reads every weight once, and for few rows the arithmetic is small: a forward
 of T tokens should cost about what a forward of one costs. XLA's CPU backend runs one row on a
 bandwidth-bound matrix-vector path but 2-16 rows on its general GEMM path, which repacks the weight
 on every call (2 tokens ~1.3-1.5x, 16 tokens ~2.4-2.8x one token on SmolLM2-135M). The kernel
 (matmul.cc) instead streams each contiguous column block of the pre-packed weight once per call
-and updates M rows of accumulators from it, on AVX-512, AVX2+FMA or a portable path picked at run
-time, split over a small persistent thread pool (see experiments/kernels/README.md).
+and updates register tiles of up to 6-8 rows from it (further tiles re-read the block from L2), on
+AVX-512, AVX2+FMA or a portable path picked at run time, split over a small persistent thread pool
+(see experiments/kernels/README.md). Past ~16 rows the fp32 product is bound by the FMA units, not
+the bytes: the register tiles run at ~95% of one core's measured FMA peak.
+
+bfloat16 weights (a model loaded with dtype=jnp.bfloat16): the packed copy holds each column's
+pairs (k = 2p, 2p + 1) side by side, half the bytes, and the kernel multiplies bf16 activations by
+it with AVX512-BF16's `vdpbf16ps` (two products per fp32 lane, exact, accumulated in fp32 pair by
+pair), then rounds to bf16 as XLA's bf16 dot does; the result equals XLA's up to fp32 summation
+order (so it can differ from XLA's in the last bf16 bit), and a row's result never depends on the
+other rows of the call. A CPU without AVX512-BF16 (or the kernel forced to another path) runs
+bf16 products on XLA.
 
 This file knows matrices, not models: `pack_weight` lays one [K, N] weight out for the kernel and
 `dense` multiplies by it. Which of a model's weights get packed copies, and where those copies
 live, is specjax/packing.py.
 
 When the kernel runs. `dense(x, w, packed)` calls the kernel at trace time iff a packed copy is
-present, x is float32 and M = prod(x.shape[:-1]) <= MAX_ROWS; otherwise, and whenever it is
+present, x, w and the copy are all float32 (or all bfloat16, on a CPU with AVX512-BF16) and
+M = prod(x.shape[:-1]) <= MAX_ROWS; otherwise, and whenever it is
 differentiated (a custom_vjp whose forward rule is XLA's dot), it is XLA's dot on the original
 weight. If the kernel cannot be built (no compiler, a failed build) or the CPU has neither AVX-512
 nor AVX2+FMA, specjax warns once (KernelFallbackWarning) and stays on XLA: same tokens, XLA's
@@ -29,6 +41,7 @@ cache root; see build.py).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import jax
@@ -38,8 +51,9 @@ import numpy as np
 from specjax.kernels.library import (ENV, ISAS, KernelFallbackWarning, Library,  # noqa: F401
                                      switched_off)
 
-MAX_ROWS = 32  # the largest M = B*T sent to the kernel; larger calls (prefill) use XLA
+MAX_ROWS = 64  # the largest M = B*T sent to the kernel; larger calls (prefill) use XLA
 TARGET = "specjax_dense_f32"
+TARGET_BF16 = "specjax_dense_bf16"
 BLOCK_WIDTHS = (64, 48, 32, 16)
 
 
@@ -51,9 +65,27 @@ def _detect_isa(lib) -> int:
   return lib.specjax_kernel_detected_isa()
 
 
+def _detect_bf16(lib) -> bool:
+  """Whether this CPU has AVX512-BF16 (with F, BW, VL). Tests replace this hook to simulate a CPU
+  without it."""
+  return bool(lib.specjax_kernel_detected_bf16())
+
+
+_BF16_REGISTERED = []
+
+
+def _setup(lib):
+  """The bf16 entry point beside the fp32 one (the Library registers only its main target)."""
+  lib.specjax_kernel_detected_bf16.restype = ctypes.c_int
+  if not _BF16_REGISTERED:  # once per process, as the Library does for TARGET
+    jax.ffi.register_ffi_target(TARGET_BF16, jax.ffi.pycapsule(lib.SpecjaxDenseBF16),
+                                platform="cpu")
+    _BF16_REGISTERED.append(True)
+
+
 LIBRARY = Library("matmul", "specjax_kernel", "SpecjaxDenseF32", TARGET, instead="using XLA's dot",
                   lacking="this CPU has neither AVX-512 nor AVX2+FMA: the portable kernel would "
-                  "be slower than XLA", detect=lambda lib: _detect_isa(lib))
+                  "be slower than XLA", detect=lambda lib: _detect_isa(lib), setup=_setup)
 
 
 def load(cxx: str | None = None, cache_dir: str | None = None):
@@ -65,6 +97,13 @@ def load(cxx: str | None = None, cache_dir: str | None = None):
 def available() -> bool:
   """Whether the kernel is built, loaded and worth using on this CPU (builds it on first call)."""
   return LIBRARY.available()
+
+
+def bf16_available() -> bool:
+  """Whether bf16 products run on the kernel: it is available, on its AVX-512 path, on a CPU with
+  AVX512-BF16."""
+  lib = load()
+  return lib is not None and isa() == "avx512" and _detect_bf16(lib)
 
 
 def isa() -> str | None:
@@ -100,24 +139,33 @@ def block_width(n: int, num_threads: int) -> int:
 
 
 def pack_weight(w: np.ndarray, *, transposed: bool = False, num_threads: int | None = None,
-                bw: int | None = None) -> np.ndarray:
+                bw: int | None = None, dtype=None) -> np.ndarray:
   """A dense weight [K, N] (or [N, K] with transposed=True, e.g. a tied embedding) -> the
-  kernel's layout [nb, K, bw] float32: column block j holds W[:, j*bw:(j+1)*bw] row by row,
-  zero-padded past N."""
-  w = np.asarray(w, np.float32)
+  kernel's layout: float32 [nb, K, bw], column block j holding W[:, j*bw:(j+1)*bw] row by row,
+  zero-padded past N; or, for dtype bfloat16 (the default when w is bfloat16), [nb, ceil(K/2),
+  2 * bw] with W[2p, c] and W[2p+1, c] side by side (a zero row pads an odd K)."""
+  w = np.asarray(w)
   if w.ndim != 2:
     raise ValueError(f"pack_weight: expected a 2-D weight, got shape {w.shape}")
-  wk = w.T if transposed else w  # [K, N] (a view)
+  dtype = np.dtype(dtype or (jnp.bfloat16 if w.dtype == jnp.bfloat16 else np.float32))
+  if dtype not in (np.dtype(np.float32), np.dtype(jnp.bfloat16)):
+    raise ValueError(f"pack_weight: dtype={dtype}: expected float32 or bfloat16")
+  wk = (w.T if transposed else w).astype(dtype, copy=False)  # [K, N]
   k, n = wk.shape
   bw = bw or block_width(n, num_threads or threads())
   nb = -(-n // bw)
-  out = np.zeros((nb, k, bw), np.float32)
+  out = np.zeros((nb, k, bw), dtype)
   full = n // bw
   if full:
     out[:full] = wk[:, :full * bw].reshape(k, full, bw).transpose(1, 0, 2)
   if n > full * bw:
     out[full, :, :n - full * bw] = wk[:, full * bw:]
-  return out
+  if dtype == np.float32:
+    return out
+  if k % 2:
+    out = np.concatenate([out, np.zeros((nb, 1, bw), dtype)], axis=1)
+  # [nb, K, bw] -> [nb, K/2, 2, bw] -> [nb, K/2, bw, 2]: a column's pair in one 32-bit lane
+  return np.ascontiguousarray(out.reshape(nb, -1, 2, bw).transpose(0, 1, 3, 2)).reshape(nb, -1, 2 * bw)
 
 
 # ----------------------------------------------------------------------------- the op
@@ -130,15 +178,17 @@ def _xla(x, w, transposed: bool):
 
 
 def _ffi(x2, packed, n: int):
-  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
+  target = TARGET_BF16 if packed.dtype == jnp.bfloat16 else TARGET
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
                           vmap_method="sequential")(x2, packed)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _kernel(x2, w2, packed, transposed):
-  """x2 [M,K] -> [M,N] through the kernel. w2 (the original weight, [K,N] or [N,K]) is only read
-  when differentiated: the forward rule is then XLA's dot, so gradients never see the kernel."""
-  return _ffi(x2, packed, w2.shape[0] if transposed else w2.shape[1])
+  """x2 [M,K] -> [M,N] through the kernel (fp32 accumulation, rounded to x2's dtype). w2 (the
+  original weight, [K,N] or [N,K]) is only read when differentiated: the forward rule is then
+  XLA's dot, so gradients never see the kernel."""
+  return _ffi(x2, packed, w2.shape[0] if transposed else w2.shape[1]).astype(x2.dtype)
 
 
 def _kernel_fwd(x2, w2, packed, transposed):
@@ -155,18 +205,28 @@ def _kernel_bwd(transposed, res, g):
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
+def _on_kernel(x, w, packed) -> bool:
+  """Whether the kernel takes this product: float32 throughout, or bfloat16 throughout on a CPU
+  with AVX512-BF16 (x, w and the packed copy of one dtype)."""
+  if packed is None or not x.dtype == w.dtype == packed.dtype:
+    return False
+  if x.dtype == jnp.float32:
+    return available()
+  return x.dtype == jnp.bfloat16 and bf16_available()
+
+
 def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
           transposed: bool = False) -> jax.Array:
   """x [..., K] @ w [K, *out] -> [..., *out]; transposed: w [N, K] -> [..., N] (a tied head).
 
-  packed [nb, K, bw]: w's packed copy (pack_weight); with it, and M = prod(x.shape[:-1]) in
-  [1, MAX_ROWS] and float32 operands, the product runs in the kernel, else in XLA's dot.
+  packed: w's packed copy (pack_weight); with it, M = prod(x.shape[:-1]) in [1, MAX_ROWS] and
+  operands of its dtype (float32, or bfloat16 where the CPU has AVX512-BF16), the product runs in
+  the kernel, else in XLA's dot.
   """
   k = x.shape[-1]
   out = w.shape[:1] if transposed else w.shape[1:]
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
-  if (packed is None or not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32
-      or w.dtype != jnp.float32 or packed.dtype != jnp.float32 or not available()):
+  if not 1 <= m <= MAX_ROWS or not _on_kernel(x, w, packed):
     return _xla(x, w, transposed)
   w2 = w if transposed else w.reshape(k, -1)
   y = _kernel(x.reshape(m, k), w2, packed, transposed)
