@@ -16,10 +16,12 @@ what needs the target: `head_logits` and `export_heads`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from specjax import cache as kv
 from specjax.drafters import layouts
@@ -75,30 +77,38 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
   toks = _check_tokens(tokens, target.config.vocab_size, 1 if c.kind == "medusa" else 2)
   batched = toks.ndim == 2
   toks = jnp.asarray(toks if batched else toks[None])  # [B,T]
-  dec = target.module()
-  _, hidden, _ = forward_sequence(target.config, dec, toks, dtype=target.dtype, taps=c.taps)
-  p, v = heads.params, target.config.vocab_size
-  if c.kind == "medusa":
-    z = medusa_hidden(p, hidden)  # [B,T,K,E]
-    if "lm" in p:
-      out = _to_vocab(jnp.einsum("btke,kve->btkv", z, p["lm"]).astype(jnp.float32), heads.vocab,
-                      v, True)
-    else:
-      out = _to_vocab(dec.head(z), heads.vocab, v, False)
-  else:
-    out = _to_vocab(dec.head(_eagle_features(target, heads, toks, hidden)), heads.vocab, v, False)
+  vocab = None if heads.vocab is None else jnp.asarray(heads.vocab)
+  out = _logits(target.params, heads.params, vocab, toks, graphdef=target.graphdef,
+                config=target.config, heads_config=c, dtype=jnp.dtype(target.dtype).name)
   return out if batched else out[0]
 
 
-def _eagle_features(target, heads, toks, hidden) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "heads_config", "dtype"))
+def _logits(params, p, vocab, toks, *, graphdef, config, heads_config, dtype):
+  """head_logits' computation, one compiled program per shape: toks [B,T] -> [B,T,K,V] (Medusa)
+  or [B,T-1,V] (EAGLE)."""
+  dec = nnx.merge(graphdef, params)
+  _, hidden, _ = forward_sequence(config, dec, toks, dtype=jnp.dtype(dtype),
+                                  taps=heads_config.taps)
+  v = config.vocab_size
+  if heads_config.kind == "medusa":
+    z = medusa_hidden(p, hidden)  # [B,T,K,E]
+    if "lm" in p:
+      return _to_vocab(jnp.einsum("btke,kve->btkv", z, p["lm"]).astype(jnp.float32), vocab, v,
+                       True)
+    return _to_vocab(dec.head(z), vocab, v, False)
+  return _to_vocab(dec.head(_eagle_features(config, dec, p, toks, hidden, jnp.dtype(dtype))),
+                   vocab, v, False)
+
+
+def _eagle_features(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
   """The EAGLE module's outputs [B,T-1,E] over positions 0..T-2 (token t + 1, feature t)."""
-  cfg = target.config
   b, t = toks.shape
   n = t - 1
-  mod = module_arrays(heads.params, 0)
+  mod = module_arrays(params, 0)
   feats = fuse_features(mod, hidden[:, :-1])  # [B,n,E]
-  emb = target.params["embed"][...][toks[:, 1:]]  # [B,n,E]
-  layer = kv.init(1, b, n, cfg.num_kv_heads, cfg.head_dim, target.dtype).layers[0]
+  emb = dec.embed[...][toks[:, 1:]]  # [B,n,E]
+  layer = kv.init(1, b, n, cfg.num_kv_heads, cfg.head_dim, dtype).layers[0]
   start = jnp.zeros((b,), jnp.int32)
   mask = kv.causal_mask(start, n, n, cfg.sliding_window)  # [B,n,n]
   pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
