@@ -1,6 +1,8 @@
-"""The CPU matmul kernel (specjax.kernels) vs XLA's dot on SmolLM2-135M, batch 1 (issue 10).
+"""The CPU matmul kernel (specjax.kernels) vs XLA's dot on SmolLM2-135M, batch 1 (issues 10, 25).
 
     .venv/bin/python experiments/kernels/run.py [--quick] [--reps N] [--methods] [--prompts N]
+        [--sizes 1,2,4,8,16,32,64] [--bf16]
+    .venv/bin/python experiments/kernels/run.py --ab OLD_matmul.cc [--reps 9] [--rows 1,2,...,64]
 
 In one process: a memory-bandwidth probe (numpy sums over a 1 GB array, 1 and 2 threads); the
 forward cost curve through `model.apply` (cache 512 slots, 256 filled, T = 1, 2, 4, 8, 16 tokens,
@@ -9,6 +11,17 @@ reported, so load from other processes on this shared 2-core machine hits both a
 read per token / time. --methods adds end-to-end decoding with the kernel on: sj.Autoregressive()
 vs every registered method (as experiments/spec_bench builds them) on the same prompts,
 interleaved per prompt (the protocol of experiments/training_free and experiments/draft_model).
+--bf16 adds the bfloat16 model (XLA and the kernel's bf16 path) to the cost curve.
+
+--ab: the kernel alone, before / after in one process: OLD_matmul.cc (e.g. `git show
+REV:specjax/kernels/matmul.cc > /tmp/old.cc`) is compiled with this tree's flags (and pool.h)
+beside the current build, and both (plus the current build's bf16 path) multiply SmolLM2-135M's
+shapes through their host entry (ctypes, no jit), M = --rows, in alternating batches: median of
+--reps batches, per call. Each batch cycles through enough copies of the weight to overflow the
+L3 cache, as a forward (538 MB of weights) does. A last row adds the shapes up as one forward's
+products (30 layers and the head). --cpu-time (with SPECJAX_KERNEL_THREADS=1) times the calling
+thread's CPU time instead of the wall clock: on a loaded machine it leaves out the time other
+processes hold the core, so it measures the kernel's own work per core.
 """
 
 from __future__ import annotations
@@ -88,7 +101,8 @@ def cost_curves(models: dict, sizes, reps: int) -> dict[str, dict[int, list[floa
 
 
 def check_outputs(models: dict, sizes) -> float:
-  """Largest relative difference between the kernel's and XLA's logits over the curve's inputs."""
+  """Largest relative difference between the kernel's and XLA's logits over the curve's inputs
+  (models: {XLA's name: model, the kernel's name: model})."""
   worst = 0.0
   ref_name, ker_name = list(models)
   for t in sizes:
@@ -138,6 +152,106 @@ def methods_bench(model, n_prompts: int, max_new: int, repeat: int, categories=N
     print(f"| {cat} | {tps:.1f} | " + " | ".join(cells) + " |")
 
 
+# SmolLM2-135M's products (K, N) and how many a forward runs: per layer fused QKV, attention
+# output, fused gate/up, down; the tied head.
+SHAPES = [("qkv", 576, 960, 30), ("o", 576, 576, 30), ("gate_up", 576, 3072, 30),
+          ("down", 1536, 576, 30), ("head", 576, 49152, 1)]
+
+
+def build_other(source: str, out_dir: str) -> str:
+  """Compiles another version of matmul.cc (with this tree's pool.h) as build.build does."""
+  import shutil
+  import subprocess
+
+  from specjax.kernels import build
+  shutil.copy(source, os.path.join(out_dir, "matmul.cc"))
+  shutil.copy(os.path.join(os.path.dirname(build.__file__), "pool.h"), out_dir)
+  objs = []
+  for part, flags in build._parts():
+    obj = os.path.join(out_dir, part + ".o")
+    subprocess.run([build.find_compiler(), *build.BASE_FLAGS, *flags, f"-DSJ_PART={part}", "-I",
+                    jax.ffi.include_dir(), "-c", os.path.join(out_dir, "matmul.cc"), "-o", obj],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    objs.append(obj)
+  lib = os.path.join(out_dir, "libold.so")
+  subprocess.run([build.find_compiler(), "-shared", "-pthread", *objs, "-o", lib], check=True)
+  return lib
+
+
+def ab_variants(old_source: str):
+  """name -> (call(x, packed, y, m, k, n, bw), weight dtype) for the old fp32, the new fp32 and
+  the new bf16 entry points."""
+  import ctypes
+  import tempfile
+
+  from specjax.kernels import build
+  old = ctypes.CDLL(build_other(old_source, tempfile.mkdtemp()))
+  new = ctypes.CDLL(build.build(library="matmul"))
+  fns = {"old fp32": (old.specjax_dense_f32, np.float32),
+         "new fp32": (new.specjax_dense_f32, np.float32)}
+  if new.specjax_kernel_detected_bf16():
+    fns["new bf16"] = (new.specjax_dense_bf16, jnp.bfloat16)
+  for fn, _ in fns.values():
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 4
+  return fns, new.specjax_kernel_threads()
+
+
+def ab_shape(fns, k, n, rows, reps, rng, clock=time.perf_counter) -> dict:
+  """(variant, M) -> median seconds per call of y[M,N] = x[M,K] @ W, cold weights."""
+  bw = kernels.block_width(n, 2)
+  w = rng.standard_normal((k, n)).astype(np.float32) / 30
+  copies = max(1, int(64e6 // (k * n * 4)))
+  packs = {v: [np.ascontiguousarray(kernels.pack_weight(w, bw=bw, dtype=dt))
+               for _ in range(copies)] for v, (_, dt) in fns.items()}
+  calls = max(copies, 4)
+  out = {}
+  for m in rows:
+    xs = {v: np.ascontiguousarray(rng.standard_normal((m, k)).astype(dt)) for v, (_, dt) in fns.items()}
+    y = np.empty((m, n), np.float32)
+    times = {v: [] for v in fns}
+    for _ in range(reps):
+      for v, (fn, _) in fns.items():
+        x, ps = xs[v], packs[v]
+        t0 = clock()
+        for i in range(calls):
+          fn(x.ctypes.data, ps[i % copies].ctypes.data, y.ctypes.data, m, k, n, bw)
+        times[v].append((clock() - t0) / calls)
+    for v in fns:
+      out[v, m] = statistics.median(times[v])
+  return out
+
+
+def ab(args):
+  """The kernel alone, before / after (and bf16), per shape and M; see the module docstring."""
+  fns, nthreads = ab_variants(args.ab)
+  if args.cpu_time and nthreads != 1:
+    sys.exit("--cpu-time measures the calling thread only: set SPECJAX_KERNEL_THREADS=1")
+  clock = time.thread_time if args.cpu_time else time.perf_counter
+  rows = [int(r) for r in args.rows.split(",")]
+  print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: A/B old={args.ab} new=this tree, "
+        f"ctypes, {nthreads} threads, {'CPU' if args.cpu_time else 'wall'} time, load average "
+        f"{os.getloadavg()[0]:.2f}")
+  rng = np.random.default_rng(0)
+  total = {key: 0.0 for key in ((v, m) for v in fns for m in rows)}
+  print("| shape | variant | " + " | ".join(f"M={m}" for m in rows) + " |")
+  print("|---" * (len(rows) + 2) + "|")
+  for name, k, n, count in SHAPES:
+    med = ab_shape(fns, k, n, rows, args.reps, rng, clock)
+    for v in fns:
+      cells = []
+      for m in rows:
+        t = med[v, m]
+        total[v, m] += count * t
+        speed = f", x{med['old fp32', m] / t:.2f}" if v != "old fp32" else ""
+        cells.append(f"{t * 1e6:.0f} us, {2 * m * k * n / t / 1e9:.0f} GF/s{speed}")
+      print(f"| {name} {k}x{n} | {v} | " + " | ".join(cells) + " |", flush=True)
+  for v in fns:
+    cells = [f"{total[v, m] * 1e3:.1f} ms, c {total[v, m] / total[v, rows[0]]:.2f}" for m in rows]
+    print(f"| forward's products | {v} | " + " | ".join(cells) + " |")
+  print(f"load average at the end {os.getloadavg()[0]:.2f}; c = time(M) / time(M={rows[0]}) of "
+        f"the same variant; xR = old fp32 / this")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--quick", action="store_true", help="fewer reps; methods on 1 prompt, 64 tokens")
@@ -148,9 +262,18 @@ def main(argv=None):
   ap.add_argument("--repeat", type=int, default=1)
   ap.add_argument("--skip-curve", action="store_true", help="only the methods (with --methods)")
   ap.add_argument("--categories", default="", help="comma-separated subset (default: all)")
+  ap.add_argument("--sizes", default="1,2,4,8,16,32,64", help="the cost curve's T values")
+  ap.add_argument("--bf16", action="store_true", help="the bfloat16 model in the curve too")
+  ap.add_argument("--ab", metavar="OLD_MATMUL_CC", help="the kernel alone, A/B against another "
+                  "matmul.cc (ctypes)")
+  ap.add_argument("--rows", default="1,2,4,8,16,32,64", help="the M values of --ab")
+  ap.add_argument("--cpu-time", action="store_true", help="--ab on one kernel thread, timed by "
+                  "the thread's CPU time (leaves out the time other processes hold the core)")
   args = ap.parse_args(argv)
+  if args.ab:
+    return ab(args)
   reps = 5 if args.quick else args.reps
-  sizes = [1, 2, 4, 8, 16]
+  sizes = [int(t) for t in args.sizes.split(",")]
 
   xla = sj.load_model("smollm2-135m", kernels=False)
   ker = packing.pack(xla)
@@ -164,8 +287,11 @@ def main(argv=None):
         + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()))
 
   models = {"xla": xla, "kernel": ker}
+  if args.bf16:
+    xla16 = sj.load_model("smollm2-135m", kernels=False, dtype=jnp.bfloat16)
+    models.update({"xla bf16": xla16, "kernel bf16": packing.pack(xla16)})
   if not args.skip_curve:
-    curve(models, sizes, reps, xla.num_param_bytes, bw)
+    curve(models, sizes, reps, bw)
   if args.methods:
     del xla, models
     n, max_new = (1, 64) if args.quick else (args.prompts, args.max_new)
@@ -173,9 +299,11 @@ def main(argv=None):
                   [c for c in args.categories.split(",") if c] or None)
 
 
-def curve(models, sizes, reps, weight_bytes, bw):
-  print(f"max relative logit difference kernel vs XLA over T={sizes}: "
-        f"{check_outputs(models, sizes):.2e}")
+def curve(models, sizes, reps, bw):
+  for xla, ker in (("xla", "kernel"), ("xla bf16", "kernel bf16")):
+    if ker in models:
+      print(f"max relative logit difference {ker} vs {xla} over T={sizes}: "
+            f"{check_outputs({xla: models[xla], ker: models[ker]}, sizes):.2e}")
   times = cost_curves(models, sizes, reps)
   med = {name: {t: statistics.median(v) for t, v in d.items()} for name, d in times.items()}
   print(f"\nforward cost through model.apply (cache 512, 256 filled), median of {reps} interleaved "
@@ -186,11 +314,18 @@ def curve(models, sizes, reps, weight_bytes, bw):
     print(f"| {name} ms | " + " | ".join(f"{med[name][t]:.1f}" for t in sizes) + " |")
   for name in models:
     print(f"| {name} c(T) | " + " | ".join(f"{med[name][t] / med[name][1]:.2f}" for t in sizes) + " |")
-  print("| kernel / xla | " + " | ".join(f"{med['kernel'][t] / med['xla'][t]:.2f}" for t in sizes) + " |")
-  for name in models:
-    print(f"{name}: {weight_bytes / 1e6:.0f} MB of weights per forward / {med[name][1]:.1f} ms = "
-          f"{weight_bytes / med[name][1] / 1e6:.1f} GB/s at T=1 "
-          f"({weight_bytes / med[name][1] / 1e6 / bw['2 threads']:.0%} of the 2-thread probe)")
+  for xla, ker in (("xla", "kernel"), ("xla bf16", "kernel bf16")):
+    if ker in models:
+      print(f"| {ker} / {xla} | " + " | ".join(f"{med[ker][t] / med[xla][t]:.2f}" for t in sizes)
+            + " |")
+  if "kernel bf16" in models:
+    print("| kernel bf16 / kernel | " + " | ".join(
+        f"{med['kernel bf16'][t] / med['kernel'][t]:.2f}" for t in sizes) + " |")
+  for name, m in models.items():
+    nbytes = m.num_param_bytes
+    print(f"{name}: {nbytes / 1e6:.0f} MB of weights per forward / {med[name][1]:.1f} ms = "
+          f"{nbytes / med[name][1] / 1e6:.1f} GB/s at T=1 "
+          f"({nbytes / med[name][1] / 1e6 / bw['2 threads']:.0%} of the 2-thread probe)")
 
 
 if __name__ == "__main__":
