@@ -3,6 +3,7 @@
 from specjax.api import generate
 from specjax.config import ModelConfig
 from specjax.decode import DecodeState, GenerateOutput, Method
+from specjax.drafters import export_heads, head_logits
 from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJaxError,
                             WeightsError)
 from specjax.heads import init_heads, load_heads
@@ -18,5 +19,6 @@ __all__ = [
     "METHODS", "MTP", "Autoregressive", "ConfigError", "DecodeState", "DraftModel", "Eagle",
     "GenerateOutput", "InputError", "Lookahead", "Medusa", "Method", "Model", "ModelConfig",
     "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative", "SpecJaxError",
-    "WeightsError", "generate", "init_heads", "load_heads", "load_model",
+    "WeightsError", "export_heads", "generate", "head_logits", "init_heads", "load_heads",
+    "load_model",
 ]
