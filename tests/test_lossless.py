@@ -401,3 +401,47 @@ def test_argmax_is_jnp_argmax():
   x[1, 2, 7] = np.inf
   for a in (x, x[..., :1], rng.normal(size=(2, 49152)).astype(np.float32)):
     np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(a)), np.argmax(a, axis=-1))
+
+
+# ----------------------------------------------------------------------------- model families
+# Methods on targets with the other families' features (specjax/arch): a Gemma 2-like target
+# (post norms, GeGLU, scaled embeddings, both soft-caps, alternating sliding / global layers) and a
+# Gemma 3 / Qwen3-like one (q/k norms, a sliding layer with its own rope base). Windows of 5-6
+# tokens: every generation crosses them, in lookahead windows and trees alike. A few methods, not
+# all: the model is the same code for every family.
+
+FAMILY_TARGETS = {
+    "gemma2-like": dict(arch="gemma2", activation="gelu_tanh", post_norms=True, embed_scale=32 ** 0.5,
+                        attn_scale=20 ** -0.5, attn_softcap=5.0, final_softcap=3.0,
+                        layer_windows=(6, 0)),
+    "gemma3-like": dict(arch="gemma3_text", activation="gelu_tanh", post_norms=True, qk_norm=True,
+                        layer_windows=(5, 0), rope_theta=1e6, local_rope_theta=1e4),
+}
+FAMILY_METHODS = {
+    "lookahead": lambda target: sj.Lookahead(window=3, ngram=3, guess=2),
+    "medusa/random": _medusa(_medusa_random_heads, tree=_MEDUSA_TREE),
+}
+# Two cases (CI time): a tree on the soft-capped target, a lookahead window on the q/k-normed one.
+FAMILY_CASES = [("gemma2-like", "medusa/random"), ("gemma3-like", "lookahead")]
+_FAMILY_REFS: dict = {}
+
+
+def _family_target(family):
+  """(target, 4 prompts of mixed lengths, their autoregressive tokens), built once per family."""
+  if family not in _FAMILY_REFS:
+    target = tiny_model(seed=5, **FAMILY_TARGETS[family])
+    prompts = random_prompts(4, target.config.vocab_size, seed=2, lo=3, hi=12)
+    ref = sj.generate(target, prompts, max_new_tokens=MAX_NEW).tokens
+    _FAMILY_REFS[family] = (target, prompts, ref)
+  return _FAMILY_REFS[family]
+
+
+@pytest.mark.parametrize("family,name", FAMILY_CASES, ids=[f"{f}-{m}" for f, m in FAMILY_CASES])
+def test_family_greedy_identical(family, name):
+  """Batch 1 (the longest prompt) and batch 4 (mixed prompt lengths) token-identical to
+  autoregressive decoding."""
+  target, prompts, ref = _family_target(family)
+  method = FAMILY_METHODS[name](target)
+  i = int(np.argmax([len(p) for p in prompts]))
+  assert sj.generate(target, [prompts[i]], method, max_new_tokens=MAX_NEW).tokens[0] == ref[i], name
+  assert sj.generate(target, prompts, method, max_new_tokens=MAX_NEW).tokens == ref, name
