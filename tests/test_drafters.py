@@ -280,6 +280,19 @@ def test_export_import_round_trips_bit_exactly(tiny, medusa1, eagle, tmp_path):
                              _eagle_reference(eagle[1], eagle[2], tiny), atol=1e-5)
 
 
+def test_specjax_export_command(tiny, medusa1, tmp_path, capsys):
+  from specjax import cli
+  from specjax.heads import save_heads
+
+  ours = save_heads(sj.load_heads(medusa1[0], tiny), str(tmp_path / "heads.npz"))
+  cli.main(["export", "--format", "medusa", ours, str(tmp_path / "out")])
+  assert capsys.readouterr().out.strip() == str(tmp_path / "out")
+  back, want = sj.load_heads(str(tmp_path / "out"), tiny), sj.load_heads(ours, tiny)
+  assert back.meta["layout"] == "medusa-1" and sorted(back.params) == ["b", "lm", "w"]
+  for name, x in want.params.items():
+    assert np.array_equal(np.asarray(back.params[name]), np.asarray(x)), name
+
+
 def test_export_refuses_what_the_layout_cannot_hold(tiny, medusa1, eagle, tmp_path):
   native = sj.load_heads(eagle[0], tiny)  # as specjax's own EAGLE heads: a normed layer input
   native = dataclasses.replace(native, config=dataclasses.replace(native.config, input_norm=True),

@@ -33,7 +33,7 @@ from specjax.model import forward_sequence
 
 FORMATS = ("medusa", "eagle")
 
-__all__ = ["FORMATS", "LAYOUTS", "export_heads", "head_logits"]
+__all__ = ["FORMATS", "LAYOUTS", "export_files", "export_heads", "head_logits"]
 
 
 def _check_tokens(tokens, vocab_size: int, least: int) -> np.ndarray:
@@ -136,3 +136,23 @@ def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
                      "into the head's config.json)")
   check_fits(heads, target)
   return layouts.write_eagle(fields, params, heads.vocab, out_dir, target.config)
+
+
+def export_files(heads: str, fmt: str, out_dir: str, model: str | None = None) -> str:
+  """`specjax export --format medusa|eagle HEADS OUT_DIR [--model M]`: heads from a file, a
+  directory or a shipped name, written in a published layout. The target (`model`, else the one
+  the heads were made for) is loaded for EAGLE, whose config.json carries its rope and norm
+  settings, and for any heads when `model` is given (to check they fit it)."""
+  from specjax.heads import load_heads
+  from specjax.weights import load_model
+
+  if fmt not in FORMATS:
+    raise InputError(f"--format {fmt!r} is invalid: must be one of {', '.join(FORMATS)}")
+  target = None
+  if model is None and fmt == "eagle":
+    model = load_heads(heads).config.target or None
+    if model is None:
+      raise InputError(f"{heads}: the heads do not name their target; pass --model")
+  if model is not None:
+    target = load_model(model, tokenizer=False)
+  return export_heads(load_heads(heads, target), fmt, out_dir, target)

@@ -96,12 +96,11 @@ def _read_safetensors(path: str) -> dict:
     with safe_open(path, framework="np") as f:
       for k in f.keys():
         out[k] = f.get_tensor(k)
-  except (TypeError, ValueError, Exception) as e:  # e.g. bfloat16, which numpy cannot hold
+  except Exception as e:  # e.g. bfloat16, which numpy cannot hold: torch reads it
     try:
-      import torch  # noqa: F401
       with safe_open(path, framework="pt") as f:
         return {k: _torch_to_numpy(f.get_tensor(k)) for k in f.keys()}
-    except ImportError:
+    except Exception:  # no torch, or a corrupt file: the first error says more
       raise WeightsError(f"{path}: cannot read safetensors file ({e})") from e
   return out
 
