@@ -638,6 +638,12 @@ def _add_train_commands(sub) -> None:
     tm.set_defaults(fn=cmd_train_heads)
 
 
+def cmd_export(args) -> None:
+  from specjax.drafters import export_files
+
+  print(export_files(args.heads, args.format, args.out_dir, args.model))
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="specjax", description="Speculative decoding in JAX")
   sub = ap.add_subparsers(dest="cmd", required=True)
@@ -690,6 +696,15 @@ def main(argv=None) -> None:
 
   _add_data_commands(sub)
   _add_train_commands(sub)
+
+  x = sub.add_parser("export", help="write heads (.npz, a shipped name or published files) in a "
+                     "published layout: medusa (FasterDecoding's Medusa-1) or eagle (EAGLE-1/2)")
+  x.add_argument("--format", required=True, choices=("medusa", "eagle"))
+  x.add_argument("heads")
+  x.add_argument("out_dir")
+  x.add_argument("--model", default=None, help="the target (default: the one the heads name; "
+                 "medusa needs none)")
+  x.set_defaults(fn=cmd_export)
 
   args = ap.parse_args(argv)
   from specjax.errors import SpecJaxError
