@@ -105,18 +105,23 @@ def _check_vocab_ids(vocab, vocab_size: int) -> np.ndarray | None:
 
 
 def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, num_layers: int = 1,
-               seed: int = 0, scale: float = 0.0, vocab=None, taps=()) -> Heads:
+               seed: int = 0, scale: float = 0.0, vocab=None, taps=(),
+               input_norm: bool = True) -> Heads:
   """Fresh heads for `target` (a specjax Model). Medusa (num_heads default 4): scale 0 (Medusa's
   init) makes every head the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and
   b ~ N(0, scale^2) (tests). EAGLE (one module) and MTP (num_heads modules, default 2): see
-  `init_feature_heads` (EAGLE also takes `taps`, fused features: see the module docstring)."""
+  `init_feature_heads` (EAGLE also takes `taps`, fused features: see the module docstring, and
+  input_norm=False: the published EAGLE-1/2 architecture, no norm on the layer's input)."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
   if taps and kind != "eagle":
     raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
+  if input_norm is not True and (input_norm is not False or kind != "eagle"):
+    raise InputError(f"input_norm={input_norm!r}: True, or False for EAGLE heads (the published "
+                     f"EAGLE-1/2 layer), not {kind}")
   if kind in FEATURE_KINDS:
     return init_feature_heads(target, kind, num_heads=num_heads, num_layers=num_layers, seed=seed,
-                              scale=scale, vocab=vocab, taps=taps)
+                              scale=scale, vocab=vocab, taps=taps, input_norm=input_norm)
   num_heads = 4 if num_heads is None else num_heads
   check_int("num_heads", num_heads, 1, 16)
   check_int("num_layers", num_layers, 1, 8)
@@ -400,7 +405,8 @@ def fuse_features(mod: dict, feats: jax.Array) -> jax.Array:
 
 
 def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_layers: int = 1,
-                       seed: int = 0, scale: float = 0.0, vocab=None, taps=()) -> Heads:
+                       seed: int = 0, scale: float = 0.0, vocab=None, taps=(),
+                       input_norm: bool = True) -> Heads:
   """EAGLE (num_heads 1) or MTP (num_heads modules, default 2) heads for `target`: fc ~
   N(0, 1 / 2E), the layer as a fresh target Block (N(0, 0.02^2) weights, unit norms), MTP norms at
   one; EAGLE with taps: fuse_w the identity on the final feature (`add_taps`). scale > 0
@@ -431,7 +437,7 @@ def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_l
     layer = {"layer." + ".".join(map(str, path_key(p))): x
              for p, x in jax.tree_util.tree_flatten_with_path(st)[0]}
     layer = {n: (x if n.endswith("scale") or n.endswith("bias") or ".b" in n else x * mult)
-             for n, x in layer.items()}
+             for n, x in layer.items() if input_norm or not n.startswith("layer.attn_norm.")}
     kf = jax.random.fold_in(jax.random.PRNGKey(seed), k)
     mod = {"fc_w": mult * jax.random.normal(kf, (2 * e, e), jnp.float32) / np.sqrt(2 * e),
            "fc_b": jnp.zeros((e,), jnp.float32)}
@@ -445,7 +451,7 @@ def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_l
     mods.append(mod)
   params = {n: jnp.stack([m[n] for m in mods]).astype(dtype) for n in mods[0]}
   cfg = HeadsConfig(kind, num_heads, 1, e, c.vocab_size, getattr(target, "name", ""),
-                    0 if ids is None else int(ids.size), taps)
+                    0 if ids is None else int(ids.size), taps, input_norm)
   return Heads(cfg, params, ids)
 
 
