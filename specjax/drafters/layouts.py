@@ -190,10 +190,6 @@ _VLLM = re.compile(r"^(blocks\.\d+\.layers\.\d+\.(weight|bias)|lm_heads\.\d+\.we
                    r"lm_head\.weight|token_map)$")
 
 
-def _strip(names, prefix):
-  return all(n.startswith(prefix) for n in names) and names
-
-
 def detect(names, cfg: dict) -> str:
   """The layout of a set of tensor names (and config fields); WeightsError listing the recognised
   layouts otherwise."""
@@ -220,7 +216,7 @@ def read(path: str, target_config=None):
   cfg = config_json(path)
   ts = tensors(path)
   for prefix in ("medusa_head.", "medusa_heads."):  # whole-model saves keep the heads under these
-    if _strip(ts, prefix):
+    if ts and all(n.startswith(prefix) for n in ts):
       ts = {k[len(prefix):]: v for k, v in ts.items()}
   try:
     layout = detect(ts, cfg)
