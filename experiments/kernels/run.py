@@ -206,8 +206,15 @@ def ab_shape(fns, k, n, rows, reps, rng, clock=time.perf_counter) -> dict:
   calls = max(copies, 4)
   out = {}
   for m in rows:
-    xs = {v: np.ascontiguousarray(rng.standard_normal((m, k)).astype(dt)) for v, (_, dt) in fns.items()}
+    x32 = rng.standard_normal((m, k)).astype(np.float32)
+    xs = {v: np.ascontiguousarray(x32.astype(dt)) for v, (_, dt) in fns.items()}
     y = np.empty((m, n), np.float32)
+    ys = {}
+    for v in ("old fp32", "new fp32"):  # the same sums in the same order: the same bits
+      ys[v] = np.empty((m, n), np.float32)
+      fns[v][0](xs[v].ctypes.data, packs[v][0].ctypes.data, ys[v].ctypes.data, m, k, n, bw)
+    if not np.array_equal(ys["old fp32"], ys["new fp32"]):
+      print(f"  ({k}x{n}, M={m}: the new fp32 result differs from the old's)")
     times = {v: [] for v in fns}
     for _ in range(reps):
       for v, (fn, _) in fns.items():
