@@ -3,6 +3,7 @@
     .venv/bin/python experiments/kernels/run.py [--quick] [--reps N] [--methods] [--prompts N]
         [--sizes 1,2,4,8,16,32,64] [--bf16]
     .venv/bin/python experiments/kernels/run.py --ab OLD_matmul.cc [--reps 9] [--rows 1,2,...,64]
+    .venv/bin/python experiments/kernels/run.py --peak
 
 In one process: a memory-bandwidth probe (numpy sums over a 1 GB array, 1 and 2 threads); the
 forward cost curve through `model.apply` (cache 512 slots, 256 filled, T = 1, 2, 4, 8, 16 tokens,
@@ -228,6 +229,18 @@ def ab_shape(fns, k, n, rows, reps, rng, clock=time.perf_counter) -> dict:
   return out
 
 
+def peak():
+  """This core's fp32 FMA and vdpbf16ps ceilings (peak.cc: registers only, thread CPU time)."""
+  import subprocess
+  import tempfile
+
+  from specjax.kernels import build
+  exe = os.path.join(tempfile.mkdtemp(), "peak")
+  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bf16",
+                  os.path.join(os.path.dirname(__file__), "peak.cc"), "-o", exe], check=True)
+  print(subprocess.run([exe], check=True, capture_output=True, text=True).stdout.strip())
+
+
 def ab(args):
   """The kernel alone, before / after (and bf16), per shape and M; see the module docstring."""
   fns, nthreads = ab_variants(args.ab)
@@ -276,7 +289,11 @@ def main(argv=None):
   ap.add_argument("--rows", default="1,2,4,8,16,32,64", help="the M values of --ab")
   ap.add_argument("--cpu-time", action="store_true", help="--ab on one kernel thread, timed by "
                   "the thread's CPU time (leaves out the time other processes hold the core)")
+  ap.add_argument("--peak", action="store_true", help="only this core's arithmetic ceilings "
+                  "(peak.cc; needs AVX512-BF16)")
   args = ap.parse_args(argv)
+  if args.peak:
+    return peak()
   if args.ab:
     return ab(args)
   reps = 5 if args.quick else args.reps
