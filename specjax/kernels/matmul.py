@@ -11,7 +11,7 @@ on every call (2 tokens ~1.3-1.5x, 16 tokens ~2.4-2.8x one token on SmolLM2-135M
 and updates register tiles of up to 6-8 rows from it (further tiles re-read the block from L2), on
 AVX-512, AVX2+FMA or a portable path picked at run time, split over a small persistent thread pool
 (see experiments/kernels/README.md). Past ~16 rows the fp32 product is bound by the FMA units, not
-the bytes: the register tiles run at ~95% of one core's measured FMA peak.
+the bytes: the register tiles reach up to ~90% of one core's measured FMA peak.
 
 bfloat16 weights (a model loaded with dtype=jnp.bfloat16): the packed copy holds each column's
 pairs (k = 2p, 2p + 1) side by side, half the bytes, and the kernel multiplies bf16 activations by
@@ -27,9 +27,8 @@ live, is specjax/packing.py.
 
 When the kernel runs. `dense(x, w, packed)` calls the kernel at trace time iff a packed copy is
 present, x, w and the copy are all float32 (or all bfloat16, on a CPU with AVX512-BF16) and
-M = prod(x.shape[:-1]) <= MAX_ROWS; otherwise, and whenever it is
-differentiated (a custom_vjp whose forward rule is XLA's dot), it is XLA's dot on the original
-weight. If the kernel cannot be built (no compiler, a failed build) or the CPU has neither AVX-512
+M = prod(x.shape[:-1]) <= MAX_ROWS; otherwise, and whenever it is differentiated (a custom_vjp
+whose forward rule is XLA's dot), it is XLA's dot on the original weight. If the kernel cannot be built (no compiler, a failed build) or the CPU has neither AVX-512
 nor AVX2+FMA, specjax warns once (KernelFallbackWarning) and stays on XLA: same tokens, XLA's
 speed. Results match XLA to float32 rounding (the kernel sums k in order with FMAs), and a row's
 result does not depend on how many rows share the call.
