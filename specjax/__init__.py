@@ -7,8 +7,9 @@ from specjax.drafters import export_heads, head_logits
 from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJaxError,
                             WeightsError)
 from specjax.heads import init_heads, load_heads
-from specjax.methods import (MTP, Autoregressive, DraftModel, Eagle, Lookahead, Medusa,
-                             PromptLookup, QuantizedDraft, SelfSpeculative)
+from specjax.methods import (MTP, Autoregressive, DraftModel, Eagle, Hybrid, Lookahead, Medusa,
+                             PromptLookup, QuantizedDraft, SelfSpeculative, SuffixDecoding,
+                             SuffixStore)
 from specjax.methods import names as _method_names
 from specjax.model import Model
 from specjax.weights import load_model
@@ -17,8 +18,8 @@ METHODS = tuple(_method_names())  # the registered method names (specjax.methods
 
 __all__ = [
     "METHODS", "MTP", "Autoregressive", "ConfigError", "DecodeState", "DraftModel", "Eagle",
-    "GenerateOutput", "InputError", "Lookahead", "Medusa", "Method", "Model", "ModelConfig",
-    "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative", "SpecJaxError",
-    "WeightsError", "export_heads", "generate", "head_logits", "init_heads", "load_heads",
-    "load_model",
+    "GenerateOutput", "Hybrid", "InputError", "Lookahead", "Medusa", "Method", "Model",
+    "ModelConfig", "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative",
+    "SpecJaxError", "SuffixDecoding", "SuffixStore", "WeightsError", "export_heads", "generate",
+    "head_logits", "init_heads", "load_heads", "load_model",
 ]

@@ -188,6 +188,31 @@ SAMPLING_METHODS += [
 ]
 
 
+# ---- methods/suffix.py, methods/hybrid.py (issue 29): suffix decoding's merged tree of earlier
+# continuations; one hybrid tree from prompt lookup, suffix matches and random Medusa heads, cut to
+# fewer nodes than its drafters list (so the merge's selection and masked slots are exercised).
+
+
+def _hybrid(target):
+  from specjax.heads import init_heads
+  heads = init_heads(target, "medusa", num_heads=3, seed=4, scale=3.0)
+  return sj.Hybrid([sj.PromptLookup(ngram=2, num_tokens=3),
+                    sj.SuffixDecoding(num_nodes=4, max_depth=3, occurrences=2, max_match=3),
+                    sj.Medusa(heads, tree=_MEDUSA_TREE)], num_nodes=10)
+
+
+GREEDY_METHODS += [
+    ("suffix", lambda target: sj.SuffixDecoding(num_nodes=6, max_depth=4, occurrences=3,
+                                                max_match=4)),
+    ("hybrid", _hybrid),
+]
+SAMPLING_METHODS += [
+    ("suffix", lambda target: sj.SuffixDecoding(num_nodes=6, max_depth=3, occurrences=3,
+                                                max_match=3)),
+    ("hybrid", _hybrid),
+]
+
+
 @pytest.fixture(scope="module")
 def target():
   return tiny_model(seed=0)

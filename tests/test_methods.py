@@ -32,8 +32,8 @@ def test_every_entry_follows_the_contract():
 
 def test_availability_and_defaults_on_a_model_without_drafters():
   target = tiny_model()
-  assert methods.available(target) == ["autoregressive", "prompt-lookup", "lookahead",
-                                       "layer-skip", "quantized"]
+  assert methods.available(target) == ["autoregressive", "prompt-lookup", "suffix", "lookahead",
+                                       "layer-skip", "quantized", "hybrid"]
   assert methods.REGISTRY["eagle"].unavailable(target).startswith("no shipped eagle")
   with pytest.raises(sj.InputError, match="no shipped medusa .* heads="):
     methods.build("medusa", target)

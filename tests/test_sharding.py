@@ -172,6 +172,12 @@ def _first_of_each_family(methods):
   return out
 
 
+# Suffix decoding's search and merged per-row tree run inside the hybrid case (which also drafts
+# with prompt lookup and Medusa heads), and the hybrid's sampling is the trees' shared rule: one
+# greedy hybrid case on the mixed mesh covers both.
+MESH_ONCE = {"suffix": (), "hybrid": ("greedy",)}
+METHODS = [(n, f) for n, f in METHODS if "greedy" in MESH_ONCE.get(n.split("/")[0], ("greedy",))]
+
 # Greedy: every variant on the mixed mesh (rows over data, heads and MLP over model); on the
 # one-axis meshes one variant of each kind of method state: none (the baseline), a second model's
 # cache (draft), a feature cache and a dynamic tree (eagle), heads and a static tree (medusa); the
@@ -199,7 +205,8 @@ SAMPLING = dict(temperature=0.9, top_p=0.95, seed=3)
 
 
 # Sampling: one variant of each method on the mixed mesh, the baseline on all three.
-SAMPLING_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES] + [
+SAMPLING_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES
+                  if "sampling" in MESH_ONCE.get(n.split("/")[0], ("sampling",))] + [
     (n, f, m) for n, f in METHODS if n == "autoregressive" for m in MESHES if m != "data=2,model=4"]
 
 

@@ -23,11 +23,13 @@ from specjax.methods import defaults
 from specjax.methods.autoregressive import Autoregressive
 from specjax.methods.draft import DraftModel, SelfSpeculative
 from specjax.methods.eagle import Eagle
+from specjax.methods.hybrid import Hybrid
 from specjax.methods.lookahead import Lookahead
 from specjax.methods.medusa import Medusa
 from specjax.methods.mtp import MTP
 from specjax.methods.prompt_lookup import PromptLookup
 from specjax.methods.quantized import QuantizedDraft
+from specjax.methods.suffix import SuffixDecoding, SuffixStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +197,9 @@ register(Entry("autoregressive", Autoregressive, lambda target, **o: Autoregress
                "one target call per token: the baseline"))
 register(Entry("prompt-lookup", PromptLookup, lambda target, **o: PromptLookup(**o),
                "copies what followed an earlier occurrence of the last n-gram", aliases=("pld",)))
+register(Entry("suffix", SuffixDecoding, lambda target, **o: SuffixDecoding(**o),
+               "a tree of what followed earlier occurrences of the suffix, in the context and "
+               "earlier outputs (SuffixDecoding, Oliaro et al. 2024)", aliases=("suffix-decoding",)))
 register(Entry("lookahead", Lookahead, lambda target, **o: Lookahead(**o),
                "Jacobi iterations make n-grams that become drafts (Fu et al. 2024)"))
 register(Entry("draft", DraftModel, _draft,
@@ -215,10 +220,15 @@ register(Entry("eagle", Eagle, _with_heads(Eagle, "eagle"),
                "a one-layer head drafts on the target's features, a dynamic tree (EAGLE-2; "
                "tree=paths gives EAGLE-1)", trained=True, requires=_needs_shipped("eagle", "heads"),
                aliases=("eagle2", "eagle-2")))
+register(Entry("hybrid", Hybrid, lambda target, heads=None, **o: Hybrid.default(
+               target, shipped("medusa", target) if heads is None else heads, **o),
+               "copied (prompt lookup / suffix) and predicted (Medusa) candidates in one tree",
+               aliases=("hybrid-tree",)))
 register(Entry("mtp", MTP, _with_heads(MTP, "mtp"),
                "multi-token-prediction modules draft a chain (DeepSeek-V3)", trained=True,
                requires=_needs_shipped("mtp", "heads")))
 
-__all__ = ["Autoregressive", "DraftModel", "Eagle", "Entry", "Lookahead", "MTP", "Medusa",
-           "PromptLookup", "QuantizedDraft", "REGISTRY", "SelfSpeculative", "available", "build",
-           "canonical", "get", "names", "register", "resolve", "shipped"]
+__all__ = ["Autoregressive", "DraftModel", "Eagle", "Entry", "Hybrid", "Lookahead", "MTP",
+           "Medusa", "PromptLookup", "QuantizedDraft", "REGISTRY", "SelfSpeculative",
+           "SuffixDecoding", "SuffixStore", "available", "build", "canonical", "get", "names",
+           "register", "resolve", "shipped"]
