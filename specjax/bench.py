@@ -308,8 +308,9 @@ def load_prompt_set(spec: str, n: int, fallback: bool = False) -> tuple[_prompts
     path = os.path.join(d, "mt_bench.jsonl") if d else ""
     if os.path.isfile(path):
       by_cat: dict[str, list[str]] = {}
-      for r in _prompts.read_jsonl(path):
-        by_cat.setdefault(r.get("category", ""), []).append(r["turns"][0])
+      for i, r in enumerate(_prompts.read_jsonl(path)):
+        by_cat.setdefault(r.get("category", "") if isinstance(r, dict) else "", []).append(
+            _prompts._text(r, f"{path} line {i + 1}"))
       rows = [q for group in _zip_longest(by_cat.values()) for q in group]
       return _prompts.Prompts((rows * (n // len(rows) + 1))[:n], spec, path), chat
     return _prompts.load("mt_bench", n, fallback=fallback), chat

@@ -246,6 +246,11 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
           f"heads {name!r}: the asset {path} is not there (not trained and shipped yet). Train "
           f"heads for {target_name!r} with `specjax train {kind} --model {target_name} --corpus "
           f"DIR --export heads.npz` and load them with sj.load_heads('heads.npz', target)")
+  elif name in registry.DRAFTERS:
+    d = registry.DRAFTERS[name]
+    raise InputError(f"load_heads: {name!r} is a shipped {d.kind} model, not heads: load it with "
+                     f"sj.load_model({name!r}, target=sj.load_model({d.target!r})) and pass it to "
+                     f"sj.DraftModel")
   else:
     path = name
     if not os.path.exists(path):

@@ -266,6 +266,22 @@ def test_a_missing_named_set_is_an_error_not_a_substitution(tmp_path, monkeypatc
   bench.check_prompt_set("builtin")
 
 
+def test_bench_mt_bench_rows_without_turns(tmp_path, monkeypatch):
+  """bench reads MT-Bench round-robin over categories: a row without a prompt is an InputError
+  naming the file and line, not a KeyError."""
+  from specjax import bench
+
+  monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
+  rows = [{"category": "writing", "turns": ["w 0"]}, {"category": "math", "turns": ["m 0"]},
+          {"category": "writing", "turns": ["w 1"]}]
+  (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  ps, chat = bench.load_prompt_set("mt_bench", 3)
+  assert list(ps) == ["w 0", "m 0", "w 1"] and chat
+  (tmp_path / "mt_bench.jsonl").write_text(json.dumps({"category": "x", "question": 3}) + "\n")
+  with pytest.raises(sj.InputError, match=r"mt_bench.jsonl line 1: a prompt row needs a string"):
+    bench.load_prompt_set("mt_bench", 1)
+
+
 def test_loaded_prompts_say_where_they_came_from(tmp_path, monkeypatch):
   rows = [{"category": "qa", "turns": ["q 0"]}, {"category": "rag", "turns": ["r 0"]}]
   (tmp_path / "spec_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -416,6 +432,9 @@ def test_draft_assets_by_shipped_name():
     registry.read_draft_header("smollm2-135m-medusa")
   with pytest.raises(sj.WeightsError, match="no-such.npz: no such file; expected a draft model"):
     registry.read_draft_header("no-such.npz")
+  with pytest.raises(sj.InputError, match=r"'smollm2-135m-draft' is a shipped draft model, not "
+                     r"heads: load it with sj.load_model\('smollm2-135m-draft', target="):
+    sj.load_heads("smollm2-135m-draft")
 
 
 # ----------------------------------------------------------------------------- counts and exports
