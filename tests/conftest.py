@@ -7,9 +7,9 @@ import os
 # XLA's CPU backend at optimization level 1 for the suite (set before jax starts its backend):
 # XLA's compiles are most of this suite's time, and at level 1 they take ~10-15% less (the tiny
 # models' programs run in milliseconds either way). Level 0 is not used: there a 10-row tree
-# verification on a soft-capped target no longer gave the one-row forward's bits (its elementwise
-# functions are then compiled differently for different shapes), which the lossless suite exists
-# to catch. SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own default.
+# verification on a soft-capped target no longer gave the one-row forward's bits (not found why;
+# presumably an elementwise function compiled differently for different shapes), a difference the
+# lossless suite exists to catch. SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own default.
 _OPT = os.environ.get("SPECJAX_TEST_XLA_OPT", "1")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "") and _OPT != "2":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
