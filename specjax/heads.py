@@ -151,7 +151,8 @@ def check_fits(heads: Heads, target) -> None:
     raise InputError(f"heads {heads!r} fuse the outputs of target layers {list(c.taps)}, but this "
                      f"target has {t.num_layers} layers: load or train heads for this model")
   if c.kind in FEATURE_KINDS:
-    want = feature_shapes(c.kind, c.num_heads, target, c.taps, c.input_norm)
+    want = feature_shapes(c.kind, c.num_heads, target, c.taps, c.input_norm,
+                          "norm_o" in heads.params)
     got = {k: tuple(np.shape(v)) for k, v in heads.params.items()}
     if got != want:
       bad = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
@@ -261,6 +262,7 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
 
   if layouts.is_published(path):
     fields, params, vocab, meta = layouts.read(path, None if target is None else target.config)
+    _check_shared(path, meta.pop("shared_with_target", None), target)
     heads = Heads(HeadsConfig(**fields), {k: jnp.asarray(v, dt) for k, v in params.items()},
                   vocab, meta)
   else:
@@ -268,6 +270,27 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
   if target is not None:
     check_fits(heads, target)
   return heads
+
+
+def _check_shared(path: str, shared, target) -> None:
+  """MTP layers carry copies of the target's LM head (and embedding), which specjax's modules read
+  from the target itself: each copy must equal the target's (in the target's dtype)."""
+  if not shared:
+    return
+  t = target.params
+  lm = np.asarray(t["lm_head"][...]).T if "lm_head" in t else np.asarray(t["embed"][...])
+  emb = np.asarray(t["embed"][...])
+  dt = lm.dtype
+  for k, (head, table) in enumerate(shared):
+    for what, copy, own in (("shared_head.head", head, lm), ("embed_tokens", table, emb)):
+      if copy is None:
+        continue
+      copy = np.asarray(jnp.asarray(copy, dt))
+      if not np.array_equal(copy, own):
+        diff = float(np.max(np.abs(copy.astype(np.float32) - own.astype(np.float32))))
+        raise WeightsError(
+            f"{path}: MTP module {k}'s {what} differs from the target's (max |diff| {diff:.3g}): "
+            f"specjax's MTP modules share the target's LM head and embedding, as DeepSeek-V3's do")
 
 
 # ----------------------------------------------------------------------------- the forward
@@ -326,9 +349,12 @@ def _layer_keys(config) -> dict:
           for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
 
 
-def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool = True) -> dict:
+def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool = True,
+                   out_norm: bool = False) -> dict:
   """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`
-  (input_norm False: without the layer's input norm, see HeadsConfig)."""
+  (input_norm False: without the layer's input norm, see HeadsConfig; out_norm: MTP modules with
+  their own output norm "norm_o" [K,E] in place of the target's final norm, as DeepSeek-V3's
+  published MTP layers have)."""
   c = target.config
   e, k = c.hidden_size, num_heads
   out = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
@@ -336,6 +362,8 @@ def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool 
     out.update(fuse_w=(k, (len(taps) + 1) * e, e), fuse_b=(k, e))
   if kind == "mtp":
     out.update(norm_e=(k, e), norm_h=(k, e))
+    if out_norm:
+      out.update(norm_o=(k, e))
   out.update({name: (k,) + shape for name, shape in _layer_keys(c).items()
               if input_norm or not name.startswith("layer.attn_norm.")})
   return out
@@ -512,6 +540,12 @@ def _rms(x, scale, eps):
   from specjax.model import rms_unit
 
   return (scale * rms_unit(x, eps)).astype(x.dtype)
+
+
+def module_out(config, mod: dict, h: jax.Array):
+  """An MTP module's output h [...,E] -> what the LM head reads: its own output norm ("norm_o",
+  published DeepSeek-V3 layers), else None (the caller applies the target's final norm)."""
+  return _rms(h, mod["norm_o"], config.norm_eps) if "norm_o" in mod else None
 
 
 def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions: jax.Array,

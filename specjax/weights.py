@@ -125,9 +125,20 @@ def _safetensors_source(path: str) -> _Source:
   return _Source(shapes, get, path)
 
 
+def _mtp_layer_names(path: str, src: _Source) -> None:
+  """Leaves out of `src` the multi-token-prediction layers a config.json declares after the
+  model's own (num_nextn_predict_layers, DeepSeek-V3 style): drafter heads, read by
+  sj.load_heads(path, target), not part of the target."""
+  with open(os.path.join(path, "config.json")) as f:
+    keep_out = arch.common.mtp_layers(json.load(f))
+  if keep_out is not None:
+    src.shapes = {n: s for n, s in src.shapes.items() if not keep_out(n)}
+
+
 def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
   cfg = arch.from_hf_dir(path)  # config errors before any weight is read
   src = _safetensors_source(path)
+  _mtp_layer_names(path, src)
   missing = arch.of(cfg).check_tensors(cfg, src, path)
   if missing:
     raise WeightsError(missing)

@@ -84,3 +84,15 @@ def check_heads(f: HFFields, heads: int, kv_heads: int) -> None:
   if heads % kv_heads:
     raise f.error(f"num_attention_heads = {heads} is not a multiple of num_key_value_heads = "
                   f"{kv_heads}")
+
+
+def mtp_layers(cfg: dict):
+  """For an HF config.json declaring K = num_nextn_predict_layers > 0 MTP layers after its
+  num_hidden_layers = L: a predicate selecting the tensors of layers L..L+K-1 (the only ones an
+  MTP reader needs from a whole checkpoint, and the ones the target's loader leaves out); else
+  None."""
+  k, n = cfg.get("num_nextn_predict_layers"), cfg.get("num_hidden_layers")
+  if not (isinstance(k, int) and isinstance(n, int) and k > 0 and n > 0):
+    return None
+  prefixes = tuple(f"model.layers.{n + i}." for i in range(k))
+  return lambda name: name.startswith(prefixes)

@@ -28,10 +28,11 @@ from specjax.drafters import layouts
 from specjax.drafters.layouts import LAYOUTS
 from specjax.errors import InputError
 from specjax.heads import (Heads, check_fits, feature_module, fuse_features, medusa_hidden,
-                           module_arrays)
+                           module_arrays, module_out)
 from specjax.model import forward_sequence
 
-FORMATS = ("medusa", "eagle")
+FORMATS = ("medusa", "eagle")  # export formats
+SCORED = ("medusa", "eagle", "mtp")  # head kinds head_logits scores
 
 __all__ = ["FORMATS", "LAYOUTS", "export_files", "export_heads", "head_logits"]
 
@@ -65,16 +66,19 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
   tokens [T] (or [B,T], giving a leading B). Medusa: [T,K,V], head k at position t (its guess
   for token t + k + 2, reading the target's final-normed hidden state at t). EAGLE: [T-1,V], the
   first draft step at position t, from the target's feature at t and token t + 1 (its guess for
-  token t + 2), attending causally over positions 0..t. Tokens outside a heads' vocabulary
-  subset get -inf.
+  token t + 2), attending causally over positions 0..t. MTP with K modules: [T-K,K,V], module k
+  at position t reading token t + k + 1 and module k - 1's output at t (the target's feature for
+  k = 0): its guess for token t + k + 2, as in DeepSeek-V3's training. Tokens outside a heads'
+  vocabulary subset get -inf.
   """
   if not isinstance(heads, Heads):
     raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.load_heads(...))")
   c = heads.config
-  if c.kind not in FORMATS:
-    raise InputError(f"head_logits: heads of kind {c.kind!r}; it reads {', '.join(FORMATS)}")
+  if c.kind not in SCORED:
+    raise InputError(f"head_logits: heads of kind {c.kind!r}; it reads {', '.join(SCORED)}")
   check_fits(heads, target)
-  toks = _check_tokens(tokens, target.config.vocab_size, 1 if c.kind == "medusa" else 2)
+  least = {"medusa": 1, "eagle": 2, "mtp": c.num_heads + 1}[c.kind]
+  toks = _check_tokens(tokens, target.config.vocab_size, least)
   batched = toks.ndim == 2
   toks = jnp.asarray(toks if batched else toks[None])  # [B,T]
   vocab = None if heads.vocab is None else jnp.asarray(heads.vocab)
@@ -97,6 +101,8 @@ def _logits(params, p, vocab, toks, *, graphdef, config, heads_config, dtype):
       return _to_vocab(jnp.einsum("btke,kve->btkv", z, p["lm"]).astype(jnp.float32), vocab, v,
                        True)
     return _to_vocab(dec.head(z), vocab, v, False)
+  if heads_config.kind == "mtp":
+    return _to_vocab(_mtp_logits(config, dec, p, toks, hidden, jnp.dtype(dtype)), vocab, v, False)
   return _to_vocab(dec.head(_eagle_features(config, dec, p, toks, hidden, jnp.dtype(dtype))),
                    vocab, v, False)
 
@@ -114,6 +120,26 @@ def _eagle_features(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
   pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
   out, _ = feature_module(cfg, mod, emb, feats, pos, layer, start, mask)
   return out
+
+
+def _mtp_logits(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
+  """The MTP modules' logits [B,T-K,K,V] over positions 0..T-K-1, teacher-forced."""
+  b, t = toks.shape
+  k_all = params["fc_w"].shape[0]
+  n = t - k_all
+  h = hidden[:, :n]
+  layer = kv.init(1, b, n, cfg.num_kv_heads, cfg.head_dim, dtype).layers[0]
+  start = jnp.zeros((b,), jnp.int32)
+  mask = kv.causal_mask(start, n, n, cfg.sliding_window)
+  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  out = []
+  for k in range(k_all):
+    mod = module_arrays(params, k)
+    h, _ = feature_module(cfg, mod, dec.embed[...][toks[:, k + 1:k + 1 + n]], h, pos, layer,
+                          start, mask)
+    normed = module_out(cfg, mod, h)
+    out.append(dec.head(dec.final_norm(h) if normed is None else normed).astype(jnp.float32))
+  return jnp.stack(out, axis=2)
 
 
 def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:

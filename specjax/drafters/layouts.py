@@ -36,6 +36,7 @@ specjax.heads builds the Heads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -43,6 +44,7 @@ import zipfile
 
 import numpy as np
 
+from specjax.arch.common import mtp_layers
 from specjax.errors import InputError, WeightsError
 
 LAYOUTS = {
@@ -50,6 +52,8 @@ LAYOUTS = {
                 "{i}.{L}.weight)",
     "medusa-vllm": "vLLM Medusa (blocks.{i}.layers.{j}.weight, lm_heads.{i}.weight, token_map)",
     "eagle": "SafeAILab EAGLE-1/2 (fc.weight [E,2E], layers.0.*)",
+    "mtp-deepseek": "DeepSeek-V3-style MTP layers in an HF checkpoint (num_nextn_predict_layers; "
+                    "model.layers.{L+k}.{enorm,hnorm,eh_proj,shared_head}.*)",
     "npz": "specjax's own heads (.npz from save_heads)",
 }
 # Trainer state an HF output directory may hold beside the weights: never read.
@@ -88,18 +92,20 @@ def is_published(path: str) -> bool:
   return os.path.isdir(path) or container(path) in ("safetensors", "torch")
 
 
-def _read_safetensors(path: str) -> dict:
+def _read_safetensors(path: str, keep=None) -> dict:
   from safetensors import safe_open
 
+  keep = keep or (lambda name: True)
   out = {}
   try:
     with safe_open(path, framework="np") as f:
       for k in f.keys():
-        out[k] = f.get_tensor(k)
+        if keep(k):
+          out[k] = f.get_tensor(k)
   except Exception as e:  # e.g. bfloat16, which numpy cannot hold: torch reads it
     try:
       with safe_open(path, framework="pt") as f:
-        return {k: _torch_to_numpy(f.get_tensor(k)) for k in f.keys()}
+        return {k: _torch_to_numpy(f.get_tensor(k)) for k in f.keys() if keep(k)}
     except Exception:  # no torch, or a corrupt file: the first error says more
       raise WeightsError(f"{path}: cannot read safetensors file ({e})") from e
   return out
@@ -149,15 +155,16 @@ def _weight_files(path: str) -> list:
   return files
 
 
-def tensors(path: str) -> dict:
-  """Every tensor of a drafter file or directory: {name: numpy array}."""
+def tensors(path: str, keep=None) -> dict:
+  """Every tensor of a drafter file or directory: {name: numpy array}; keep(name) -> bool, if
+  given, selects the tensors to read (a safetensors file's others are never read)."""
   out = {}
   for f in _weight_files(path):
     kind = container(f)
     if kind == "safetensors":
-      out.update(_read_safetensors(f))
+      out.update(_read_safetensors(f, keep))
     elif kind == "torch":
-      out.update(_read_torch(f))
+      out.update({k: x for k, x in _read_torch(f).items() if keep is None or keep(k)})
     else:
       raise WeightsError(f"{f}: neither safetensors nor a torch archive (recognised layouts: "
                          f"{_layout_list()})")
@@ -186,6 +193,7 @@ def _layout_list() -> str:
 
 
 _MEDUSA1 = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+_MTP_LAYER = re.compile(r"^model\.layers\.(\d+)\.eh_proj\.weight$")
 _VLLM = re.compile(r"^(blocks\.\d+\.layers\.\d+\.(weight|bias)|lm_heads\.\d+\.weight|"
                    r"lm_head\.weight|token_map)$")
 
@@ -200,6 +208,8 @@ def detect(names, cfg: dict) -> str:
     return "medusa-vllm"
   if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
     return "eagle"
+  if any(_MTP_LAYER.match(n) for n in names):
+    return "mtp-deepseek"
   if "fc.weight" in names and any(n.startswith("midlayer.") for n in names) or "d2t" in names:
     raise WeightsError("an EAGLE-3 drafter (fc over three target layers, midlayer.*, d2t): "
                        "recognised, but not supported yet; supported layouts: " + _layout_list())
@@ -214,7 +224,7 @@ def read(path: str, target_config=None):
   target_config (a ModelConfig, optional) fills what the files leave out (EAGLE's layer shapes,
   vocabulary size) and is checked against what they state."""
   cfg = config_json(path)
-  ts = tensors(path)
+  ts = tensors(path, mtp_layers(cfg))
   for prefix in ("medusa_head.", "medusa_heads."):  # whole-model saves keep the heads under these
     if ts and all(n.startswith(prefix) for n in ts):
       ts = {k[len(prefix):]: v for k, v in ts.items()}
@@ -222,7 +232,8 @@ def read(path: str, target_config=None):
     layout = detect(ts, cfg)
   except WeightsError as e:
     raise WeightsError(f"{path}: {e}") from None
-  reader = {"medusa-1": _medusa1, "medusa-vllm": _medusa_vllm, "eagle": _eagle}[layout]
+  reader = {"medusa-1": _medusa1, "medusa-vllm": _medusa_vllm, "eagle": _eagle,
+            "mtp-deepseek": _mtp_deepseek}[layout]
   fields, params, vocab, meta = reader(path, ts, cfg, target_config)
   name = cfg.get("base_model_name_or_path") or ""
   fields.setdefault("target", name if isinstance(name, str) else "")
@@ -463,6 +474,90 @@ def _eagle(path, ts, cfg, tc):
                                                "max_position_embeddings", "bias", "qkv_bias")
                            if k in cfg}}
   return fields, params, None, meta
+
+
+# ----------------------------------------------------------------------------- DeepSeek MTP layers
+
+
+class _MTPLayerSource:
+  """Module n's tensors under the names a family's converter asks for: layer 0 of the family ->
+  "model.layers.{n}.", the final norm -> its shared_head.norm; the embedding (a copy of the
+  target's, checked apart) reads as zeros when the file leaves it out."""
+
+  def __init__(self, ts: dict, n: int, path: str):
+    self.ts, self.n, self.path, self.used = ts, n, path, set()
+
+  def _name(self, name: str) -> str:
+    if name.startswith("model.layers.0."):
+      return f"model.layers.{self.n}." + name[len("model.layers.0."):]
+    return {"model.embed_tokens.weight": f"model.layers.{self.n}.embed_tokens.weight",
+            "model.norm.weight": f"model.layers.{self.n}.shared_head.norm.weight"}.get(
+                name, "(not in an MTP layer) " + name)
+
+  def has(self, name: str) -> bool:
+    return self._name(name) in self.ts
+
+  def get(self, name: str, shape) -> np.ndarray:
+    real = self._name(name)
+    if name == "model.embed_tokens.weight" and real not in self.ts:
+      return np.zeros((1, 1), np.float32)  # the target's own embedding is used
+    self.used.add(real)
+    return np.asarray(_need(self.ts, real, self.path, shape), np.float32)
+
+
+def _mtp_deepseek(path, ts, cfg, tc):
+  """DeepSeek-V3-style MTP layers (see the module docstring) -> our MTP heads with the modules'
+  output norms ("norm_o"). The layer is converted by the target family's own converter."""
+  from specjax import arch  # the families' converters (config level: no model code)
+
+  if tc is None:
+    raise InputError(f"{path}: MTP layers are decoder layers of the target's type: pass target= "
+                     f"to load_heads")
+  k, n = cfg.get("num_nextn_predict_layers"), cfg.get("num_hidden_layers")
+  found = sorted(int(_MTP_LAYER.match(x).group(1)) for x in ts if _MTP_LAYER.match(x))
+  if not isinstance(k, int) or not isinstance(n, int) or k < 1:
+    raise WeightsError(f"{path}: MTP layers {found} but config.json states no "
+                       f"num_nextn_predict_layers / num_hidden_layers")
+  if n != tc.num_layers or cfg.get("hidden_size", tc.hidden_size) != tc.hidden_size:
+    raise InputError(f"{path}: MTP layers of a checkpoint with {n} layers of width "
+                     f"{cfg.get('hidden_size')}, but this target has {tc.num_layers} layers of "
+                     f"width {tc.hidden_size}: these heads were made for another target")
+  if found != list(range(n, n + k)):
+    raise WeightsError(f"{path}: num_nextn_predict_layers is {k}, so MTP layers "
+                       f"{list(range(n, n + k))} are expected; found {found}")
+  fam = arch.of(tc)
+  if not hasattr(fam, "params_from_hf") or tc.arch == "gpt2":
+    raise InputError(f"{path}: MTP layers for a {tc.arch} target are not supported (decoder "
+                     f"layers named model.layers.*: Llama, Qwen, Mistral, Gemma, Phi-3)")
+  e, v = tc.hidden_size, tc.vocab_size
+  one = dataclasses.replace(tc, num_layers=1, tie_word_embeddings=True)
+  mods, shared = [], []
+  for i in range(k):
+    p = f"model.layers.{n + i}."
+    src = _MTPLayerSource(ts, n + i, path)
+    converted = fam.params_from_hf(one, src)
+    mod = {"fc_w": np.asarray(_need(ts, p + "eh_proj.weight", path, (e, 2 * e)), np.float32).T,
+           "fc_b": np.zeros((e,), np.float32),
+           "norm_e": np.asarray(_need(ts, p + "enorm.weight", path, (e,)), np.float32),
+           "norm_h": np.asarray(_need(ts, p + "hnorm.weight", path, (e,)), np.float32),
+           "norm_o": converted[("final_norm", "scale")]}
+    mod.update({"layer." + ".".join(map(str, key[2:])): x for key, x in converted.items()
+                if key[:2] == ("layers", 0)})
+    head = np.asarray(_need(ts, p + "shared_head.head.weight", path, (v, e)), np.float32)
+    emb = ts.get(p + "embed_tokens.weight")
+    if emb is not None:
+      emb = np.asarray(_need(ts, p + "embed_tokens.weight", path, (v, e)), np.float32)
+    src.used |= {p + x for x in ("eh_proj.weight", "enorm.weight", "hnorm.weight",
+                                 "shared_head.head.weight", "embed_tokens.weight")}
+    extra = sorted(x for x in ts if x.startswith(p) and x not in src.used
+                   and not x.endswith("rotary_emb.inv_freq"))
+    if extra:
+      raise WeightsError(f"{path}: unexpected tensor(s) {extra[:5]} in MTP layer {n + i}")
+    mods.append(mod)
+    shared.append((head, emb))
+  params = {name: np.stack([m[name] for m in mods]) for name in mods[0]}
+  fields = dict(kind="mtp", num_heads=k, num_layers=1, hidden_size=e, vocab_size=v)
+  return fields, params, None, {"shared_with_target": shared}
 
 
 # ----------------------------------------------------------------------------- writing (export)

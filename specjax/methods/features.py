@@ -18,7 +18,7 @@ from flax import nnx
 from specjax import cache as kv
 from specjax.decode import Program
 from specjax.errors import InputError
-from specjax.heads import Heads, feature_module, module_arrays, pack_module
+from specjax.heads import Heads, feature_module, module_arrays, module_out, pack_module
 from specjax.model import subset_logits
 from specjax.packing import on_kernel, subset_head
 
@@ -41,6 +41,15 @@ def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = Fa
   if "head" in arrays:
     return subset_logits(h, arrays)
   return target.head(h)
+
+
+def mtp_logits(prog: Program, params, arrays, mod: dict, h: jax.Array):
+  """An MTP module's draft logits from its output h [...,E]: through its own output norm where it
+  has one (published DeepSeek-V3 layers), else the target's final norm; then the LM head."""
+  normed = module_out(prog.config, mod, h)
+  if normed is None:
+    return lm_logits(prog, params, arrays, h, final_norm=True)
+  return lm_logits(prog, params, arrays, normed)
 
 
 def to_tokens(arrays, ids: jax.Array) -> jax.Array:

@@ -36,7 +36,7 @@ from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, p
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods.features import (catch_up, check_heads, depth_stats, feature_buffer,
-                                      head_arrays, lm_logits, prompt_pass, shift_in, to_tokens)
+                                      head_arrays, mtp_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact",)
 
@@ -108,8 +108,8 @@ class MTP(Method):
     lengths = cache.lengths
 
     def draft_fn(out, k):  # module k's output at L - 1 -> d_{k+1}
-      return to_tokens(arrays, sampling.argmax(lm_logits(prog, params, arrays, out,
-                                                         final_norm=True)))
+      return to_tokens(arrays, sampling.argmax(mtp_logits(prog, params, arrays,
+                                                          arrays["mods"][k], out)))
 
     with phase(DRAFT):
       hcache, _, draft = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"],
