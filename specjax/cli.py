@@ -133,7 +133,9 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
                  "(0: chosen from this device's cost curve and the draft's recorded acceptance)")
   p.add_argument("--exit-layer", type=int, default=0, help="layer-skip: layers of the drafter "
                  "(0: a quarter of the model's)")
-  p.add_argument("--heads", default=None, help="heads (.npz or a shipped name) for medusa / eagle / mtp")
+  p.add_argument("--heads", default=None,
+                 help="heads for medusa / eagle / mtp: a shipped name, a .npz, or a published "
+                 "drafter's file or directory (docs/drafters.md)")
   p.add_argument("--nodes", type=int, default=0,
                  help="eagle: tree nodes verified per step (0: chosen from this device's cost "
                  "curve and the heads' recorded acceptance; sj.Eagle's own default is 32)")
