@@ -523,6 +523,21 @@ def cmd_train_heads(args) -> None:
                       unroll=args.unroll, init=args.init, taps=args.taps or ())
 
 
+def cmd_train_medusa2(args) -> None:
+  from specjax.training import heads
+
+  check_flags(args, TRAIN_FLAGS)
+  heads.train_medusa2(args.model, args.corpus, out_dir=args.out_dir, export=args.export,
+                      num_heads=args.num_heads, num_layers=args.num_layers,
+                      vocab_size=args.vocab_size, rank=args.rank, alpha=args.alpha,
+                      sites=args.lora_sites, kl_weight=args.kl_weight,
+                      backbone_lr=args.backbone_lr, warmup_heads=args.warmup_heads,
+                      steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                      lr=args.lr, warmup=args.warmup, grad_clip=args.grad_clip,
+                      held_out=args.held_out, ckpt_every=args.ckpt_every,
+                      eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed)
+
+
 def _add_data_commands(sub) -> None:
   """`specjax data generate | throughput`."""
   da = sub.add_parser("data", help="build the self-distillation corpus drafters train on")
@@ -605,7 +620,7 @@ def _add_train_run(p: argparse.ArgumentParser, differ: dict) -> None:
 
 
 def _add_train_commands(sub) -> None:
-  """`specjax train draft | medusa | eagle | mtp | heads`."""
+  """`specjax train draft | medusa | eagle | mtp | heads | medusa2`."""
   t = sub.add_parser("train", help="train speculation drafts")
   tsub = t.add_subparsers(dest="what", required=True)
   td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "
@@ -638,6 +653,26 @@ def _add_train_commands(sub) -> None:
                     "target layers beside the last (e.g. 2,15; 'auto': a low and a middle layer); "
                     "with --init from an unfused head, grows it")
     tm.set_defaults(fn=cmd_train_heads)
+  m2 = tsub.add_parser("medusa2", help="Medusa-2: Medusa heads and LoRA adapters on the target's "
+                       "layers trained together, with KL(original || adapted) keeping the adapted "
+                       "model close to the original (orbax checkpoints in --out-dir; rerun to "
+                       "resume); the asset holds both")
+  _add_train_run(m2, {**_HEADS_RUN, "--out-dir": dict(default="runs/medusa2"),
+                      "--export": dict(help="write the Medusa-2 asset (heads + adapters, .npz)")})
+  m2.add_argument("--num-heads", type=int, default=4)
+  m2.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
+  m2.add_argument("--rank", type=int, default=8, help="LoRA rank")
+  m2.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (the update is "
+                  "alpha / rank x A B)")
+  m2.add_argument("--lora-sites", default="wqkv,wo,w_in,w_out",
+                  help="the layer matrices adapted (of wqkv, wo, w_in, w_out)")
+  m2.add_argument("--kl-weight", type=float, default=1.0,
+                  help="lambda: the weight of KL(original || adapted) in the loss")
+  m2.add_argument("--backbone-lr", type=float, default=0.1,
+                  help="the adapters' learning rate as a fraction of the heads'")
+  m2.add_argument("--warmup-heads", type=int, default=50,
+                  help="steps that train the heads alone before the adapters learn")
+  m2.set_defaults(fn=cmd_train_medusa2)
 
 
 def cmd_export(args) -> None:

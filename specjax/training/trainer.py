@@ -56,6 +56,9 @@ class TrainConfig:
   train lines in log.jsonl (the first and last step are always logged). clip_groups: params is a
   dict of independent groups (several drafters trained at once) and grad_clip applies to each
   group's gradients on its own; each group's norm is logged as "<group>/grad_norm".
+  group_lr: ((group, factor, start), ...): params is a dict of groups and group `group` learns
+  at factor x the schedule's rate from step `start` on, not at all before (Medusa-2: the
+  backbone's adapters at a lower rate, after the heads' warm-up); other groups at the schedule's.
   """
   out_dir: str
   steps: int = 1000
@@ -72,9 +75,18 @@ class TrainConfig:
   keep: int = 2
   progress: bool = True
   clip_groups: bool = False
+  group_lr: tuple = ()
 
   def validate(self) -> None:
     """Raises InputError naming the first bad field."""
+    for entry in self.group_lr:
+      ok = (isinstance(entry, (tuple, list)) and len(entry) == 3 and isinstance(entry[0], str)
+            and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool)
+            and math.isfinite(entry[1]) and entry[1] >= 0 and isinstance(entry[2], int)
+            and not isinstance(entry[2], bool) and entry[2] >= 0)
+      if not ok:
+        raise InputError(f"group_lr entry {entry!r} is invalid: (group name, factor >= 0, "
+                         f"start step >= 0)")
     if not isinstance(self.out_dir, (str, os.PathLike)) or not os.fspath(self.out_dir):
       raise InputError(f"out_dir={self.out_dir!r} is invalid: must be a directory path")
     for name, lo in (("steps", 1), ("warmup", 0), ("ckpt_every", 1), ("eval_every", 1),
@@ -148,6 +160,16 @@ def optimizer(config: TrainConfig):
 
   decay_mask = lambda params: jax.tree_util.tree_map(lambda x: jnp.ndim(x) >= 2, params)
   adamw = optax.adamw(schedule(config), weight_decay=config.weight_decay, mask=decay_mask)
+  if config.group_lr:
+    base = schedule(config)
+    rates = {g: (lambda step, f=float(f), s=int(s): jnp.where(step < s, 0.0, f * base(step)))
+             for g, f, s in config.group_lr}
+    txs = {g: optax.adamw(r, weight_decay=config.weight_decay, mask=decay_mask)
+           for g, r in rates.items()}
+    txs["__rest__"] = adamw
+    labels = lambda params: {g: jax.tree_util.tree_map(  # noqa: E731
+        lambda _, g=g: g if g in rates else "__rest__", sub) for g, sub in params.items()}
+    adamw = optax.multi_transform(txs, labels)
   if config.grad_clip > 0 and not config.clip_groups:  # groups are clipped in `train`
     return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
   return adamw
@@ -343,8 +365,12 @@ def _check_train_args(params, loss_fn, batches, config) -> None:
   if not callable(batches):
     raise InputError(f"batches={batches!r} must be a function step -> batch")
   leaves = jax.tree_util.tree_leaves(params)
-  if config.clip_groups and not (isinstance(params, dict) and params):
-    raise InputError("clip_groups=True needs params as a dict of groups {name: pytree}")
+  if (config.clip_groups or config.group_lr) and not (isinstance(params, dict) and params):
+    raise InputError("clip_groups / group_lr need params as a dict of groups {name: pytree}")
+  unknown = [g for g, _, _ in config.group_lr if g not in params]
+  if unknown:
+    raise InputError(f"group_lr names group(s) {unknown} that params does not have "
+                     f"({', '.join(map(str, params))})")
   if not leaves or not all(jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
     raise InputError("params must be a non-empty pytree of floating-point arrays")
 
