@@ -592,6 +592,8 @@ _HEADS_RUN = {
 
 _HEADS_HELPS = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE feature head",
                 "mtp": "multi-token-prediction modules (2 by default)",
+                "eagle3": "an EAGLE-3 head (SafeAILab's architecture; export it with "
+                "`specjax export --format eagle3`)",
                 "heads": "several kinds of heads at once (--kinds), sharing one target forward "
                 "per batch"}
 
@@ -603,7 +605,7 @@ def _add_train_run(p: argparse.ArgumentParser, differ: dict) -> None:
 
 
 def _add_train_commands(sub) -> None:
-  """`specjax train draft | medusa | eagle | mtp | heads`."""
+  """`specjax train draft | medusa | eagle | mtp | eagle3 | heads`."""
   t = sub.add_parser("train", help="train speculation drafts")
   tsub = t.add_subparsers(dest="what", required=True)
   td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "

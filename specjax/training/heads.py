@@ -1,6 +1,6 @@
-"""One corpus trainer for every kind of heads (Medusa, EAGLE, MTP) on a frozen target.
+"""One corpus trainer for every kind of heads (Medusa, EAGLE, MTP, EAGLE-3) on a frozen target.
 
-    specjax train medusa | eagle | mtp | heads --corpus DIR   ->   train_heads(kind, target, corpus, ...)
+    specjax train medusa | eagle | mtp | eagle3 | heads --corpus DIR   ->   train_heads(kind, target, corpus, ...)
 
 Each kind supplies only its loss, `make_loss(target, heads)` in training/medusa.py, eagle.py and
 mtp.py; this module is the one place that composes them (`make_loss` here: one frozen target
@@ -22,7 +22,7 @@ from specjax import validate
 from specjax.errors import InputError, check_int
 from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
                            save_heads)
-from specjax.training import eagle, folders, medusa, mtp, trainer
+from specjax.training import eagle, eagle3, folders, medusa, mtp, trainer
 from specjax.training.draft import setup_run, vocab_subset
 from specjax.training.features import frozen_arrays, target_features
 
@@ -46,10 +46,8 @@ def parse_kinds(kind) -> tuple[str, ...]:
   return kinds
 
 
-# The kinds this trainer has a loss for (EAGLE-3 heads are read and run, not trained here yet).
-TRAIN_KINDS = tuple(k for k in KINDS if k != "eagle3")
-
-DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2}
+TRAIN_KINDS = KINDS
+DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2, "eagle3": 1}
 
 
 def make_loss(target, heads_by: dict, *, unroll: int = 1):
@@ -62,6 +60,10 @@ def make_loss(target, heads_by: dict, *, unroll: int = 1):
   metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss)."""
   kinds = tuple(heads_by)
   joint = len(kinds) > 1
+  if kinds == ("eagle3",):  # its own target forward (the raw states at its three taps)
+    loss3 = eagle3.make_loss(target, heads_by["eagle3"], unroll=unroll)
+    return lambda params, batch, rng, frozen: loss3(
+        params, {"tokens": batch[0], "mask": batch[2]}, rng, frozen)
   makers = {"medusa": medusa.make_loss, "mtp": mtp.make_loss,
             "eagle": lambda t, h: eagle.make_loss(t, h, unroll=unroll)}
   losses = {k: makers[k](target, heads_by[k]) for k in kinds}
@@ -94,8 +96,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                 ckpt_every: int = 50, eval_every: int = 50, max_minutes: float = 0.0,
                 seed: int = 0, unroll: int = 1, init: str | None = None, taps=(),
                 progress: bool = True, log=print):
-  """Trains `kind` heads ("medusa", "eagle", "mtp") on a frozen target over a self-distillation
-  corpus with the shared trainer; resumable (rerun the same call).
+  """Trains `kind` heads ("medusa", "eagle", "mtp", "eagle3") on a frozen target over a
+  self-distillation corpus with the shared trainer; resumable (rerun the same call).
 
   Several kinds at once ("eagle,medusa,mtp" or a tuple): every kind reads the same target
   forward per batch, which is most of a step's cost (on SmolLM2 the forward over 4 x 256 tokens
@@ -115,6 +117,11 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   proposing several times cheaper on a CPU; 0: the full vocabulary. Held-out metrics per head:
   loss, top-1 and top-5 accuracy (`accuracy_table`). Returns the trained Heads (held-out metrics
   in `heads.meta`); export: write them (save_heads).
+
+  EAGLE-3 ("eagle3", alone): the published architecture (heads.py), trained as training/eagle3.py
+  (CE against the target over the draft vocabulary, the `vocab_size` most frequent next tokens;
+  unroll: its training-time test, EAGLE-3 uses 7); export the result with `specjax export
+  --format eagle3`.
 
   unroll > 1 (EAGLE only): training-time test, the head also learns to draft unroll - 1 further
   steps on its own predicted features (training/eagle.py make_loss; held-out top1_d per depth).
@@ -208,7 +215,13 @@ def _check_args(kinds: tuple, per_kind: dict, *, export, num_layers, vocab_size,
                      ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
   check_int("unroll", unroll, 1)
-  if unroll > 1 and "eagle" not in kinds:
+  if "eagle3" in kinds and joint:
+    raise InputError(f"kind={','.join(kinds)!r}: EAGLE-3 heads train alone (they read other "
+                     f"target features than the rest)")
+  if "eagle3" in kinds and (per_kind["eagle3"] != 1 or num_layers != 1):
+    raise InputError(f"num_heads={per_kind['eagle3']}, num_layers={num_layers}: an EAGLE-3 head "
+                     f"is one module of one layer")
+  if unroll > 1 and "eagle" not in kinds and "eagle3" not in kinds:
     raise InputError(f"unroll={unroll} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
   if taps and "eagle" not in kinds:
     raise InputError(f"taps={taps!r} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
