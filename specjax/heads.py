@@ -38,7 +38,7 @@ reads g; deeper ones read the head's own outputs, as before. The target runs wit
 EAGLE-3 heads (kind "eagle3", Li et al. 2025, as SafeAILab publishes them; specjax.drafters reads
 and writes their files) are one module too, in the same flat params, and `sj.Eagle` runs them:
   "fuse_w" [1,3E,E]   fc (no bias) over cat(r_a, r_b, r_c), the RAW residual stream entering the
-                      target's layers a, b, c = `eagle3_taps(L)` = (2, L // 2, L - 3) (the target
+                      target's layers a, b, c = (2, L // 2, L - 3) (layouts.eagle3_taps; the target
                       runs with `Decoder(..., taps=, raw_taps=True)`; the final feature it returns
                       beside them is not read). Its output h is what the feature buffer holds.
   "norm_emb", "norm_hid" [1,E]   RMSNorm scales of the embedding and of h (input_layernorm,
@@ -171,6 +171,8 @@ def check_fits(heads: Heads, target) -> None:
         f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
         f"{t.vocab_size}: load or train heads for this model")
   if c.kind == "eagle3":
+    from specjax.drafters.layouts import eagle3_taps
+
     want_taps = eagle3_taps(t.num_layers)
     if tuple(c.taps) != want_taps:
       raise InputError(f"heads {heads!r} read target layers {list(c.taps)}, but EAGLE-3 reads "
@@ -394,17 +396,6 @@ def midlayer_config(config):
   return dataclasses.replace(config, qkv_bias=False, out_bias=False, qk_norm=False,
                              post_norms=False, norm="rms", activation="silu", gated_mlp=True,
                              attn_softcap=0.0, attn_scale=0.0, sliding_window=0, layer_windows=())
-
-
-def eagle3_taps(num_layers: int) -> tuple:
-  """The target layers whose entering hidden states EAGLE-3 fuses: (2, L // 2, L - 3) (SafeAILab's
-  choice; they must be three distinct layers, so L >= 7)."""
-  taps = (2, num_layers // 2, num_layers - 3)
-  if not taps[0] < taps[1] < taps[2]:
-    raise InputError(f"EAGLE-3 fuses the hidden states entering target layers 2, L // 2 and "
-                     f"L - 3, three distinct layers; a target of {num_layers} layers has "
-                     f"{sorted(set(taps))} (EAGLE-3 needs at least 7 layers)")
-  return taps
 
 
 def check_taps(taps, num_layers: int | None = None) -> tuple:
@@ -672,6 +663,8 @@ def init_eagle3_heads(target, *, seed: int = 0, scale: float = 0.0, vocab=None) 
   from flax import nnx
 
   from specjax.model import Block, path_key
+
+  from specjax.drafters.layouts import eagle3_taps
 
   c = target.config
   taps = eagle3_taps(c.num_layers)

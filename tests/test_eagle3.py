@@ -64,7 +64,8 @@ def _state(seed=0):
   p = "midlayer."
   sd = {"fc.weight": r(E, 3 * E),
         p + "input_layernorm.weight": 1 + r(E), p + "hidden_norm.weight": 1 + r(E),
-        p + "self_attn.q_proj.weight": r(h * d, 2 * E), p + "self_attn.k_proj.weight": r(kv * d, 2 * E),
+        p + "self_attn.q_proj.weight": r(h * d, 2 * E),
+        p + "self_attn.k_proj.weight": r(kv * d, 2 * E),
         p + "self_attn.v_proj.weight": r(kv * d, 2 * E), p + "self_attn.o_proj.weight": r(E, h * d),
         p + "post_attention_layernorm.weight": 1 + r(E),
         p + "mlp.gate_proj.weight": r(f, E), p + "mlp.up_proj.weight": r(f, E),

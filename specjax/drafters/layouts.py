@@ -479,6 +479,17 @@ def _eagle(path, ts, cfg, tc):
 
 # ----------------------------------------------------------------------------- EAGLE-3
 
+def eagle3_taps(num_layers: int) -> tuple:
+  """The target layers whose entering hidden states EAGLE-3 fuses: (2, L // 2, L - 3) (SafeAILab's
+  choice; they must be three distinct layers, so L >= 7)."""
+  taps = (2, num_layers // 2, num_layers - 3)
+  if not taps[0] < taps[1] < taps[2]:
+    raise InputError(f"EAGLE-3 fuses the hidden states entering target layers 2, L // 2 and "
+                     f"L - 3, three distinct layers; a target of {num_layers} layers has "
+                     f"{sorted(set(taps))} (EAGLE-3 needs at least 7 layers)")
+  return taps
+
+
 _EAGLE3_LAYER = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                  "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
                  "mlp.down_proj.weight", "post_attention_layernorm.weight",
@@ -496,8 +507,6 @@ def _eagle3(path, ts, cfg, tc):
   if tc is None:
     raise InputError(f"{path}: an EAGLE-3 head reads target layers 2, L // 2 and L - 3: pass "
                      f"target= to load_heads")
-  from specjax.heads import eagle3_taps  # (a function of the layer count; no import circle)
-
   taps = eagle3_taps(tc.num_layers)
   v = int(cfg.get("vocab_size") or tc.vocab_size)
   if v != tc.vocab_size:

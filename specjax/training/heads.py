@@ -1,6 +1,7 @@
 """One corpus trainer for every kind of heads (Medusa, EAGLE, MTP, EAGLE-3) on a frozen target.
 
-    specjax train medusa | eagle | mtp | eagle3 | heads --corpus DIR   ->   train_heads(kind, target, corpus, ...)
+    specjax train medusa | eagle | mtp | eagle3 | heads --corpus DIR
+      ->   train_heads(kind, target, corpus, ...)
 
 Each kind supplies only its loss, `make_loss(target, heads)` in training/medusa.py, eagle.py and
 mtp.py; this module is the one place that composes them (`make_loss` here: one frozen target
@@ -107,21 +108,16 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   kind's metrics as "<kind>/<name>". export must then name each file with "{kind}", e.g.
   "heads-{kind}.npz"; a dict kind -> Heads is returned.
 
-  Losses: training/medusa.py (CE per head, 0.8^k), training/eagle.py (smooth-L1 on the next
-  feature + 0.1 soft CE, feature noise), training/mtp.py (CE per depth, 0.8^k). The target's
-  features are computed inside each update step (one frozen forward per batch, its params a jit
-  argument), never stored. num_heads: None = each kind's default (4 / 1 / 2), an int (one kind),
+  Losses: training/medusa.py (CE per head, 0.8^k), eagle.py (smooth-L1 on the next feature + 0.1
+  soft CE, noise), mtp.py (CE per depth, 0.8^k), eagle3.py (EAGLE-3's soft CE, 0.8^d; alone). The
+  target's features are computed inside each update step (one frozen forward per batch), never
+  stored. num_heads: None = each kind's default (4 / 1 / 2), an int (one kind),
   or a dict kind -> int. Only response positions are learned (corpus windows' mask).
   vocab_size > 0: the heads score only the corpus's `vocab_size` most frequent next tokens (rows
   of the target's LM head; labels outside it are skipped), which makes both training and
   proposing several times cheaper on a CPU; 0: the full vocabulary. Held-out metrics per head:
   loss, top-1 and top-5 accuracy (`accuracy_table`). Returns the trained Heads (held-out metrics
   in `heads.meta`); export: write them (save_heads).
-
-  EAGLE-3 ("eagle3", alone): the published architecture (heads.py), trained as training/eagle3.py
-  (CE against the target over the draft vocabulary, the `vocab_size` most frequent next tokens;
-  unroll: its training-time test, EAGLE-3 uses 7); export the result with `specjax export
-  --format eagle3`.
 
   unroll > 1 (EAGLE only): training-time test, the head also learns to draft unroll - 1 further
   steps on its own predicted features (training/eagle.py make_loss; held-out top1_d per depth).
