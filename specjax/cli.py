@@ -609,6 +609,8 @@ _HEADS_RUN = {
 
 _HEADS_HELPS = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE feature head",
                 "mtp": "multi-token-prediction modules (2 by default)",
+                "eagle3": "an EAGLE-3 head (SafeAILab's architecture; export it with "
+                "`specjax export --format eagle3`)",
                 "heads": "several kinds of heads at once (--kinds), sharing one target forward "
                 "per batch"}
 
@@ -620,7 +622,7 @@ def _add_train_run(p: argparse.ArgumentParser, differ: dict) -> None:
 
 
 def _add_train_commands(sub) -> None:
-  """`specjax train draft | medusa | eagle | mtp | heads | medusa2`."""
+  """`specjax train draft | medusa | eagle | mtp | eagle3 | heads | medusa2`."""
   t = sub.add_parser("train", help="train speculation drafts")
   tsub = t.add_subparsers(dest="what", required=True)
   td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "
@@ -735,8 +737,9 @@ def main(argv=None) -> None:
   _add_train_commands(sub)
 
   x = sub.add_parser("export", help="write heads (.npz, a shipped name or published files) in a "
-                     "published layout: medusa (FasterDecoding's Medusa-1) or eagle (EAGLE-1/2)")
-  x.add_argument("--format", required=True, choices=("medusa", "eagle"))
+                     "published layout: medusa (FasterDecoding's Medusa-1), eagle (EAGLE-1/2) or "
+                     "eagle3 (EAGLE-3)")
+  x.add_argument("--format", required=True, choices=("medusa", "eagle", "eagle3"))
   x.add_argument("heads")
   x.add_argument("out_dir")
   x.add_argument("--model", default=None, help="the target (default: the one the heads name; "

@@ -261,6 +261,8 @@ class Program:
     taps = self.method.taps
     if taps and kw.get("num_layers") is None:
       kw.setdefault("taps", taps)
+      if getattr(self.method, "raw_taps", False):  # EAGLE-3: the raw residual stream
+        kw.setdefault("raw_taps", True)
     with phase(VERIFY):
       return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
 

@@ -34,6 +34,24 @@ Initialised (and grown from an unfused head, `add_taps`) as the identity on f an
 so such a head starts out computing exactly what the unfused one does. Only the first draft depth
 reads g; deeper ones read the head's own outputs, as before. The target runs with
 `Decoder(..., taps=)`, which returns the taps beside f.
+
+EAGLE-3 heads (kind "eagle3", Li et al. 2025, as SafeAILab publishes them; specjax.drafters reads
+and writes their files) are one module too, in the same flat params, and `sj.Eagle` runs them:
+  "fuse_w" [1,3E,E]   fc (no bias) over cat(r_a, r_b, r_c), the RAW residual stream entering the
+                      target's layers a, b, c = (2, L // 2, L - 3) (layouts.eagle3_taps; the target
+                      runs with `Decoder(..., taps=, raw_taps=True)`; the final feature it returns
+                      beside them is not read). Its output h is what the feature buffer holds.
+  "norm_emb", "norm_hid" [1,E]   RMSNorm scales of the embedding and of h (input_layernorm,
+                      hidden_norm); the layer's attention reads x = cat(norm_emb(emb), norm_hid(h))
+                      [..,2E]: "layer.attn.wqkv" [1,2E,Kv,G+2,D], then h + attn is the residual,
+                      and "layer.mlp_norm.scale", "layer.mlp.*" the MLP, as a Llama layer's.
+  "norm" [1,E], "lm" [1,Vd,E]   the head's own final norm and LM head over its draft vocabulary
+                      (vocab [Vd]: the target ids of its rows; None when Vd = V in order).
+  "embed" [1,V,E]     optional: the head's own embedding (else the target's, shared).
+Later draft depths feed the layer's output back as h, without the fc (as EAGLE-1/2 heads feed
+their predicted feature back): exactly `feature_module`'s contract, so the drafting, the catch-up
+and the tree code are EAGLE's. The layer is a Llama layer whatever the target's family
+(`midlayer_config`: no biases, qk-norms or post-norms), with the target's attention shapes.
 """
 
 from __future__ import annotations
@@ -52,8 +70,8 @@ from specjax import registry
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 from specjax.packing import LAYER_SITES
 
-KINDS = ("medusa", "eagle", "mtp")
-FEATURE_KINDS = ("eagle", "mtp")  # one-decoder-layer modules on the target's features
+KINDS = ("medusa", "eagle", "mtp", "eagle3")
+FEATURE_KINDS = ("eagle", "mtp", "eagle3")  # one-decoder-layer modules on the target's features
 
 # Shipped heads in specjax/assets, from the one registry of shipped drafters:
 # name -> (target name, asset file).
@@ -111,14 +129,19 @@ def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, nu
   init) makes every head the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and
   b ~ N(0, scale^2) (tests). EAGLE (one module) and MTP (num_heads modules, default 2): see
   `init_feature_heads` (EAGLE also takes `taps`, fused features: see the module docstring, and
-  input_norm=False: the published EAGLE-1/2 architecture, no norm on the layer's input)."""
+  input_norm=False: the published EAGLE-1/2 architecture, no norm on the layer's input). EAGLE-3:
+  `init_eagle3_heads` (vocab: its draft vocabulary)."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
-  if taps and kind != "eagle":
+  if taps and kind not in ("eagle", "eagle3"):
     raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
   if input_norm is not True and (input_norm is not False or kind != "eagle"):
     raise InputError(f"input_norm={input_norm!r}: True, or False for EAGLE heads (the published "
                      f"EAGLE-1/2 layer), not {kind}")
+  if kind == "eagle3":
+    if taps:
+      raise InputError(f"taps={taps!r}: an EAGLE-3 head reads target layers 2, L // 2 and L - 3")
+    return init_eagle3_heads(target, seed=seed, scale=scale, vocab=vocab)
   if kind in FEATURE_KINDS:
     return init_feature_heads(target, kind, num_heads=num_heads, num_layers=num_layers, seed=seed,
                               scale=scale, vocab=vocab, taps=taps, input_norm=input_norm)
@@ -147,11 +170,20 @@ def check_fits(heads: Heads, target) -> None:
         f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
         f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
         f"{t.vocab_size}: load or train heads for this model")
-  if c.taps and max(c.taps) >= t.num_layers:
+  if c.kind == "eagle3":
+    from specjax.drafters.layouts import eagle3_taps
+
+    want_taps = eagle3_taps(t.num_layers)
+    if tuple(c.taps) != want_taps:
+      raise InputError(f"heads {heads!r} read target layers {list(c.taps)}, but EAGLE-3 reads "
+                       f"{list(want_taps)} of a target of {t.num_layers} layers: load or train "
+                       f"heads for this model")
+  elif c.taps and max(c.taps) >= t.num_layers:
     raise InputError(f"heads {heads!r} fuse the outputs of target layers {list(c.taps)}, but this "
                      f"target has {t.num_layers} layers: load or train heads for this model")
   if c.kind in FEATURE_KINDS:
     want = feature_shapes(c.kind, c.num_heads, target, c.taps, c.input_norm,
+                          c.vocab_subset or c.vocab_size, "embed" in heads.params,
                           "norm_o" in heads.params)
     got = {k: tuple(np.shape(v)) for k, v in heads.params.items()}
     if got != want:
@@ -216,7 +248,9 @@ def _read(path: str, dtype) -> Heads:
     raise WeightsError(f"{path}: heads header does not describe heads ({e})") from e
   k, l, e = cfg.num_heads, cfg.num_layers, cfg.hidden_size
   want = {"w": (k, l, e, e), "b": (k, l, e)}
-  if cfg.kind in FEATURE_KINDS:  # the layer's shapes are checked against a target (check_fits)
+  if cfg.kind == "eagle3":  # the layer's shapes are checked against a target (check_fits)
+    want = {"fuse_w": (1, 3 * e, e), "lm": (1, cfg.vocab_subset or cfg.vocab_size, e)}
+  elif cfg.kind in FEATURE_KINDS:  # the layer's shapes are checked against a target (check_fits)
     want = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
     if cfg.taps:
       want.update(fuse_w=(k, (len(cfg.taps) + 1) * e, e), fuse_b=(k, e))
@@ -263,8 +297,12 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
   if layouts.is_published(path):
     fields, params, vocab, meta = layouts.read(path, None if target is None else target.config)
     _check_shared(path, meta.pop("shared_with_target", None), target)
-    heads = Heads(HeadsConfig(**fields), {k: jnp.asarray(v, dt) for k, v in params.items()},
-                  vocab, meta)
+    if target is not None and "embed" in params and np.array_equal(
+        np.asarray(params["embed"][0], np.float32),
+        np.asarray(target.params["embed"][...], np.float32)):
+      params = {k: v for k, v in params.items() if k != "embed"}  # a copy of the target's: share
+    heads = Heads(HeadsConfig(**{k: tuple(v) if k == "taps" else v for k, v in fields.items()}),
+                  {k: jnp.asarray(v, dt) for k, v in params.items()}, vocab, meta)
   else:
     heads = _read(path, dt)
   if target is not None:
@@ -350,13 +388,24 @@ def _layer_keys(config) -> dict:
 
 
 def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool = True,
+                   draft_vocab: int | None = None, own_embed: bool = False,
                    out_norm: bool = False) -> dict:
   """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`
-  (input_norm False: without the layer's input norm, see HeadsConfig; out_norm: MTP modules with
-  their own output norm "norm_o" [K,E] in place of the target's final norm, as DeepSeek-V3's
-  published MTP layers have)."""
+  (input_norm False: without the layer's input norm, see HeadsConfig); EAGLE-3: its draft
+  vocabulary's size (default V) and whether it holds its own embedding; out_norm: MTP modules
+  with their own output norm "norm_o" [K,E] in place of the target's final norm, as DeepSeek-V3's
+  published MTP layers have."""
   c = target.config
   e, k = c.hidden_size, num_heads
+  if kind == "eagle3":
+    out = {"fuse_w": (1, 3 * e, e), "norm_emb": (1, e), "norm_hid": (1, e), "norm": (1, e),
+           "lm": (1, draft_vocab or c.vocab_size, e)}
+    if own_embed:
+      out["embed"] = (1, c.vocab_size, e)
+    for name, shape in _layer_keys(midlayer_config(c)).items():
+      if not name.startswith("layer.attn_norm."):
+        out[name] = (1, 2 * e) + shape[1:] if name == "layer.attn.wqkv" else (1,) + shape
+    return out
   out = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
   if taps:
     out.update(fuse_w=(k, (len(taps) + 1) * e, e), fuse_b=(k, e))
@@ -367,6 +416,14 @@ def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool 
   out.update({name: (k,) + shape for name, shape in _layer_keys(c).items()
               if input_norm or not name.startswith("layer.attn_norm.")})
   return out
+
+
+def midlayer_config(config):
+  """The target's ModelConfig made a plain Llama layer's (EAGLE-3's midlayer: no biases, no
+  qk-norms or post-norms, RMSNorm, SiLU-gated MLP, global attention), same shapes and rope."""
+  return dataclasses.replace(config, qkv_bias=False, out_bias=False, qk_norm=False,
+                             post_norms=False, norm="rms", activation="silu", gated_mlp=True,
+                             attn_softcap=0.0, attn_scale=0.0, sliding_window=0, layer_windows=())
 
 
 def check_taps(taps, num_layers: int | None = None) -> tuple:
@@ -434,6 +491,8 @@ def fuse_features(mod: dict, feats: jax.Array) -> jax.Array:
   if "fuse_w" not in mod:
     return feats
   w = mod["fuse_w"]
+  if "fuse_b" not in mod:  # EAGLE-3's fc: the taps only (not the final feature), no bias
+    return jnp.dot(feats[..., :w.shape[0]].astype(w.dtype), w).astype(feats.dtype)
   return (jnp.dot(feats.astype(w.dtype), w) + mod["fuse_b"]).astype(feats.dtype)
 
 
@@ -563,6 +622,8 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
   from specjax.model import path_key, rope_inv_freq
   from specjax.packing import PREFIX, Packed
 
+  if "norm_hid" in mod:
+    return _midlayer(config, mod, emb, feat, positions, layer_cache, start, mask)
   if "norm_e" in mod:
     emb = _rms(emb, mod["norm_e"], config.norm_eps)
     feat = _rms(feat, mod["norm_h"], config.norm_eps)
@@ -592,3 +653,79 @@ def feature_module(config, mod: dict, emb: jax.Array, feat: jax.Array, positions
     angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(config))
     rope = (jnp.cos(angles), jnp.sin(angles))
   return block(x, rope, layer_cache, start, mask)
+
+
+def _midlayer(config, mod: dict, emb, h, positions, layer_cache, start, mask):
+  """EAGLE-3's layer (see the module docstring): h [B,T,E] is the fc output or a previous depth's
+  output, emb [B,T,E]. x = cat(norm_emb(emb), norm_hid(h)) [B,T,2E] enters attention; h is the
+  residual. Returns (out [B,T,E], layer_cache)."""
+  from flax import nnx
+
+  from specjax.model import path_key, rope_inv_freq
+
+  cfg = midlayer_config(config)
+  graphdef, abstract = layer_template(cfg, jnp.dtype(mod["fuse_w"].dtype).name)
+
+  def leaf(path, x):
+    d = mod["layer"]
+    for p in path_key(path):
+      if p == "attn_norm":
+        return jnp.ones(x.shape, x.dtype)  # unused: the layer's inputs are normed here
+      d = d[p]
+    return d
+
+  block = nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
+  h = h.astype(emb.dtype)
+  x = jnp.concatenate([_rms(emb, mod["norm_emb"], cfg.norm_eps),
+                       _rms(h, mod["norm_hid"], cfg.norm_eps)], axis=-1)  # [B,T,2E]
+  angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(cfg))
+  y, layer_cache = block.attn(x, (jnp.cos(angles), jnp.sin(angles)), layer_cache, start, mask)
+  h = h + y
+  return h + block.mlp(block.mlp_norm(h)), layer_cache
+
+
+def eagle3_logits(mod: dict, h: jax.Array, eps: float) -> jax.Array:
+  """An EAGLE-3 head's draft logits over its draft vocabulary: h [...,E] -> [...,Vd] float32."""
+  return jnp.dot(_rms(h, mod["norm"], eps), mod["lm"].T).astype(jnp.float32)
+
+
+def init_eagle3_heads(target, *, seed: int = 0, scale: float = 0.0, vocab=None) -> Heads:
+  """A fresh EAGLE-3 head for `target` (at least 7 layers): fc ~ N(0, 1 / 3E), the layer's
+  weights N(0, 0.02^2) (q/k/v over 2E inputs), norms at one, the LM head the target's own rows
+  for the draft vocabulary `vocab` (default: the whole vocabulary). scale > 0 multiplies every
+  random weight by scale / 0.02 (tests)."""
+  from flax import nnx
+
+  from specjax.model import Block, path_key
+
+  from specjax.drafters.layouts import eagle3_taps
+
+  c = target.config
+  taps = eagle3_taps(c.num_layers)
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
+    raise InputError(f"scale={scale!r} is invalid: must be a number >= 0")
+  e = c.hidden_size
+  ids = _check_vocab_ids(vocab, c.vocab_size)
+  mult = scale / 0.02 if scale > 0 else 1.0
+  mc = midlayer_config(c)
+  key = jax.random.PRNGKey(seed)
+  _, st = nnx.split(Block(mc, jnp.float32, nnx.Rngs(seed)))
+  mod = {}
+  for p, x in jax.tree_util.tree_flatten_with_path(st)[0]:
+    name = "layer." + ".".join(map(str, path_key(p)))
+    if name.startswith("layer.attn_norm."):
+      continue
+    if name == "layer.attn.wqkv":  # [2E,Kv,G+2,D]: the layer reads 2E inputs
+      x = 0.02 * jax.random.normal(jax.random.fold_in(key, 2), (2 * e,) + x.shape[1:])
+    mod[name] = x if name.endswith("scale") else x * mult
+  lm = np.asarray(target.params["lm_head"][...]).T if not c.tie_word_embeddings else np.asarray(
+      target.params["embed"][...])  # [V,E]
+  lm = lm if ids is None else lm[ids]
+  mod.update(fuse_w=mult * jax.random.normal(jax.random.fold_in(key, 1), (3 * e, e), jnp.float32)
+             / np.sqrt(3 * e), norm_emb=jnp.ones((e,)), norm_hid=jnp.ones((e,)),
+             norm=jnp.ones((e,)), lm=jnp.asarray(lm, jnp.float32))
+  dtype = getattr(target, "dtype", jnp.float32)
+  params = {n: jnp.asarray(x)[None].astype(dtype) for n, x in mod.items()}
+  cfg = HeadsConfig("eagle3", 1, 1, e, c.vocab_size, getattr(target, "name", ""),
+                    0 if ids is None else int(ids.size), taps)
+  return Heads(cfg, params, ids)

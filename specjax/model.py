@@ -298,7 +298,8 @@ class Decoder(nnx.Module):
     return x, ropes
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
-               logits_at: jax.Array | None = None, empty_cache: bool = False, taps: tuple = ()):
+               logits_at: jax.Array | None = None, empty_cache: bool = False, taps: tuple = (),
+               raw_taps: bool = False):
     """tokens, positions [B,T] int32; mask [B,T,S] bool: which cache slots each token may attend
     (causal, tree or lookahead); each layer's sliding window is applied here, from positions.
 
@@ -307,7 +308,8 @@ class Decoder(nnx.Module):
     T positions (prefill needs one). empty_cache: the cache holds nothing yet (every length
     is 0), so attention reads only the T new entries. taps (i, j, ...): also return the residual
     stream after the first i, j, ... layers, each RMS-normalised without a scale (fused EAGLE
-    features, specjax/heads.py). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after the
+    features, specjax/heads.py), or as it is with raw_taps (EAGLE-3's fc reads the raw states
+    entering layers i, j, ...). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after the
     final norm (with taps: [B,T,(n+1)E], the n taps then that), cache).
     """
     n = self.cfg.num_layers if num_layers is None else num_layers
@@ -319,7 +321,7 @@ class Decoder(nnx.Module):
       rope = ropes[self.layer_rope[i] if self.cfg.position == "rope" else 0]
       x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache, positions)
       if i + 1 in taps:
-        tapped.append(rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
+        tapped.append(x if raw_taps else rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
     if len(tapped) != len(taps):
       raise ValueError(f"taps {taps} must be layer counts in [1, {n - 1}]")
     hidden = self.final_norm(x)

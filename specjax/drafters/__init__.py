@@ -8,7 +8,8 @@
 torch files to `layouts.read`, which recognises the layout from the tensor names and config fields
 (layouts.LAYOUTS) and converts it to specjax's heads, computing exactly what the published
 architecture computes: Medusa-1 heads with their own LM heads (params "lm" [K,V,E]) or the
-target's; EAGLE-1/2 heads whose layer has no input norm (HeadsConfig.input_norm False). The
+target's; EAGLE-1/2 heads whose layer has no input norm (HeadsConfig.input_norm False); EAGLE-3
+heads (kind "eagle3": fc over three target layers, their own LM head over a draft vocabulary). The
 readers live in `layouts` (below specjax.heads, which imports them); this module, above both, holds
 what needs the target: `head_logits` and `export_heads`.
 """
@@ -27,12 +28,12 @@ from specjax import cache as kv
 from specjax.drafters import layouts
 from specjax.drafters.layouts import LAYOUTS
 from specjax.errors import InputError
-from specjax.heads import (Heads, check_fits, feature_module, fuse_features, medusa_hidden,
-                           module_arrays, module_out)
+from specjax.heads import (Heads, check_fits, eagle3_logits, feature_module, fuse_features,
+                           medusa_hidden, module_arrays, module_out)
 from specjax.model import forward_sequence
 
-FORMATS = ("medusa", "eagle")  # export formats
-SCORED = ("medusa", "eagle", "mtp")  # head kinds head_logits scores
+FORMATS = ("medusa", "eagle", "eagle3")  # export formats
+SCORED = ("medusa", "eagle", "eagle3", "mtp")  # head kinds head_logits scores
 
 __all__ = ["FORMATS", "LAYOUTS", "export_files", "export_heads", "head_logits"]
 
@@ -66,10 +67,12 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
   tokens [T] (or [B,T], giving a leading B). Medusa: [T,K,V], head k at position t (its guess
   for token t + k + 2, reading the target's final-normed hidden state at t). EAGLE: [T-1,V], the
   first draft step at position t, from the target's feature at t and token t + 1 (its guess for
-  token t + 2), attending causally over positions 0..t. MTP with K modules: [T-K,K,V], module k
-  at position t reading token t + k + 1 and module k - 1's output at t (the target's feature for
-  k = 0): its guess for token t + k + 2, as in DeepSeek-V3's training. Tokens outside a heads'
-  vocabulary subset get -inf.
+  token t + 2), attending causally over positions 0..t. EAGLE-3: [T-1,V] likewise, from the fc
+  over the target's three tapped layers at t, through the head's own norm and LM head. MTP with
+  K modules: [T-K,K,V], module k at position t reading token t + k + 1 and module k - 1's
+  output at t (the target's feature for k = 0): its guess for token t + k + 2, as in
+  DeepSeek-V3's training. Tokens outside a heads' vocabulary subset (EAGLE-3: its draft
+  vocabulary) get -inf.
   """
   if not isinstance(heads, Heads):
     raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.load_heads(...))")
@@ -77,7 +80,7 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
   if c.kind not in SCORED:
     raise InputError(f"head_logits: heads of kind {c.kind!r}; it reads {', '.join(SCORED)}")
   check_fits(heads, target)
-  least = {"medusa": 1, "eagle": 2, "mtp": c.num_heads + 1}[c.kind]
+  least = {"medusa": 1, "eagle": 2, "eagle3": 2, "mtp": c.num_heads + 1}[c.kind]
   toks = _check_tokens(tokens, target.config.vocab_size, least)
   batched = toks.ndim == 2
   toks = jnp.asarray(toks if batched else toks[None])  # [B,T]
@@ -93,7 +96,7 @@ def _logits(params, p, vocab, toks, *, graphdef, config, heads_config, dtype):
   or [B,T-1,V] (EAGLE)."""
   dec = nnx.merge(graphdef, params)
   _, hidden, _ = forward_sequence(config, dec, toks, dtype=jnp.dtype(dtype),
-                                  taps=heads_config.taps)
+                                  taps=heads_config.taps, raw_taps=heads_config.kind == "eagle3")
   v = config.vocab_size
   if heads_config.kind == "medusa":
     z = medusa_hidden(p, hidden)  # [B,T,K,E]
@@ -103,8 +106,10 @@ def _logits(params, p, vocab, toks, *, graphdef, config, heads_config, dtype):
     return _to_vocab(dec.head(z), vocab, v, False)
   if heads_config.kind == "mtp":
     return _to_vocab(_mtp_logits(config, dec, p, toks, hidden, jnp.dtype(dtype)), vocab, v, False)
-  return _to_vocab(dec.head(_eagle_features(config, dec, p, toks, hidden, jnp.dtype(dtype))),
-                   vocab, v, False)
+  h = _eagle_features(config, dec, p, toks, hidden, jnp.dtype(dtype))
+  if heads_config.kind == "eagle3":  # its own norm and LM head over the draft vocabulary
+    return _to_vocab(eagle3_logits(module_arrays(p, 0), h, config.norm_eps), vocab, v, True)
+  return _to_vocab(dec.head(h), vocab, v, False)
 
 
 def _eagle_features(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
@@ -113,7 +118,7 @@ def _eagle_features(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
   n = t - 1
   mod = module_arrays(params, 0)
   feats = fuse_features(mod, hidden[:, :-1])  # [B,n,E]
-  emb = dec.embed[...][toks[:, 1:]]  # [B,n,E]
+  emb = mod.get("embed", dec.embed[...])[toks[:, 1:]]  # [B,n,E] (EAGLE-3: its own, if any)
   layer = kv.init(1, b, n, cfg.num_kv_heads, cfg.head_dim, dtype).layers[0]
   start = jnp.zeros((b,), jnp.int32)
   mask = kv.causal_mask(start, n, n, cfg.sliding_window)  # [B,n,n]
@@ -144,8 +149,9 @@ def _mtp_logits(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
 
 def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
   """Writes `heads` to out_dir in a published layout: "medusa" (FasterDecoding's Medusa-1:
-  config.json + medusa_lm_head.safetensors) or "eagle" (SafeAILab's EAGLE-1/2: Llama config.json
-  + model.safetensors; needs `target` for its rope and norm settings). Returns out_dir."""
+  config.json + medusa_lm_head.safetensors), "eagle" (SafeAILab's EAGLE-1/2: Llama config.json
+  + model.safetensors; needs `target` for its rope and norm settings) or "eagle3" (SafeAILab's
+  EAGLE-3, likewise, with d2t / t2d). Returns out_dir."""
   if not isinstance(heads, Heads):
     raise InputError(f"heads={heads!r} is invalid: must be specjax Heads")
   if fmt not in FORMATS:
@@ -158,24 +164,26 @@ def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
   if fmt == "medusa":
     return layouts.write_medusa(fields, params, heads.vocab, out_dir)
   if target is None:
-    raise InputError("export --format eagle needs the target (its rope and norm settings go "
-                     "into the head's config.json)")
+    raise InputError(f"export --format {fmt} needs the target (its rope and norm settings go "
+                     f"into the head's config.json)")
   check_fits(heads, target)
+  if fmt == "eagle3":
+    return layouts.write_eagle3(fields, params, heads.vocab, out_dir, target.config)
   return layouts.write_eagle(fields, params, heads.vocab, out_dir, target.config)
 
 
 def export_files(heads: str, fmt: str, out_dir: str, model: str | None = None) -> str:
-  """`specjax export --format medusa|eagle HEADS OUT_DIR [--model M]`: heads from a file, a
+  """`specjax export --format medusa|eagle|eagle3 HEADS OUT_DIR [--model M]`: heads from a file, a
   directory or a shipped name, written in a published layout. The target (`model`, else the one
-  the heads were made for) is loaded for EAGLE, whose config.json carries its rope and norm
-  settings, and for any heads when `model` is given (to check they fit it)."""
+  the heads were made for) is loaded for EAGLE / EAGLE-3, whose config.json carries its rope and
+  norm settings, and for any heads when `model` is given (to check they fit it)."""
   from specjax.heads import load_heads
   from specjax.weights import load_model
 
   if fmt not in FORMATS:
     raise InputError(f"--format {fmt!r} is invalid: must be one of {', '.join(FORMATS)}")
   target = None
-  if model is None and fmt == "eagle":
+  if model is None and fmt in ("eagle", "eagle3"):
     model = load_heads(heads).config.target or None
     if model is None:
       raise InputError(f"{heads}: the heads do not name their target; pass --model")

@@ -29,6 +29,17 @@ The layouts (tensors [out, in] as torch's nn.Linear stores them; ours are [in, o
                 Llama decoder layer "layers.0.*" that applies NO input norm (its
                 input_layernorm, if stored, is unused), no final norm, and the target's LM head
                 and embedding ("embed_tokens.weight", if stored, is a copy of the target's).
+  eagle3        SafeAILab's EAGLE-3: a Llama config.json (num_hidden_layers 1, vocab_size V (the
+                target's), draft_vocab_size Vd); pytorch_model.bin / model.safetensors:
+                "fc.weight" [E,3E] (no bias) over cat(h_2, h_{L//2}, h_{L-3}), the target's
+                hidden states ENTERING those layers (L: the target's layer count); "midlayer.*",
+                one Llama layer whose attention reads cat(input_layernorm(embedding of token
+                t+1), hidden_norm(h)) ("midlayer.self_attn.{q,k,v}_proj.weight" [.., 2E]) with h
+                (the fc output; at later draft steps the layer's previous output, no fc) as its
+                residual, then "midlayer.post_attention_layernorm" and the SiLU-gated MLP;
+                "norm.weight", "lm_head.weight" [Vd,E]; "d2t" [Vd] int64 (target id = draft id +
+                d2t[draft id]) and "t2d" [V] bool; optionally "embed_tokens.weight" [V,E] (else
+                the target's embedding). specjax.heads runs it as kind "eagle3".
 
 This module depends on nothing above the config: it returns plain fields and arrays, and
 specjax.heads builds the Heads.
@@ -54,6 +65,7 @@ LAYOUTS = {
     "eagle": "SafeAILab EAGLE-1/2 (fc.weight [E,2E], layers.0.*)",
     "mtp-deepseek": "DeepSeek-V3-style MTP layers in an HF checkpoint (num_nextn_predict_layers; "
                     "model.layers.{L+k}.{enorm,hnorm,eh_proj,shared_head}.*)",
+    "eagle3": "SafeAILab EAGLE-3 (fc.weight [E,3E], midlayer.*, lm_head.weight [Vd,E], d2t, t2d)",
     "npz": "specjax's own heads (.npz from save_heads)",
 }
 # Trainer state an HF output directory may hold beside the weights: never read.
@@ -210,9 +222,8 @@ def detect(names, cfg: dict) -> str:
     return "eagle"
   if any(_MTP_LAYER.match(n) for n in names):
     return "mtp-deepseek"
-  if "fc.weight" in names and any(n.startswith("midlayer.") for n in names) or "d2t" in names:
-    raise WeightsError("an EAGLE-3 drafter (fc over three target layers, midlayer.*, d2t): "
-                       "recognised, but not supported yet; supported layouts: " + _layout_list())
+  if any(n.startswith("midlayer.") for n in names) or "d2t" in names:
+    return "eagle3"
   shown = sorted(names)[:6]
   raise WeightsError(f"not a recognised drafter layout (tensors {shown}"
                      f"{' ...' if len(names) > 6 else ''}; config fields "
@@ -233,7 +244,7 @@ def read(path: str, target_config=None):
   except WeightsError as e:
     raise WeightsError(f"{path}: {e}") from None
   reader = {"medusa-1": _medusa1, "medusa-vllm": _medusa_vllm, "eagle": _eagle,
-            "mtp-deepseek": _mtp_deepseek}[layout]
+            "mtp-deepseek": _mtp_deepseek, "eagle3": _eagle3}[layout]
   fields, params, vocab, meta = reader(path, ts, cfg, target_config)
   name = cfg.get("base_model_name_or_path") or ""
   fields.setdefault("target", name if isinstance(name, str) else "")
@@ -392,12 +403,12 @@ def _medusa_fields(path, w, b, lm, vocab, cfg, tc, meta):
 _EAGLE_IGNORED = ("embed_tokens.weight", "layers.0.input_layernorm.weight")
 
 
-def _eagle_shapes(path, cfg, tc, e):
+def _eagle_shapes(path, cfg, tc, e, fc_in=2):
   """(H, Kv, D) of the head's attention, from its config.json, else the target's; checked against
   the target's where both are known."""
   if tc is not None and e != tc.hidden_size:
-    raise InputError(f"{path}: EAGLE heads of width {e} (fc.weight [{e}, {2 * e}]) were made for "
-                     f"another target: this target has width {tc.hidden_size}")
+    raise InputError(f"{path}: EAGLE heads of width {e} (fc.weight [{e}, {fc_in * e}]) were made "
+                     f"for another target: this target has width {tc.hidden_size}")
   pairs = (("num_attention_heads", "num_heads"), ("num_key_value_heads", "num_kv_heads"),
            ("head_dim", "head_dim"), ("intermediate_size", "intermediate_size"),
            ("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("vocab_size", "vocab_size"))
@@ -408,7 +419,7 @@ def _eagle_shapes(path, cfg, tc, e):
                                                                        rtol=1e-6, atol=0):
         raise InputError(f"{path}: the EAGLE head's {theirs} is {got}, the target's is {want}: "
                          f"these heads were made for another target")
-    if cfg.get("hidden_act", "silu") != "silu" or not tc.gated_mlp:
+    if cfg.get("hidden_act", "silu") != "silu" or (fc_in == 2 and not tc.gated_mlp):
       raise InputError(f"{path}: the EAGLE head's layer is a SiLU-gated Llama MLP; the target's "
                        f"is not (hidden_act {cfg.get('hidden_act')!r}, gated {tc.gated_mlp})")
   h = cfg.get("num_attention_heads") or (tc.num_heads if tc is not None else None)
@@ -560,6 +571,100 @@ def _mtp_deepseek(path, ts, cfg, tc):
   return fields, params, None, {"shared_with_target": shared}
 
 
+# ----------------------------------------------------------------------------- EAGLE-3
+
+def eagle3_taps(num_layers: int) -> tuple:
+  """The target layers whose entering hidden states EAGLE-3 fuses: (2, L // 2, L - 3) (SafeAILab's
+  choice; they must be three distinct layers, so L >= 7)."""
+  taps = (2, num_layers // 2, num_layers - 3)
+  if not taps[0] < taps[1] < taps[2]:
+    raise InputError(f"EAGLE-3 fuses the hidden states entering target layers 2, L // 2 and "
+                     f"L - 3, three distinct layers; a target of {num_layers} layers has "
+                     f"{sorted(set(taps))} (EAGLE-3 needs at least 7 layers)")
+  return taps
+
+
+_EAGLE3_LAYER = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                 "mlp.down_proj.weight", "post_attention_layernorm.weight",
+                 "input_layernorm.weight", "hidden_norm.weight")
+
+
+def _eagle3(path, ts, cfg, tc):
+  fc = _need(ts, "fc.weight", path)
+  e = fc.shape[0]
+  _need(ts, "fc.weight", path, (e, 3 * e))
+  if cfg.get("num_hidden_layers", 1) != 1:
+    raise WeightsError(f"{path}: EAGLE-3 heads with num_hidden_layers "
+                       f"{cfg.get('num_hidden_layers')}: specjax runs EAGLE-3 heads of one layer")
+  h, kv, d = _eagle_shapes(path, cfg, tc, e, fc_in=3)
+  if tc is None:
+    raise InputError(f"{path}: an EAGLE-3 head reads target layers 2, L // 2 and L - 3: pass "
+                     f"target= to load_heads")
+  taps = eagle3_taps(tc.num_layers)
+  v = int(cfg.get("vocab_size") or tc.vocab_size)
+  if v != tc.vocab_size:
+    raise InputError(f"{path}: the EAGLE-3 head's vocabulary is {v} tokens (config vocab_size), "
+                     f"the target's is {tc.vocab_size}: these heads were made for another target")
+  g, p = h // kv, "midlayer."
+  f = _need(ts, p + "mlp.gate_proj.weight", path).shape[0]
+  get = lambda n, shape: np.asarray(_need(ts, p + n, path, shape), np.float32)  # noqa: E731
+  q = get("self_attn.q_proj.weight", (h * d, 2 * e)).reshape(kv, g, d, 2 * e)
+  k = get("self_attn.k_proj.weight", (kv * d, 2 * e)).reshape(kv, 1, d, 2 * e)
+  vv = get("self_attn.v_proj.weight", (kv * d, 2 * e)).reshape(kv, 1, d, 2 * e)
+  lm = _need(ts, "lm_head.weight", path)
+  vd = lm.shape[0]
+  lm = np.asarray(_need(ts, "lm_head.weight", path, (vd, e)), np.float32)
+  if cfg.get("draft_vocab_size") not in (None, vd):
+    raise WeightsError(f"{path}: lm_head.weight scores {vd} tokens but config.json says "
+                       f"draft_vocab_size {cfg['draft_vocab_size']}")
+  d2t = np.asarray(_need(ts, "d2t", path))
+  if d2t.shape != (vd,) or not np.issubdtype(d2t.dtype, np.integer):
+    raise WeightsError(f"{path}: d2t has shape {d2t.shape} dtype {d2t.dtype}, expected [{vd}] "
+                       f"integers (one offset per draft token)")
+  ids = np.arange(vd, dtype=np.int64) + d2t.astype(np.int64)  # target id of each draft id
+  if ids.min() < 0 or ids.max() >= v or len(np.unique(ids)) != vd:
+    bad = int(np.flatnonzero((ids < 0) | (ids >= v))[0]) if (ids.min() < 0 or ids.max() >= v) \
+        else None
+    what = (f"draft id {bad} maps to target id {ids[bad]}, outside [0, {v})" if bad is not None
+            else "two draft ids map to the same target id")
+    raise WeightsError(f"{path}: d2t out of range: {what} (target id = draft id + d2t[draft id])")
+  if "t2d" in ts:
+    t2d = np.asarray(ts["t2d"]).astype(bool).reshape(-1)
+    want = np.zeros(v, bool)
+    want[ids] = True
+    if t2d.shape != (v,) or not np.array_equal(t2d, want):
+      raise WeightsError(f"{path}: t2d (shape {t2d.shape}) does not mark exactly the {vd} target "
+                         f"ids that d2t maps the draft vocabulary to")
+  params = {
+      "fuse_w": np.asarray(fc, np.float32).T,  # [3E,E]
+      "norm_emb": get("input_layernorm.weight", (e,)),
+      "norm_hid": get("hidden_norm.weight", (e,)),
+      "layer.attn.wqkv": np.concatenate([q, k, vv], 1).transpose(3, 0, 1, 2),  # [2E,Kv,G+2,D]
+      "layer.attn.wo": get("self_attn.o_proj.weight", (e, h * d)).T.reshape(h, d, e),
+      "layer.mlp.w_in": np.stack([get("mlp.gate_proj.weight", (f, e)),
+                                  get("mlp.up_proj.weight", (f, e))], 0).transpose(2, 0, 1),
+      "layer.mlp.w_out": get("mlp.down_proj.weight", (e, f)).T,
+      "layer.mlp_norm.scale": get("post_attention_layernorm.weight", (e,)),
+      "norm": np.asarray(_need(ts, "norm.weight", path, (e,)), np.float32),
+      "lm": lm,
+  }
+  if "embed_tokens.weight" in ts:
+    params["embed"] = np.asarray(_need(ts, "embed_tokens.weight", path, (v, e)), np.float32)
+  used = {p + n for n in _EAGLE3_LAYER} | {"fc.weight", "norm.weight", "lm_head.weight", "d2t",
+                                            "t2d", "embed_tokens.weight"}
+  extra = sorted(n for n in ts if n not in used and not n.endswith("rotary_emb.inv_freq"))
+  if extra:
+    raise WeightsError(f"{path}: unexpected tensor(s) {extra[:5]} in an EAGLE-3 head")
+  vocab = None if vd == v and np.array_equal(ids, np.arange(v)) else ids.astype(np.int32)
+  fields = dict(kind="eagle3", num_heads=1, num_layers=1, hidden_size=e, vocab_size=v,
+                vocab_subset=0 if vocab is None else vd, taps=taps)
+  meta = {"eagle_config": {k: cfg[k] for k in ("rope_theta", "rms_norm_eps", "rope_scaling",
+                                               "max_position_embeddings", "draft_vocab_size")
+                           if k in cfg}}
+  return fields, {n: x[None] for n, x in params.items()}, vocab, meta
+
+
 # ----------------------------------------------------------------------------- writing (export)
 
 
@@ -570,7 +675,7 @@ def _save(tensors_: dict, config: dict, out_dir: str, file: str) -> str:
   arrays = {}
   for k, x in tensors_.items():
     x = np.asarray(x)
-    if x.dtype not in (np.float16, np.float32, np.int64, np.int32):
+    if x.dtype not in (np.float16, np.float32, np.int64, np.int32, np.bool_):
       x = x.astype(np.float32)  # bfloat16 and the like: exact in float32
     arrays[k] = np.ascontiguousarray(x)
   save_file(arrays, os.path.join(out_dir, file))
@@ -637,4 +742,45 @@ def write_eagle(fields: dict, params: dict, vocab, out_dir: str, target_config) 
             "qkv_bias": "layer.attn.bqkv" in x, "rms_norm_eps": tc.norm_eps,
             "rope_theta": tc.rope_theta, "max_position_embeddings": tc.max_position_embeddings,
             "rope_scaling": dict(tc.rope_scaling) or None, "tie_word_embeddings": False}
+  return _save(out, config, out_dir, "model.safetensors")
+
+
+def write_eagle3(fields: dict, params: dict, vocab, out_dir: str, target_config) -> str:
+  """An EAGLE-3 head -> SafeAILab's EAGLE-3 layout (Llama config.json + model.safetensors, d2t
+  int64 and t2d bool; the embedding only if the head has its own)."""
+  tc = target_config
+  x = {n: np.asarray(a)[0] for n, a in params.items()}
+  wqkv = x["layer.attn.wqkv"]  # [2E,Kv,G+2,D]
+  e2, kv, g2, d = wqkv.shape
+  g, e = g2 - 2, e2 // 2
+  qkv = wqkv.transpose(1, 2, 3, 0)  # [Kv,G+2,D,2E]
+  lm = x["lm"]  # [Vd,E]
+  vd, v = lm.shape[0], fields["vocab_size"]
+  ids = np.arange(vd, dtype=np.int64) if vocab is None else np.asarray(vocab, np.int64)
+  t2d = np.zeros(v, bool)
+  t2d[ids] = True
+  p = "midlayer."
+  out = {"fc.weight": x["fuse_w"].T,
+         p + "input_layernorm.weight": x["norm_emb"], p + "hidden_norm.weight": x["norm_hid"],
+         p + "self_attn.q_proj.weight": qkv[:, :g].reshape(kv * g * d, e2),
+         p + "self_attn.k_proj.weight": qkv[:, g].reshape(kv * d, e2),
+         p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(kv * d, e2),
+         p + "self_attn.o_proj.weight": x["layer.attn.wo"].reshape(kv * g * d, e).T,
+         p + "mlp.gate_proj.weight": x["layer.mlp.w_in"][:, 0].T,
+         p + "mlp.up_proj.weight": x["layer.mlp.w_in"][:, 1].T,
+         p + "mlp.down_proj.weight": x["layer.mlp.w_out"].T,
+         p + "post_attention_layernorm.weight": x["layer.mlp_norm.scale"],
+         "norm.weight": x["norm"], "lm_head.weight": lm,
+         "d2t": ids - np.arange(vd, dtype=np.int64), "t2d": t2d}
+  if "embed" in x:
+    out["embed_tokens.weight"] = x["embed"]
+  config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "hidden_act": "silu", "hidden_size": e,
+            "intermediate_size": int(x["layer.mlp.w_out"].shape[0]),
+            "num_attention_heads": kv * g, "num_key_value_heads": kv, "head_dim": d,
+            "num_hidden_layers": 1, "vocab_size": v, "draft_vocab_size": vd,
+            "rms_norm_eps": tc.norm_eps, "rope_theta": tc.rope_theta,
+            "max_position_embeddings": tc.max_position_embeddings,
+            "rope_scaling": dict(tc.rope_scaling) or None, "tie_word_embeddings": False,
+            "torch_dtype": "float32"}
   return _save(out, config, out_dir, "model.safetensors")

@@ -72,7 +72,9 @@ def check_common(method, rules=RULES) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Eagle(Method):
-  """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)).
+  """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)), EAGLE-1/2
+  heads or EAGLE-3 heads (kind "eagle3": fc over three target layers, their own LM head over a
+  draft vocabulary; specjax/heads.py), one code path.
 
   tree: "dynamic" (EAGLE-2: depth, top_k, num_nodes as in the module docstring) or a static tree
   (EAGLE-1: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...]; depth, top_k and
@@ -91,7 +93,7 @@ class Eagle(Method):
   name = "eagle"
 
   def __post_init__(self):
-    check_heads(self.heads, "eagle", "EAGLE")
+    check_heads(self.heads, ("eagle", "eagle3"), "EAGLE")
     c = self.heads.config
     check_common(self)
     vocab = c.vocab_subset or c.vocab_size
@@ -128,6 +130,11 @@ class Eagle(Method):
   def taps(self) -> tuple:
     """The target layers a fused-feature head reads (the program's forwards return them)."""
     return self.heads.config.taps
+
+  @property
+  def raw_taps(self) -> bool:
+    """EAGLE-3 heads read the raw residual stream at their taps (fused heads: normalised)."""
+    return self.heads.config.kind == "eagle3"
 
   @property
   def lossless(self) -> bool:

@@ -18,23 +18,29 @@ from flax import nnx
 from specjax import cache as kv
 from specjax.decode import Program
 from specjax.errors import InputError
-from specjax.heads import Heads, feature_module, module_arrays, module_out, pack_module
+from specjax.heads import (Heads, eagle3_logits, feature_module, module_arrays, module_out,
+                           pack_module)
 from specjax.model import subset_logits
 from specjax.packing import on_kernel, subset_head
 
 
-def check_heads(heads, kind: str, method: str) -> None:
+def check_heads(heads, kind, method: str) -> None:
+  """kind: the heads kind `method` runs, or a tuple of them."""
+  kinds = (kind,) if isinstance(kind, str) else tuple(kind)
   if not isinstance(heads, Heads):
     raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.init_heads(target, "
-                     f"{kind!r}) or sj.load_heads(...))")
-  if heads.config.kind != kind:
+                     f"{kinds[0]!r}) or sj.load_heads(...))")
+  if heads.config.kind not in kinds:
     raise InputError(f"heads of kind {heads.config.kind!r} cannot run {method}: need kind "
-                     f"{kind!r}")
+                     f"{' or '.join(map(repr, kinds))}")
 
 
 def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = False):
   """Draft logits over the head's vocabulary: h [...,E] -> [...,V or Vs] float32, through the
-  target's (frozen) LM head, or its rows for the subset arrays["vocab"]."""
+  target's (frozen) LM head, or its rows for the subset arrays["vocab"]; an EAGLE-3 head's own
+  final norm and LM head over its draft vocabulary."""
+  if "lm" in arrays["mods"][0]:
+    return eagle3_logits(arrays["mods"][0], h, prog.config.norm_eps)
   target = nnx.merge(prog.graphdef, params)
   if final_norm:
     h = target.final_norm(h)
@@ -99,10 +105,15 @@ def head_arrays(heads, model) -> dict:
   """The device arrays EAGLE / MTP read: the modules, the target's embedding (shared, not a copy)
   and, for a vocabulary subset, its ids and LM-head rows."""
   mods = [module_arrays(heads.params, k) for k in range(heads.config.num_heads)]
-  if on_kernel(model) and all(m["fc_w"].dtype == jnp.float32 for m in mods):
-    mods = [pack_module(m) for m in mods]  # the modules' products on the kernel, as the target's
-  out = {"mods": mods, "embed": model.params["embed"][...]}
-  if heads.vocab is not None:
+  # The modules' products on the kernel, as the target's (EAGLE-3's layer runs on XLA's dot).
+  if on_kernel(model) and all("fc_w" in m and m["fc_w"].dtype == jnp.float32 for m in mods):
+    mods = [pack_module(m) for m in mods]
+  # The target's embedding (shared, not a copy), unless an EAGLE-3 head brought its own.
+  embed_table = mods[0].pop("embed") if "embed" in mods[0] else model.params["embed"][...]
+  out = {"mods": mods, "embed": embed_table}
+  if heads.vocab is not None and "lm" in mods[0]:  # EAGLE-3: its own LM head, draft ids -> ids
+    out["vocab"] = jnp.asarray(heads.vocab, jnp.int32)
+  elif heads.vocab is not None:
     out.update(subset_head(model, heads.vocab))  # vocab [Vs], head [Vs,E]
   return out
 

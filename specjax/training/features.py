@@ -21,17 +21,19 @@ import numpy as np
 from specjax.model import forward_sequence, head_rows
 
 
-def target_features(graphdef, params, tokens: jax.Array, taps: tuple = ()) -> jax.Array:
+def target_features(graphdef, params, tokens: jax.Array, taps: tuple = (),
+                    raw_taps: bool = False) -> jax.Array:
   """tokens [B,T] (from position 0) -> the target's features [B,T,E] (final-normed hidden states;
-  with taps [B,T,(n+1)E]: those layers' normalised outputs, then the feature), one causal forward
-  with no LM head; no gradients flow into the target."""
+  with taps [B,T,(n+1)E]: those layers' normalised outputs (raw_taps: as they are, EAGLE-3's), then
+  the feature), one causal forward with no LM head; no gradients flow into the target."""
   from flax import nnx
 
   b, _ = tokens.shape
   model = nnx.merge(graphdef, params)
   _, hidden, _ = forward_sequence(model.cfg, model, tokens,
                                   dtype=jax.tree_util.tree_leaves(params)[0].dtype,
-                                  logits_at=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps))
+                                  logits_at=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps),
+                                  raw_taps=raw_taps)
   return jax.lax.stop_gradient(hidden)
 
 

@@ -1,6 +1,7 @@
-"""One corpus trainer for every kind of heads (Medusa, EAGLE, MTP) on a frozen target.
+"""One corpus trainer for every kind of heads (Medusa, EAGLE, MTP, EAGLE-3) on a frozen target.
 
-    specjax train medusa | eagle | mtp | heads --corpus DIR   ->   train_heads(kind, target, corpus, ...)
+    specjax train medusa | eagle | mtp | eagle3 | heads --corpus DIR
+      ->   train_heads(kind, target, corpus, ...)
 
 Each kind supplies only its loss, `make_loss(target, heads)` in training/medusa.py, eagle.py and
 mtp.py; this module is the one place that composes them (`make_loss` here: one frozen target
@@ -22,7 +23,7 @@ from specjax import validate
 from specjax.errors import InputError, check_int
 from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
                            save_heads)
-from specjax.training import eagle, folders, lora, medusa, medusa2, mtp, trainer
+from specjax.training import eagle, eagle3, folders, lora, medusa, medusa2, mtp, trainer
 from specjax.training.draft import setup_run, vocab_subset
 from specjax.training.features import frozen_arrays, target_features
 
@@ -39,14 +40,15 @@ def response_valid(mask: np.ndarray) -> np.ndarray:
 def parse_kinds(kind) -> tuple[str, ...]:
   """"eagle" | "eagle,medusa,mtp" | ("eagle", "mtp") -> a tuple of distinct heads kinds."""
   kinds = tuple(k.strip() for k in kind.split(",")) if isinstance(kind, str) else tuple(kind)
-  bad = [k for k in kinds if k not in KINDS]
+  bad = [k for k in kinds if k not in TRAIN_KINDS]
   if not kinds or bad or len(set(kinds)) != len(kinds):
     raise InputError(f"kind={kind!r} is invalid: one or more distinct kinds of "
-                     f"{', '.join(KINDS)} (e.g. 'eagle' or 'eagle,medusa,mtp')")
+                     f"{', '.join(TRAIN_KINDS)} (e.g. 'eagle' or 'eagle,medusa,mtp')")
   return kinds
 
 
-DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2}
+TRAIN_KINDS = KINDS
+DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2, "eagle3": 1}
 
 
 def make_loss(target, heads_by: dict, *, unroll: int = 1):
@@ -59,6 +61,10 @@ def make_loss(target, heads_by: dict, *, unroll: int = 1):
   metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss)."""
   kinds = tuple(heads_by)
   joint = len(kinds) > 1
+  if kinds == ("eagle3",):  # its own target forward (the raw states at its three taps)
+    loss3 = eagle3.make_loss(target, heads_by["eagle3"], unroll=unroll)
+    return lambda params, batch, rng, frozen: loss3(
+        params, {"tokens": batch[0], "mask": batch[2]}, rng, frozen)
   makers = {"medusa": medusa.make_loss, "mtp": mtp.make_loss,
             "eagle": lambda t, h: eagle.make_loss(t, h, unroll=unroll)}
   losses = {k: makers[k](target, heads_by[k]) for k in kinds}
@@ -91,8 +97,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                 ckpt_every: int = 50, eval_every: int = 50, max_minutes: float = 0.0,
                 seed: int = 0, unroll: int = 1, init: str | None = None, taps=(),
                 progress: bool = True, log=print):
-  """Trains `kind` heads ("medusa", "eagle", "mtp") on a frozen target over a self-distillation
-  corpus with the shared trainer; resumable (rerun the same call).
+  """Trains `kind` heads ("medusa", "eagle", "mtp", "eagle3") on a frozen target over a
+  self-distillation corpus with the shared trainer; resumable (rerun the same call).
 
   Several kinds at once ("eagle,medusa,mtp" or a tuple): every kind reads the same target
   forward per batch, which is most of a step's cost (on SmolLM2 the forward over 4 x 256 tokens
@@ -102,10 +108,10 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   kind's metrics as "<kind>/<name>". export must then name each file with "{kind}", e.g.
   "heads-{kind}.npz"; a dict kind -> Heads is returned.
 
-  Losses: training/medusa.py (CE per head, 0.8^k), training/eagle.py (smooth-L1 on the next
-  feature + 0.1 soft CE, feature noise), training/mtp.py (CE per depth, 0.8^k). The target's
-  features are computed inside each update step (one frozen forward per batch, its params a jit
-  argument), never stored. num_heads: None = each kind's default (4 / 1 / 2), an int (one kind),
+  Losses: training/medusa.py (CE per head, 0.8^k), eagle.py (smooth-L1 on the next feature + 0.1
+  soft CE, noise), mtp.py (CE per depth, 0.8^k), eagle3.py (EAGLE-3's soft CE, 0.8^d; alone). The
+  target's features are computed inside each update step (one frozen forward per batch), never
+  stored. num_heads: None = each kind's default (4 / 1 / 2), an int (one kind),
   or a dict kind -> int. Only response positions are learned (corpus windows' mask).
   vocab_size > 0: the heads score only the corpus's `vocab_size` most frequent next tokens (rows
   of the target's LM head; labels outside it are skipped), which makes both training and
@@ -272,7 +278,13 @@ def _check_args(kinds: tuple, per_kind: dict, *, export, num_layers, vocab_size,
                      ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
   check_int("unroll", unroll, 1)
-  if unroll > 1 and "eagle" not in kinds:
+  if "eagle3" in kinds and joint:
+    raise InputError(f"kind={','.join(kinds)!r}: EAGLE-3 heads train alone (they read other "
+                     f"target features than the rest)")
+  if "eagle3" in kinds and (per_kind["eagle3"] != 1 or num_layers != 1):
+    raise InputError(f"num_heads={per_kind['eagle3']}, num_layers={num_layers}: an EAGLE-3 head "
+                     f"is one module of one layer")
+  if unroll > 1 and "eagle" not in kinds and "eagle3" not in kinds:
     raise InputError(f"unroll={unroll} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
   if taps and "eagle" not in kinds:
     raise InputError(f"taps={taps!r} applies to EAGLE heads only (kinds: {', '.join(kinds)})")
