@@ -36,6 +36,27 @@ def test_bad_input_raises_before_compiling(target):
     SelfSpeculative(exit_layer=1, vocab=[[1, 2]])
   with pytest.raises(sj.InputError, match=r"vocab must be distinct token ids in \[0, 61\)"):
     sj.generate(target, [[1, 2, 3]], SelfSpeculative(exit_layer=1, vocab=[0, 5, 999]))
+  # Tokenizers that disagree: another size, or the same size with other token strings.
+  class Tok:
+    def __init__(self, words):
+      self.words = words
+
+    def __len__(self):
+      return len(self.words)
+
+    def convert_ids_to_tokens(self, ids):
+      return [self.words[i] for i in ids]
+
+  words = [f"t{i}" for i in range(61)]
+  tgt = sj.Model(target.config, target.graphdef, target.params, tokenizer=Tok(words))
+  other = tiny_model(seed=1)
+  for draft_words, match in ((words[:60], "draft tokenizer \\(60 tokens\\) differs"),
+                             (words[:30] + ["x"] + words[31:], "token 30 is 'x' for the draft")):
+    draft = sj.Model(other.config, other.graphdef, other.params, tokenizer=Tok(draft_words))
+    with pytest.raises(sj.InputError, match=match):
+      sj.generate(tgt, [[1, 2, 3]], DraftModel(draft))
+  same = sj.Model(other.config, other.graphdef, other.params, tokenizer=Tok(list(words)))
+  DraftModel(same).validate(tgt)  # agreeing tokenizers pass
   for k in (2, 5):  # the tiny target has 2 layers: exit_layer must be in [1, 1]
     with pytest.raises(sj.InputError, match=rf"exit_layer={k} is invalid for a 2-layer"):
       sj.generate(target, [[1, 2, 3]], SelfSpeculative(exit_layer=k))

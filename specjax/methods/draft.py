@@ -266,6 +266,22 @@ class _Speculative(Method):
     }
 
 
+def check_same_tokenizer(target_tok, draft_tok, samples: int = 64) -> None:
+  """InputError unless the two tokenizers agree: the same size and the same strings for a spread
+  sample of token ids (a draft from another family can share a vocabulary size by chance)."""
+  if len(target_tok) != len(draft_tok):
+    raise InputError(f"draft tokenizer ({len(draft_tok)} tokens) differs from the target's "
+                     f"({len(target_tok)} tokens): a draft must share the target's tokenizer")
+  ids = sorted({int(i) for i in np.linspace(0, len(target_tok) - 1, samples)})
+  a = target_tok.convert_ids_to_tokens(ids)
+  b = draft_tok.convert_ids_to_tokens(ids)
+  for i, x, y in zip(ids, a, b):
+    if x != y:
+      raise InputError(f"draft tokenizer differs from the target's: token {i} is {y!r} for the "
+                       f"draft and {x!r} for the target (same size, other vocabulary): a draft "
+                       f"must share the target's tokenizer")
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftModel(_Speculative):
   """A separate draft model (same tokenizer) with its own static KV cache.
@@ -305,10 +321,8 @@ class DraftModel(_Speculative):
     if t.vocab_size != d.vocab_size:
       raise InputError(f"draft vocabulary size {d.vocab_size} differs from the target's "
                        f"{t.vocab_size}: a draft must share the target's tokenizer")
-    if model.tokenizer is not None and self.draft.tokenizer is not None and \
-        len(model.tokenizer) != len(self.draft.tokenizer):
-      raise InputError(f"draft tokenizer ({len(self.draft.tokenizer)} tokens) differs from the "
-                       f"target's ({len(model.tokenizer)} tokens)")
+    if model.tokenizer is not None and self.draft.tokenizer is not None:
+      check_same_tokenizer(model.tokenizer, self.draft.tokenizer)
 
   def arrays(self, model):
     out = {"draft": self.draft.params}
