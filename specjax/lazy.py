@@ -135,7 +135,8 @@ class Tensor(np.lib.mixins.NDArrayOperatorsMixin):
   def transpose(self, *axes) -> "Tensor":
     if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
       axes = axes[0]
-    axes = tuple(reversed(range(self.ndim))) if not axes else tuple(_axis(a, self.ndim) for a in axes)
+    axes = (tuple(reversed(range(self.ndim))) if not axes
+            else tuple(_axis(a, self.ndim) for a in axes))
     if sorted(axes) != list(range(self.ndim)):
       raise ValueError(f"axes {axes} do not match a {self.ndim}-d tensor")
     return self._move([self.shape[a] for a in axes], lambda x: x.transpose(axes), True)
@@ -169,7 +170,8 @@ class Tensor(np.lib.mixins.NDArrayOperatorsMixin):
     stand_in = np.broadcast_to(np.empty((), np.int8), self.shape)
     shape = stand_in[index].shape
     parts = index if isinstance(index, tuple) else (index,)
-    basic = all(p is None or p is Ellipsis or isinstance(p, (slice, int, np.integer)) for p in parts)
+    basic = all(p is None or p is Ellipsis or isinstance(p, (slice, int, np.integer))
+                for p in parts)
     return self._move(shape, lambda x: x[index], basic)
 
   def __array_function__(self, func, types, args, kwargs):
@@ -226,7 +228,8 @@ class Tensor(np.lib.mixins.NDArrayOperatorsMixin):
     """The memory-mapped source tensor this is a plain view of (transposes, reshapes, basic
     indexing, splits down to one "view" leaf), else None."""
     t = self
-    while t.kind == "move" and t._views and len(t._inputs) == 1 and isinstance(t._inputs[0], Tensor):
+    while (t.kind == "move" and t._views and len(t._inputs) == 1
+           and isinstance(t._inputs[0], Tensor)):
       t = t._inputs[0]
     return t if t.kind == "view" else None
 

@@ -54,7 +54,7 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     (r"(^|/)mlp/b_in$", P(None, "model")),  # [M,F]
     (r"(^|/)mlp/w_out$", P("model", None)),  # [F,E]
     (r"(^|/)lm_head$", P(None, "model")),  # [E,V] vocab
-    (r".*", P()),  # norms, output biases, anything else: replicated
+    (r".*", P()),  # norms (Gemma's post-norms, q/k norms), output biases: replicated
 )
 
 

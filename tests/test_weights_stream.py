@@ -164,7 +164,8 @@ def _reference_phi3(hf, st):
   for i in range(hf["num_hidden_layers"]):
     p, L = f"model.layers.{i}.", ("layers", i)
     qkv = st[p + "self_attn.qkv_proj.weight"]
-    out[L + ("attn", "wqkv")] = _fuse_qkv(qkv[:h * d], qkv[h * d:(h + k) * d], qkv[(h + k) * d:], k, d)
+    q, kk, v = qkv[:h * d], qkv[h * d:(h + k) * d], qkv[(h + k) * d:]
+    out[L + ("attn", "wqkv")] = _fuse_qkv(q, kk, v, k, d)
     out[L + ("attn", "wo")] = st[p + "self_attn.o_proj.weight"].T.reshape(h, d, e)
     gate_up = st[p + "mlp.gate_up_proj.weight"]
     out[L + ("mlp", "w_in")] = np.stack([gate_up[:f].T, gate_up[f:].T], 1)
