@@ -406,8 +406,11 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   the target already loaded as `target=` to build it around that one (instant, no second copy);
   without it the target is loaded once more for the draft.
 
+  Tensors are read one at a time, converted to `dtype` as read (never a float32 copy of the
+  model on the host; docs/sharding.md).
   mesh ("data=2,model=4" or a jax Mesh): each tensor is sharded by `rules` (default
-  sj.sharding.DEFAULT_RULES) as it is converted, never materialised whole on one device.
+  sj.sharding.DEFAULT_RULES) as it is converted, each device's slice read from the checkpoint:
+  never materialised whole on one device.
   kernels: the CPU matmul kernel (specjax.kernels) for the dense layers. None (default): on when
   the model runs float32 on a single CPU device and $SPECJAX_KERNELS is not "0"; True: on, or a
   warning and XLA where it cannot be; False: XLA's dot everywhere. Never with mesh or place.
