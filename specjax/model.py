@@ -426,34 +426,41 @@ def subset_logits(h: jax.Array, arrays: dict) -> jax.Array:
 
 
 def from_flat(config: ModelConfig, flat: dict, *, dtype=jnp.float32, place=None, where: str = ""):
-  """Flat numpy params in specjax layout -> (graphdef, params). Checks every key and shape.
+  """Flat params in specjax layout -> (graphdef, params). Every key and shape is checked before
+  any tensor is read or converted.
 
-  place(key, np_array) -> jax.Array puts each tensor on its device(s) as it is converted, so a
-  sharded model is never materialised whole on one device (default: jnp.asarray).
+  flat: key -> a numpy array, or a checkpoint tensor not read yet (specjax.lazy.Tensor, what
+  weights.open_checkpoint gives): tensors are read, converted to `dtype` and placed one at a time.
+  place(key, np_array) -> jax.Array puts each tensor on its device(s) (default: jnp.asarray). A
+  placer that reads slices (`place.reads_slices`, as sharding.placer's does) is given a
+  lazy.Slices instead and reads only its devices' slices: a sharded model is never materialised
+  whole, on one device or on the host.
   """
+  from specjax import lazy
   from specjax.errors import WeightsError
 
   abstract = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0)))
   graphdef, abs_state = nnx.split(abstract)
-  seen = set()
+  wanted = {path_key(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(abs_state)[0]}
+  for key, leaf in wanted.items():
+    if key not in flat:
+      raise WeightsError(f"{where}: no tensor for parameter {'.'.join(map(str, key))}")
+    if tuple(flat[key].shape) != tuple(leaf.shape):
+      raise WeightsError(f"{where}: parameter {'.'.join(map(str, key))} has shape "
+                         f"{tuple(flat[key].shape)}, expected {tuple(leaf.shape)}")
+  extra = set(flat) - set(wanted)
+  if extra:
+    raise WeightsError(f"{where}: unexpected parameters {sorted(map(str, extra))[:5]}")
+  slices = getattr(place, "reads_slices", False)
 
   def fill(path, leaf):
     key = path_key(path)
-    if key not in flat:
-      raise WeightsError(f"{where}: no tensor for parameter {'.'.join(map(str, key))}")
-    arr = flat[key]
-    if tuple(arr.shape) != tuple(leaf.shape):
-      raise WeightsError(f"{where}: parameter {'.'.join(map(str, key))} has shape {arr.shape}, "
-                         f"expected {leaf.shape}")
-    seen.add(key)
-    arr = np.asarray(arr).astype(dtype)
-    return place(key, arr) if place is not None else jnp.asarray(arr)
+    host = lazy.host(flat[key], dtype)
+    if place is None:
+      return jnp.asarray(np.asarray(host))
+    return place(key, host if slices else np.asarray(host))
 
-  params = jax.tree_util.tree_map_with_path(fill, abs_state)
-  extra = set(flat) - seen
-  if extra:
-    raise WeightsError(f"{where}: unexpected parameters {sorted(map(str, extra))[:5]}")
-  return graphdef, params
+  return graphdef, jax.tree_util.tree_map_with_path(fill, abs_state)
 
 
 # ----------------------------------------------------------------------------- whole sequences

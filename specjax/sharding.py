@@ -54,7 +54,7 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     (r"(^|/)mlp/b_in$", P(None, "model")),  # [M,F]
     (r"(^|/)mlp/w_out$", P("model", None)),  # [F,E]
     (r"(^|/)lm_head$", P(None, "model")),  # [E,V] vocab
-    (r".*", P()),  # norms, output biases, anything else: replicated
+    (r".*", P()),  # norms (Gemma's post-norms, q/k norms), output biases: replicated
 )
 
 
@@ -270,15 +270,18 @@ def param_specs(mesh: Mesh, params, rules=None, strict: bool = False):
 def put(x, sharding: NamedSharding) -> jax.Array:
   """Places a host (numpy) or device array with `sharding`, building only this process's shards.
 
-  Multi-host: a host value must be the same on every process (as a loaded checkpoint is)."""
+  x may also be a host value read by slices (anything with .shape and x[index] -> numpy, e.g. a
+  checkpoint tensor being loaded, specjax.lazy.Slices): only this process's devices' slices are
+  read. Multi-host: a host value must be the same on every process (as a loaded checkpoint is)."""
   if isinstance(x, jax.Array):
     if x.sharding == sharding:
       return x
     if jax.process_count() == 1:
       return jax.device_put(x, sharding)
     x = to_host(x)
-  x = np.asarray(x)
-  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+  if not (hasattr(x, "shape") and hasattr(x, "__getitem__")):
+    x = np.asarray(x)
+  return jax.make_array_from_callback(tuple(x.shape), sharding, lambda idx: x[idx])
 
 
 def shard_params(mesh, params, rules=None, *, strict: bool = False, warn: bool = True):
@@ -296,9 +299,11 @@ def shard_params(mesh, params, rules=None, *, strict: bool = False, warn: bool =
 
 
 def placer(mesh, rules=None, *, strict: bool = False) -> Callable:
-  """place(key, np_array) -> jax.Array for `model.from_flat(place=...)`: shards each tensor as
-  it is converted, so the whole model never sits on one device. Its `.fallbacks` lists what fell
-  back; call `.done()` to warn about them once."""
+  """place(key, host) -> jax.Array for `model.from_flat(place=...)`: shards each tensor as it is
+  converted, so the whole model never sits on one device. host: a numpy array, or a tensor read
+  by slices (`reads_slices`: from_flat hands it a lazy.Slices, and each device's slice is read
+  from the checkpoint as it is placed). Its `.fallbacks` lists what fell back; call `.done()` to
+  warn about them once."""
   mesh = make_mesh(mesh)
   rules = DEFAULT_RULES if rules is None else rules
   _check_rules(mesh, rules)
@@ -311,6 +316,7 @@ def placer(mesh, rules=None, *, strict: bool = False) -> Callable:
 
   place.fallbacks = falls
   place.done = lambda: _warn(falls)
+  place.reads_slices = True
   return place
 
 

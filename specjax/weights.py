@@ -1,32 +1,44 @@
-"""Checkpoints -> parameters: local HF directories (safetensors, single or sharded) and GGUF files.
+"""Checkpoints -> parameters: local HF directories (safetensors, single or sharded) and GGUF files,
+read tensor by tensor at the target dtype, straight onto their devices.
 
 Every source tensor is accounted for: a missing, unexpected or mis-shaped tensor raises a
-WeightsError naming it. Conversion to specjax's layout (see model.py) is an explicit list of
-reshapes and transposes per tensor, nanoGPT-style.
+WeightsError naming it, before any weight is read. Conversion to specjax's layout (see model.py)
+is an explicit list of reshapes and transposes per tensor, nanoGPT-style, in each family's module
+(specjax/arch), written as plain numpy on the checkpoint's tensors.
+
+Those tensors are memory maps of the files, wrapped as `lazy.Tensor`s (specjax/lazy.py): the
+converter's numpy calls record what to do, and load_model reads one parameter at a time, converts
+it to the target dtype and places it with its sharding (`jax.make_array_from_callback`: each
+device's slice is read from the file as it is placed). The host never holds a float32 copy of the
+model: beyond what the devices hold, at most one parameter built whole (a fused projection, a
+dequantized GGUF tensor) and the slices of the one being placed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Callable
 
 import numpy as np
 
-from specjax import arch
+from specjax import arch, lazy
 from specjax import registry
 from specjax.config import ModelConfig
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
+from specjax.lazy import check_finite as _check_finite  # noqa: F401 (tests call it by this name)
 
 # Buffers some checkpoints carry that are recomputed, not loaded.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
 class _Source:
-  """A name -> array accessor over one checkpoint that records what was consumed."""
+  """A name -> lazy.Tensor accessor over one checkpoint that records what was consumed. get()
+  checks the name and shape; nothing is read until the tensor is placed."""
 
-  def __init__(self, names: dict[str, tuple], get: Callable[[str], np.ndarray], where: str):
+  def __init__(self, names: dict[str, tuple], get: Callable[[str], lazy.Tensor], where: str):
     self.shapes = names  # name -> shape
     self._get = get
     self.where = where
@@ -35,7 +47,7 @@ class _Source:
   def has(self, name: str) -> bool:
     return name in self.shapes
 
-  def get(self, name: str, shape: tuple) -> np.ndarray:
+  def get(self, name: str, shape: tuple) -> lazy.Tensor:
     if name not in self.shapes:
       raise WeightsError(f"{self.where}: missing tensor {name!r} (expected shape {tuple(shape)})")
     if tuple(self.shapes[name]) != tuple(shape):
@@ -44,12 +56,10 @@ class _Source:
           f"expected {tuple(shape)}"
       )
     self.used.add(name)
-    arr = self._get(name)
-    if tuple(arr.shape) != tuple(shape):
-      raise WeightsError(f"{self.where}: tensor {name!r} read as {arr.shape}, expected {shape}")
-    arr = np.asarray(arr, dtype=np.float32)
-    _check_finite(arr, name, self.where)
-    return arr
+    t = self._get(name)
+    if tuple(t.shape) != tuple(shape):
+      raise WeightsError(f"{self.where}: tensor {name!r} read as {t.shape}, expected {shape}")
+    return t
 
   def check_all_used(self) -> None:
     extra = sorted(
@@ -61,34 +71,31 @@ class _Source:
 
 
 def _convert(cfg: ModelConfig, src: _Source) -> dict:
-  """Every tensor of the checkpoint -> specjax flat params, by the config's family (specjax/arch)."""
+  """Every tensor of the checkpoint -> specjax flat params (lazy.Tensor), by the config's family
+  (specjax/arch). Names and shapes are checked here; no weight is read."""
   flat = arch.of(cfg).params_from_hf(cfg, src)
   src.check_all_used()
   return flat
 
 
-def _check_finite(arr: np.ndarray, name: str, where: str) -> None:
-  """WeightsError if a tensor holds NaN or inf. Such a checkpoint otherwise loads without a word
-  and generates garbage (NaN logits: every token the last vocabulary id). One sum per tensor
-  finds it (NaN and inf propagate); only a non-finite sum, which large finite values can also
-  overflow to, pays for the element-wise check."""
-  with np.errstate(over="ignore", invalid="ignore"):
-    total = arr.sum()
-  if np.isfinite(total) or np.isfinite(arr).all():
-    return
-  bad = ~np.isfinite(arr)
-  first = tuple(int(i) for i in np.argwhere(bad)[0])
-  raise WeightsError(f"{where}: tensor {name!r} holds {int(bad.sum())} non-finite value(s) "
-                     f"(NaN or inf; the first, {arr[first]}, at index {first}): the checkpoint "
-                     f"is corrupt or was saved after training diverged")
+def _materialize(flat: dict) -> dict:
+  """Flat lazy params -> float32 numpy copies, each read and checked (the whole model in host
+  memory: what read_checkpoint returns; load_model streams instead)."""
+  return {k: np.array(v, np.float32) for k, v in flat.items()}
 
 
 # ----------------------------------------------------------------------------- HF directories
 
 
-def _safetensors_source(path: str) -> _Source:
-  from safetensors import safe_open
+def _st_dtypes() -> dict:
+  import ml_dtypes
 
+  return {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+          "BF16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def _safetensors_source(path: str) -> _Source:
+  """The tensors of a directory's safetensors files as memory-mapped lazy.Tensors."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(index):
     with open(index) as f:
@@ -100,29 +107,31 @@ def _safetensors_source(path: str) -> _Source:
         f"{path}: no weights found (expected model.safetensors, or shards with "
         f"model.safetensors.index.json)"
     )
-  handles, shapes, owner = {}, {}, {}
+  entries: dict[str, tuple] = {}
   for name in files:
     file = os.path.join(path, name)
     if not os.path.isfile(file):
       raise WeightsError(f"{file}: listed in the index but missing")
-    _check_safetensors_size(file)  # a truncated file fails here, with a message that says so
-    try:
-      h = safe_open(file, framework="np")
-      for key in h.keys():
-        shapes[key] = tuple(h.get_slice(key).get_shape())
-        owner[key] = name
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-      raise WeightsError(f"{file}: cannot read safetensors file ({e})") from e
-    handles[name] = h
+    header, start = _safetensors_header(file)  # a truncated file fails here, saying so
+    mm = np.memmap(file, np.uint8, mode="r") if os.path.getsize(file) > start else None
+    for key, info in header.items():
+      entries[key] = (file, mm, start, info)
+  dtypes = _st_dtypes()
 
   def get(key):
-    try:
-      arr = handles[owner[key]].get_tensor(key)
-    except Exception as e:
-      raise WeightsError(f"{os.path.join(path, owner[key])}: cannot read tensor {key!r} ({e})") from e
-    return arr
+    file, mm, start, info = entries[key]
+    shape, kind, (a, b) = tuple(info["shape"]), info["dtype"], info["data_offsets"]
+    if kind not in dtypes:
+      raise WeightsError(f"{file}: tensor {key!r} is stored as {kind}; supported: "
+                         f"{', '.join(dtypes)}")
+    dtype = dtypes[kind]
+    if b - a != math.prod(shape) * dtype.itemsize:
+      raise WeightsError(f"{file}: tensor {key!r} spans {b - a} bytes; shape {shape} of {kind} "
+                         f"needs {math.prod(shape) * dtype.itemsize}: the file is corrupt")
+    return lazy.leaf(key, shape, dtype, lambda: mm[start + a:start + b].view(dtype).reshape(shape),
+                     mapped=True, where=path)
 
-  return _Source(shapes, get, path)
+  return _Source({k: tuple(e[3]["shape"]) for k, e in entries.items()}, get, path)
 
 
 def _mtp_layer_names(path: str, src: _Source) -> None:
@@ -135,17 +144,9 @@ def _mtp_layer_names(path: str, src: _Source) -> None:
     src.shapes = {n: s for n, s in src.shapes.items() if not keep_out(n)}
 
 
-def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
-  cfg = arch.from_hf_dir(path)  # config errors before any weight is read
-  src = _safetensors_source(path)
-  _mtp_layer_names(path, src)
-  missing = arch.of(cfg).check_tensors(cfg, src, path)
-  if missing:
-    raise WeightsError(missing)
-  return cfg, _convert(cfg, src)
-
-
-def _check_safetensors_size(file: str) -> None:
+def _safetensors_header(file: str) -> tuple[dict, int]:
+  """A safetensors file's header (name -> dtype, shape, data_offsets; metadata dropped) and the
+  offset its data starts at; WeightsError for a truncated or corrupt file."""
   with open(file, "rb") as f:
     head = f.read(8)
     if len(head) < 8:
@@ -155,10 +156,36 @@ def _check_safetensors_size(file: str) -> None:
       header = json.loads(f.read(n))
     except Exception as e:
       raise WeightsError(f"{file}: truncated or corrupt safetensors header ({e})") from e
-  end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+  header.pop("__metadata__", None)
+  try:
+    end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+    for k, v in header.items():
+      a, b = (int(x) for x in v["data_offsets"])
+      if not (isinstance(v["dtype"], str) and all(isinstance(s, int) and s >= 0 for s in v["shape"])
+              and 0 <= a <= b):
+        raise ValueError(f"bad entry for {k!r}: {v}")
+  except Exception as e:
+    raise WeightsError(f"{file}: cannot read safetensors file ({e})") from e
   size = os.path.getsize(file)
   if size < 8 + n + end:
     raise WeightsError(f"{file}: truncated safetensors file ({size} bytes, header needs {8 + n + end})")
+  return header, 8 + n
+
+
+def _open_hf_dir(path: str) -> tuple[ModelConfig, dict]:
+  cfg = arch.from_hf_dir(path)  # config errors before any weight is read
+  src = _safetensors_source(path)
+  _mtp_layer_names(path, src)
+  missing = arch.of(cfg).check_tensors(cfg, src, path)
+  if missing:
+    raise WeightsError(missing)
+  return cfg, _convert(cfg, src)
+
+
+def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
+  """A local HF directory -> (config, flat params in specjax layout as float32 numpy)."""
+  cfg, flat = _open_hf_dir(path)
+  return cfg, _materialize(flat)
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -171,13 +198,15 @@ def _gguf_field_value(field):
     return None
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-  """Inverse of llama.cpp's q/k permutation for interleaved RoPE (w [n_head * D, E])."""
+def _unpermute(w, n_head: int):
+  """Inverse of llama.cpp's q/k permutation for interleaved RoPE (w [n_head * D, E], numpy or
+  lazy.Tensor)."""
   return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(file: str) -> tuple[ModelConfig, dict]:
+def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
   import gguf
+  import ml_dtypes
 
   if not os.path.isfile(file):
     raise ModelNotFoundError(f"{file}: no such GGUF file")
@@ -208,14 +237,25 @@ def load_gguf(file: str) -> tuple[ModelConfig, dict]:
     else:
       hf_to_gguf[name] = name
   shapes = {hf: tuple(int(s) for s in reversed(tensors[g].shape)) for hf, g in hf_to_gguf.items()}
+  Q = gguf.GGMLQuantizationType
+  float_types = {Q.F32: np.float32, Q.F16: np.float16, Q.F64: np.float64,
+                 Q.BF16: ml_dtypes.bfloat16}
 
   def get(hf_name):
-    t = tensors[hf_to_gguf[hf_name]]
-    try:
-      w = gguf.quants.dequantize(t.data, t.tensor_type)
-    except Exception as e:
-      raise WeightsError(f"{file}: cannot dequantize tensor {t.name!r} ({e})") from e
-    w = np.asarray(w, np.float32).reshape(shapes[hf_name])
+    t, shape = tensors[hf_to_gguf[hf_name]], shapes[hf_name]
+    if t.tensor_type in float_types:  # stored as floats: a view of the file
+      dtype = np.dtype(float_types[t.tensor_type])
+      w = lazy.leaf(hf_name, shape, dtype, lambda: t.data.view(dtype).reshape(shape), mapped=True,
+                    where=file)
+    else:  # blocks: dequantized to float32 when read, then cast to the target dtype at once
+      def read():
+        try:
+          w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+          raise WeightsError(f"{file}: cannot dequantize tensor {t.name!r} ({e})") from e
+        return np.asarray(w, np.float32).reshape(shape)
+
+      w = lazy.leaf(hf_name, shape, np.float32, read, mapped=False, where=file)
     if permute and hf_name.endswith("q_proj.weight"):
       w = _unpermute(w, cfg.num_heads)
     elif permute and hf_name.endswith("k_proj.weight"):
@@ -223,6 +263,12 @@ def load_gguf(file: str) -> tuple[ModelConfig, dict]:
     return w
 
   return cfg, _convert(cfg, _Source(shapes, get, file))
+
+
+def load_gguf(file: str) -> tuple[ModelConfig, dict]:
+  """A GGUF file -> (config, flat params in specjax layout as float32 numpy)."""
+  cfg, flat = _open_gguf(file)
+  return cfg, _materialize(flat)
 
 
 def _gguf_rows(t, permute_heads: int | None = None):
@@ -313,13 +359,21 @@ def resolve(name_or_path: str) -> str:
   )
 
 
-def read_checkpoint(path: str) -> tuple[ModelConfig, dict]:
-  """A resolved path -> (config, flat params in specjax layout as float32 numpy)."""
+def open_checkpoint(path: str) -> tuple[ModelConfig, dict]:
+  """A resolved path -> (config, flat params in specjax layout as lazy.Tensors): every tensor's
+  name and shape checked, none read (load_model reads them one at a time as it places them)."""
   if os.path.isdir(path):
-    return load_hf_dir(path)
+    return _open_hf_dir(path)
   if path.endswith(".gguf"):
-    return load_gguf(path)
+    return _open_gguf(path)
   raise ModelNotFoundError(f"{path}: not a directory and not a .gguf file")
+
+
+def read_checkpoint(path: str) -> tuple[ModelConfig, dict]:
+  """A resolved path -> (config, flat params in specjax layout as float32 numpy): the whole
+  model in host memory at once (load_model does not go through this)."""
+  cfg, flat = open_checkpoint(path)
+  return cfg, _materialize(flat)
 
 
 def load_tokenizer(path: str):
@@ -363,8 +417,11 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   the target already loaded as `target=` to build it around that one (instant, no second copy);
   without it the target is loaded once more for the draft.
 
+  Tensors are read one at a time, converted to `dtype` as read (never a float32 copy of the
+  model on the host; docs/sharding.md).
   mesh ("data=2,model=4" or a jax Mesh): each tensor is sharded by `rules` (default
-  sj.sharding.DEFAULT_RULES) as it is converted, never materialised whole on one device.
+  sj.sharding.DEFAULT_RULES) as it is converted, each device's slice read from the checkpoint:
+  never materialised whole on one device.
   kernels: the CPU matmul kernel (specjax.kernels) for the dense layers. None (default): on when
   the model runs float32 on a single CPU device and $SPECJAX_KERNELS is not "0"; True: on, or a
   warning and XLA where it cannot be; False: XLA's dot everywhere. Never with mesh or place.
@@ -408,7 +465,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
-  cfg, flat = read_checkpoint(path)
+  cfg, flat = open_checkpoint(path)  # names and shapes checked; nothing read yet
   graphdef, params = from_flat(cfg, flat, dtype=dtype, place=place, where=path)
   if mesh is not None:
     place.done()

@@ -43,7 +43,8 @@ def test_on_8_simulated_devices():
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAG).strip()
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                      os.path.abspath(__file__)], env=env, cwd=os.path.dirname(HERE),
+                      os.path.abspath(__file__), os.path.join(HERE, "test_weights_stream.py")],
+                     env=env, cwd=os.path.dirname(HERE),
                      capture_output=True, text=True, timeout=1800)
   tail = r.stdout[-6000:] + r.stderr[-3000:]
   assert r.returncode == 0, f"8-device sharding tests failed:\n{tail}"
@@ -444,6 +445,43 @@ def test_user_rules_override():
   rules = ((r"(^|/)embed$", P(None, "model")),) + sharding.DEFAULT_RULES  # split E instead of V
   params = sharding.shard_params("model=4", t.params, rules=rules)
   assert {s.data.shape for s in params["embed"][...].addressable_shards} == {(64, 8)}
+
+
+# Every family (specjax/arch) on the mixed mesh, loaded from its tiny random HF checkpoint
+# (tests/test_arch_families' builders) with 8 query / 4 kv heads, vocab 128 and MLP width 96 (GPT-2:
+# 8 heads, 256): every dimension the rules split divides model=4, so nothing may fall back to
+# replication. One short greedy generation each (one compile), against transformers' own greedy
+# generate, which the one-device model equals token for token (tests/test_arch_families.py).
+ARCH_FAMILIES = ("qwen3", "gemma", "gemma2", "gemma3", "phi3", "gpt2")
+
+
+@on_8
+@pytest.mark.parametrize("family", ARCH_FAMILIES)
+def test_every_family_sharded_by_the_rules(family, tmp_path):
+  import torch
+  import transformers
+  from test_arch_families import build_hf
+
+  if family == "gpt2":
+    ref = build_hf(family, str(tmp_path), cfg=transformers.GPT2Config(
+        vocab_size=128, n_embd=64, n_layer=2, n_head=8, n_positions=256, bos_token_id=None,
+        eos_token_id=None))
+  else:
+    ref = build_hf(family, str(tmp_path), vocab_size=128, num_attention_heads=8,
+                   num_key_value_heads=4)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", sharding.ShardingFallbackWarning)
+    m = sj.load_model(str(tmp_path), tokenizer=False, mesh="data=2,model=4")
+  for path, x in jax.tree_util.tree_flatten_with_path(m.params)[0]:
+    name = sharding.path_str(path_key(path))
+    if x.ndim >= 2 and name != "pos_embed":  # every matrix split over model, none replicated
+      assert x.addressable_shards[0].data.size * 4 == x.size, (family, name)
+  prompts = np.random.default_rng(3).integers(0, 128, size=(2, 8))
+  out = sj.generate(m, prompts.tolist(), max_new_tokens=MAX_NEW)
+  with torch.no_grad():
+    want = ref.generate(torch.tensor(prompts), attention_mask=torch.ones(2, 8, dtype=torch.long),
+                        max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+  assert out.tokens == want[:, 8:].tolist(), family
 
 
 # SmolLM2-135M (from its config.json): 9 query / 3 kv heads, E=576, F=1536, V=49152, tied.

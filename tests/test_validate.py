@@ -312,6 +312,7 @@ def _never(*a, **k):
 def test_load_model_rejects_a_bad_dtype_before_reading(dtype, monkeypatch):
   monkeypatch.setattr(weights, "resolve", _never)
   monkeypatch.setattr(weights, "read_checkpoint", _never)
+  monkeypatch.setattr(weights, "open_checkpoint", _never)
   with pytest.raises(sj.InputError, match=re.escape(
       f"dtype={dtype!r} is invalid: must be one of float32, bfloat16, float16 (a name or a numpy "
       f"/ JAX dtype), or None for the default")):

@@ -9,6 +9,10 @@ A family module owns everything specific to its architecture:
 and, for GGUF: config_from_gguf(fields, arch, source), GGUF_NAMES / GGUF_LAYER_NAMES (llama.cpp
 names -> HF names) and gguf_permuted(cfg). Adding a family is one module here plus its tests
 (tests/test_arch_*.py); model.py reads only the ModelConfig.
+
+`src.get(name, shape)` returns the checkpoint tensor not read yet (specjax.lazy.Tensor): write
+plain numpy on it (`.T`, reshape, indexing, np.split / np.stack / np.concatenate, arithmetic) and
+it is recorded, then run one parameter at a time as the model is placed (specjax/weights.py).
 """
 
 from __future__ import annotations
