@@ -719,17 +719,8 @@ def write_eagle(fields: dict, params: dict, vocab, out_dir: str, target_config) 
   wqkv = x["layer.attn.wqkv"]  # [E,Kv,G+2,D]
   e, kv, g2, d = wqkv.shape
   g = g2 - 2
-  qkv = wqkv.transpose(1, 2, 3, 0)  # [Kv,G+2,D,E]
   p = "layers.0."
-  out = {"fc.weight": x["fc_w"].T, "fc.bias": x["fc_b"],
-         p + "self_attn.q_proj.weight": qkv[:, :g].reshape(kv * g * d, e),
-         p + "self_attn.k_proj.weight": qkv[:, g].reshape(kv * d, e),
-         p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(kv * d, e),
-         p + "self_attn.o_proj.weight": x["layer.attn.wo"].reshape(kv * g * d, e).T,
-         p + "mlp.gate_proj.weight": x["layer.mlp.w_in"][:, 0].T,
-         p + "mlp.up_proj.weight": x["layer.mlp.w_in"][:, 1].T,
-         p + "mlp.down_proj.weight": x["layer.mlp.w_out"].T,
-         p + "post_attention_layernorm.weight": x["layer.mlp_norm.scale"]}
+  out = {"fc.weight": x["fc_w"].T, "fc.bias": x["fc_b"], **_hf_layer(x, p)}
   if "layer.attn.bqkv" in x:
     bq = x["layer.attn.bqkv"]  # [Kv,G+2,D]
     out.update({p + "self_attn.q_proj.bias": bq[:, :g].reshape(-1),
@@ -745,6 +736,23 @@ def write_eagle(fields: dict, params: dict, vocab, out_dir: str, target_config) 
   return _save(out, config, out_dir, "model.safetensors")
 
 
+def _hf_layer(x: dict, p: str) -> dict:
+  """One of our feature-module layers ("layer.attn.wqkv" [In,Kv,G+2,D], ...) as an HF Llama
+  decoder layer's tensors under prefix p ([out, in]; In is E, or 2E for EAGLE-3's midlayer)."""
+  wqkv = x["layer.attn.wqkv"]
+  n_in, kv, g2, d = wqkv.shape
+  g, e = g2 - 2, x["layer.attn.wo"].shape[-1]
+  qkv = wqkv.transpose(1, 2, 3, 0)  # [Kv,G+2,D,In]
+  return {p + "self_attn.q_proj.weight": qkv[:, :g].reshape(kv * g * d, n_in),
+          p + "self_attn.k_proj.weight": qkv[:, g].reshape(kv * d, n_in),
+          p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(kv * d, n_in),
+          p + "self_attn.o_proj.weight": x["layer.attn.wo"].reshape(kv * g * d, e).T,
+          p + "mlp.gate_proj.weight": x["layer.mlp.w_in"][:, 0].T,
+          p + "mlp.up_proj.weight": x["layer.mlp.w_in"][:, 1].T,
+          p + "mlp.down_proj.weight": x["layer.mlp.w_out"].T,
+          p + "post_attention_layernorm.weight": x["layer.mlp_norm.scale"]}
+
+
 def write_eagle3(fields: dict, params: dict, vocab, out_dir: str, target_config) -> str:
   """An EAGLE-3 head -> SafeAILab's EAGLE-3 layout (Llama config.json + model.safetensors, d2t
   int64 and t2d bool; the embedding only if the head has its own)."""
@@ -753,7 +761,6 @@ def write_eagle3(fields: dict, params: dict, vocab, out_dir: str, target_config)
   wqkv = x["layer.attn.wqkv"]  # [2E,Kv,G+2,D]
   e2, kv, g2, d = wqkv.shape
   g, e = g2 - 2, e2 // 2
-  qkv = wqkv.transpose(1, 2, 3, 0)  # [Kv,G+2,D,2E]
   lm = x["lm"]  # [Vd,E]
   vd, v = lm.shape[0], fields["vocab_size"]
   ids = np.arange(vd, dtype=np.int64) if vocab is None else np.asarray(vocab, np.int64)
@@ -762,14 +769,7 @@ def write_eagle3(fields: dict, params: dict, vocab, out_dir: str, target_config)
   p = "midlayer."
   out = {"fc.weight": x["fuse_w"].T,
          p + "input_layernorm.weight": x["norm_emb"], p + "hidden_norm.weight": x["norm_hid"],
-         p + "self_attn.q_proj.weight": qkv[:, :g].reshape(kv * g * d, e2),
-         p + "self_attn.k_proj.weight": qkv[:, g].reshape(kv * d, e2),
-         p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(kv * d, e2),
-         p + "self_attn.o_proj.weight": x["layer.attn.wo"].reshape(kv * g * d, e).T,
-         p + "mlp.gate_proj.weight": x["layer.mlp.w_in"][:, 0].T,
-         p + "mlp.up_proj.weight": x["layer.mlp.w_in"][:, 1].T,
-         p + "mlp.down_proj.weight": x["layer.mlp.w_out"].T,
-         p + "post_attention_layernorm.weight": x["layer.mlp_norm.scale"],
+         **_hf_layer(x, p),
          "norm.weight": x["norm"], "lm_head.weight": lm,
          "d2t": ids - np.arange(vd, dtype=np.int64), "t2d": t2d}
   if "embed" in x:

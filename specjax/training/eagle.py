@@ -112,6 +112,18 @@ def _pass_loss(pred, tgt, ok, head, p_prob, p_top):
   return vloss, ploss, top1
 
 
+def pad_for_unroll(tokens, feats, valid, unroll: int):
+  """tokens [B,T], feats [B,T,F], valid [B,T] padded at the far end by unroll - 1 positions, so
+  every pass of the training-time test has T - 1 entries (the padding is never valid)."""
+  extra = unroll - 1
+  if not extra:
+    return tokens, feats, valid
+  b = tokens.shape[0]
+  return (jnp.concatenate([tokens, jnp.zeros((b, extra), tokens.dtype)], axis=1),
+          jnp.concatenate([feats, jnp.zeros((b, extra, feats.shape[-1]), feats.dtype)], 1),
+          jnp.concatenate([valid, jnp.zeros((b, extra), bool)], axis=1))
+
+
 def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = CE_WEIGHT,
               unroll: int = 1, unroll_decay: float = UNROLL_DECAY):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for EAGLE heads on `target`.
@@ -145,11 +157,7 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
     e = cfg.hidden_size
     feats = _batch_features(batch, graphdef, frozen, taps, e)  # [B,T,(n+1)E]: taps, then f
     valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
-    extra = unroll - 1  # pad the far end so every pass has T-1 entries (the padding never counts)
-    if extra:
-      tokens = jnp.concatenate([tokens, jnp.zeros((b, extra), tokens.dtype)], axis=1)
-      feats = jnp.concatenate([feats, jnp.zeros((b, extra, feats.shape[-1]), feats.dtype)], 1)
-      valid = jnp.concatenate([valid, jnp.zeros((b, extra), bool)], axis=1)
+    tokens, feats, valid = pad_for_unroll(tokens, feats, valid, unroll)
     embed = frozen["target"]["embed"][...]
     embs = [embed[tokens[:, 1 + d:t + d]] for d in range(unroll)]  # [B,T-1,E] each
     mod = module_arrays(params, 0)

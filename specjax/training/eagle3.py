@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, eagle3_logits, fuse_features, module_arrays
-from specjax.training.eagle import UNROLL_DECAY, run_unrolled
+from specjax.training.eagle import UNROLL_DECAY, pad_for_unroll, run_unrolled
 from specjax.training.features import target_features
 
 
@@ -48,11 +48,7 @@ def make_loss(target, heads: Heads, *, unroll: int = 1, unroll_decay: float = UN
     b, t = tokens.shape
     feats = target_features(graphdef, frozen["target"], tokens, taps, raw_taps=True)  # [B,T,4E]
     valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
-    extra = unroll - 1  # pad the far end so every pass has T-1 entries (the padding never counts)
-    if extra:
-      tokens = jnp.concatenate([tokens, jnp.zeros((b, extra), tokens.dtype)], axis=1)
-      feats = jnp.concatenate([feats, jnp.zeros((b, extra, feats.shape[-1]), feats.dtype)], 1)
-      valid = jnp.concatenate([valid, jnp.zeros((b, extra), bool)], axis=1)
+    tokens, feats, valid = pad_for_unroll(tokens, feats, valid, unroll)
     mod = module_arrays(params, 0)
     embed = frozen["target"]["embed"][...]
     embs = [embed[tokens[:, 1 + d:t + d]] for d in range(unroll)]  # [B,T-1,E] each
