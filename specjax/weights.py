@@ -449,12 +449,13 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
   _check_weights_arg(weights, kernels, mesh, place)
+  asset = _draft_asset(name_or_path)
   validate.draft_settings(name_or_path, weights=weights, dtype=dtype, drafter=name_or_path in
-                          registry.DRAFTERS, on_target=target is not None,
+                          registry.DRAFTERS or asset, on_target=target is not None,
                           target_dtype=getattr(target, "dtype", None))
   if target is not None:
     return _draft_on_target(name_or_path, target, mesh, place)
-  if name_or_path in registry.DRAFTERS:  # before mesh -> place: the target load does that itself
+  if name_or_path in registry.DRAFTERS or asset:  # before mesh -> place: the target load does it
     return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
                             rules=rules, kernels=kernels)
   if mesh is not None:
@@ -514,19 +515,34 @@ def _with_blocks(model, path: str):
   return model
 
 
+def _draft_asset(path: str) -> bool:
+  """Whether `path` is a draft asset file (`specjax train draft --export`), not a checkpoint."""
+  if path in registry.DRAFTERS or not (path.endswith(".npz") and os.path.isfile(path)):
+    return False
+  try:
+    registry.read_draft_header(path)
+  except WeightsError:
+    return False
+  return True
+
+
 def _draft_on_target(name: str, target, mesh, place):
-  """load_model(name, target=...): a shipped draft built around the already loaded target."""
+  """load_model(name, target=...): a shipped draft, or a draft asset file, built around the
+  already loaded target."""
   from specjax.model import Model
 
-  if name not in registry.DRAFTERS:
+  if name not in registry.DRAFTERS and not _draft_asset(name):
     raise InputError(f"load_model({name!r}, target=...): target= is for shipped drafts "
-                     f"({', '.join(n for n, d in registry.DRAFTERS.items() if d.kind == 'draft')})")
+                     f"({', '.join(n for n, d in registry.DRAFTERS.items() if d.kind == 'draft')}) "
+                     f"and draft asset files (.npz from `specjax train draft --export`)")
   if not isinstance(target, Model):
     raise InputError(f"load_model: target= must be a loaded specjax Model, got "
                      f"{type(target).__name__}")
   if mesh is not None or place is not None:
     raise InputError("load_model: a draft built on target= lives where the target does; "
                      "pass mesh= / place= when loading the target")
+  if name not in registry.DRAFTERS:
+    return registry.load_draft_asset(name, target, name=os.path.basename(name))
   return registry.build(name, target)
 
 
@@ -550,4 +566,7 @@ def load_named_draft(name: str, **kw):
   embeddings, and a draft built from a target's tensors has no packed copies (see
   specjax/packing.py): packing this private target copy would be wasted work."""
   kw = dict(kw, kernels=False)
+  if name not in registry.DRAFTERS:  # an asset file: its header names the target
+    target = load_model(registry.read_draft_header(name)["target"], **kw)
+    return registry.load_draft_asset(name, target, name=os.path.basename(name))
   return registry.build(name, load_model(registry.get(name).target, **kw))

@@ -110,7 +110,7 @@ def test_draft_distillation_improves_held_out_top1_and_exports(tmp_path, self_di
   assert set(np.argsort(-counts, kind="stable")[:20]) <= set(d.vocab_subset.tolist())
 
   # The asset holds only the draft's own tensors; reloading rebuilds the same draft.
-  back = registry.load_draft_asset(str(tmp_path / "d.npz"), target)
+  back = sj.load_model(str(tmp_path / "d.npz"), target=target)  # sj.load_model reads assets too
   assert back.shared == (("embed",), ("lm_head",))
   assert np.array_equal(back.vocab_subset, d.vocab_subset) and len(back.vocab_subset) == 40
   assert back.asset_header["held_out_top1"] == d.held_out_top1
