@@ -162,3 +162,28 @@ def test_method_is_lossless(models, greedy, name, method, prompt):
   ids, tokens = greedy
   out = sj.generate(ours, [ids[prompt]], method(), max_new_tokens=16, stop_at_eos=False)
   assert out.tokens[0] == tokens[prompt][:16], f"{name} differs from autoregressive decoding"
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+  """A GGUF tensor of a type gguf cannot dequantize (here I32) is a WeightsError naming the tensor
+  and its type, raised before any tensor is converted."""
+  file = str(tmp_path / "tiny-gemma3.gguf")
+  w = gguf.GGUFWriter(file, "gemma3")
+  w.add_context_length(64)
+  w.add_embedding_length(8)
+  w.add_block_count(1)
+  w.add_feed_forward_length(16)
+  w.add_head_count(2)
+  w.add_head_count_kv(1)
+  w.add_key_length(4)
+  w.add_value_length(4)
+  w.add_layer_norm_rms_eps(1e-6)
+  w.add_token_list([f"t{i}" for i in range(11)])
+  w.add_tensor("token_embd.weight", np.zeros((11, 8), np.float32))
+  w.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), np.int32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with pytest.raises(sj.WeightsError, match=r"'blk\.0\.attn_q\.weight' has GGUF type I32"):
+    weights.load_gguf(file)
