@@ -45,24 +45,28 @@ NEW = 32
 
 
 @pytest.fixture(scope="module")
-def models():
-  """(specjax model, transformers model), both from the one GGUF, read once. torch runs on one
-  thread here: beside a second test worker on two cores, its two threads wait on each other
-  (a 6-token forward took 1.6 s on two threads under load, 0.16 s on one)."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
+def one_reader():
+  """gguf.GGUFReader memoised per file while this module runs: every load here reads the file once."""
   original = gguf.GGUFReader
   cached = functools.lru_cache(maxsize=None)(original)
   gguf.GGUFReader = lambda path, mode="r": cached(os.fspath(path), mode)
-  try:
-    path = weights.resolve("gemma3-270m")
-    ours = sj.load_model("gemma3-270m")
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
-  finally:
-    gguf.GGUFReader = original
-  yield ours, ref
+  yield
+  gguf.GGUFReader = original
   cached.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def models(one_reader):
+  """(specjax model, transformers model), both from the one GGUF. torch runs on one thread here:
+  beside a second test worker on two cores, its two threads wait on each other (a 6-token
+  forward took 1.6 s on two threads under load, 0.16 s on one)."""
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  path = weights.resolve("gemma3-270m")
+  ours = sj.load_model("gemma3-270m")
+  ref = transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  yield ours, ref
   torch.set_num_threads(threads)
 
 
@@ -119,20 +123,47 @@ def test_norm_scales_are_transformers_one_plus_w(models):
     np.testing.assert_array_equal(np.asarray(scale[...]), sd[name].numpy() + 1.0, err_msg=name)
 
 
-def test_logits_match_transformers(models):
-  """fp32 logits at every position of a prompt within 2e-4 of transformers' (logits reach ~25;
-  the two sum in different orders over E = 640 and the 262k-row head)."""
+def forward(model, ids: np.ndarray) -> np.ndarray:
+  """ids [B,T] from position 0 -> logits [B,T,V] (one call: T <= 64 rows run the CPU kernels)."""
+  b, t = ids.shape
+  cache = model.init_cache(b, t)
+  logits, _, _ = model.apply(model.params, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(t), (b, t)),
+                             cache, kv.causal_mask(cache.lengths, t, t))
+  return np.asarray(logits)
+
+
+@pytest.fixture(scope="module")
+def expected(models):
+  """(ids [1,T], transformers' logits [1,T,V]) for one prompt."""
   ours, ref = models
   ids = np.array([ours.tokenizer.encode("The capital of France is Paris. The capital of Italy is")])
   with torch.no_grad():
-    expected = ref(torch.tensor(ids)).logits.numpy()
-  b, t = ids.shape
-  cache = ours.init_cache(b, t)
-  logits, _, _ = ours.apply(ours.params, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(t), (b, t)),
-                            cache, kv.causal_mask(cache.lengths, t, t))
-  np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-4, rtol=0)
-  assert np.abs(expected).max() > 10
-  assert ours.tokenizer.decode(int(expected[0, -1].argmax())).strip() == "Rome"
+    return ids, ref(torch.tensor(ids)).logits.numpy()
+
+
+def test_logits_match_transformers(models, expected):
+  """fp32 logits at every position of a prompt within 2e-4 of transformers' (logits reach ~25;
+  the two sum in different orders over E = 640 and the 262k-row head)."""
+  ours, _ = models
+  ids, ref = expected
+  np.testing.assert_allclose(forward(ours, ids), ref, atol=2e-4, rtol=0)
+  assert np.abs(ref).max() > 10
+  assert ours.tokenizer.decode(int(ref[0, -1].argmax())).strip() == "Rome"
+
+
+def test_blocks_kernel_logits_match_transformers(one_reader, expected):
+  """weights="blocks": the attention output and down projections (Q4_K / Q6_K) and the tied head
+  (Q8_0) multiply the stored blocks; q/k/v and gate/up are Q5_0 (and q/k/v mixes in Q8_0), which
+  the kernel lacks: they stay float32, with a warning naming them. Same logits within 2e-4."""
+  from specjax.kernels import KernelFallbackWarning
+
+  with pytest.warns(KernelFallbackWarning, match=r"36 product\(s\) stay float32.*Q5_0"):
+    blocks = sj.load_model("gemma3-270m", weights="blocks", tokenizer=False)
+  packed = blocks.params["layers"][0]
+  assert packed["attn"]["packed_wo"][...].dtype == jnp.uint8  # on blocks, not a float32 copy
+  assert packed["attn"]["packed_wqkv"][...].dtype != jnp.uint8
+  ids, ref = expected
+  np.testing.assert_allclose(forward(blocks, ids), ref, atol=2e-4, rtol=0)
 
 
 def test_greedy_matches_transformers_generate(models, greedy):
