@@ -50,6 +50,8 @@ def main(argv=None):
   ap.add_argument("--set", default="humaneval", help="prompt set (specjax.prompts.load)")
   ap.add_argument("--exit-layer", type=int, default=6, help="layer-skip's draft depth (of 18)")
   ap.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
+  ap.add_argument("--blocks", action="store_true",
+                  help="add specjax autoregressive with weights='blocks' (the GGUF's own blocks)")
   ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.json"))
   args = ap.parse_args(argv)
   if args.quick:
@@ -77,9 +79,11 @@ def main(argv=None):
       f"layer-skip (exit {args.exit_layer}, gamma 3)": sj.SelfSpeculative(
           exit_layer=args.exit_layer, gamma=3),
   }
+  blocks = sj.load_model("gemma3-270m", weights="blocks", tokenizer=False) if args.blocks else None
   ps = prompts.load(args.set, args.prompts, fallback=True)
   kw = dict(max_new_tokens=args.new, stop_at_eos=False)
-  rows = {name: [] for name in ["transformers generate", "specjax autoregressive", *methods]}
+  rows = {name: [] for name in ["transformers generate", "specjax autoregressive",
+                                *(["specjax autoregressive, blocks"] if blocks else []), *methods]}
   for i, p in enumerate(ps):
     ids = model.tokenizer.encode(p)
     ar, ar_s = timed(lambda: sj.generate(model, [ids], **kw), args.repeats)
@@ -93,6 +97,10 @@ def main(argv=None):
     same = out[0, len(ids):].tolist() == ar.tokens[0]
     rows["transformers generate"].append(dict(tok_s=args.new / hf_s, identical=same))
     rows["specjax autoregressive"].append(dict(tok_s=args.new / ar_s, speedup=1.0, tau=1.0))
+    if blocks is not None:
+      o, s = timed(lambda: sj.generate(blocks, [ids], **kw), args.repeats)
+      rows["specjax autoregressive, blocks"].append(dict(
+          tok_s=args.new / s, speedup=ar_s / s, tau=1.0, identical=o.tokens[0] == ar.tokens[0]))
     for name, m in methods.items():
       o, s = timed(lambda: sj.generate(model, [ids], m, **kw), args.repeats)
       _, ar_again = timed(lambda: sj.generate(model, [ids], **kw), 1)  # the same minutes of load
