@@ -28,8 +28,11 @@ def rope(f: HFFields, params: dict | None = None, default_theta: float = 10000.0
     raise f.error(f"partial_rotary_factor = {partial!r} is not supported (rope over the whole "
                   f"head only)")
   if kind not in ROPE_TYPES:
-    raise f.error(f"unsupported rope type {kind!r} (rope_parameters / rope_scaling); supported: "
-                  f"{', '.join(ROPE_TYPES)}")
+    why = (": dynamic NTK scaling changes every position's rope with the length of the sequence "
+           "seen so far, so cached keys and a verification forward would disagree and no method "
+           "could be exact against it" if kind == "dynamic" else "")
+    raise f.error(f"unsupported rope type {kind!r} (rope_parameters / rope_scaling){why}; "
+                  f"supported: {', '.join(ROPE_TYPES)}")
   need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                             "original_max_position_embeddings")}.get(kind, ())
   for key in need:
