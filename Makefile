@@ -26,7 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	# Two workers: most tests are bound by XLA's compiles, which use one core each.
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests --durations=40
 
 bench: $(STAMP)
 	$(BIN)/specjax bench
