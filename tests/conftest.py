@@ -135,3 +135,18 @@ def shared_prompts(n: int, kind: str = "mt_bench") -> list[str]:
 def random_prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:
   rng = np.random.default_rng(seed)
   return [rng.integers(0, vocab, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+
+
+def assert_greedy(model, runs, new_tokens: int) -> None:
+  """runs: (prompt, generated tokens) pairs. Each generation must be what autoregressive greedy
+  decoding of `model` emits: its argmax after every position, from one teacher-forced forward
+  over all rows (right-padded; causal, so the padding changes nothing before it)."""
+  from specjax.model import forward_sequence
+
+  seqs = np.zeros((len(runs), max(len(p) + len(t) for p, t in runs)), np.int32)
+  for i, (p, t) in enumerate(runs):
+    seqs[i, :len(p) + len(t)] = p + t
+  logits = np.asarray(forward_sequence(model.config, model.module(model.params), seqs)[0])
+  for i, (p, t) in enumerate(runs):
+    want = logits[i].argmax(-1)[len(p) - 1:len(p) + new_tokens - 1].tolist()
+    assert len(t) == new_tokens and t == want, (p, t, want)

@@ -14,9 +14,8 @@ import pytest
 import specjax as sj
 from specjax.drafters import head_logits
 from specjax.errors import InputError, WeightsError
-from specjax.model import forward_sequence
 
-from conftest import random_prompts
+from conftest import assert_greedy, random_prompts
 from test_lossless import SMALL_VOCAB, tv_check
 
 torch = pytest.importorskip("torch")
@@ -133,14 +132,7 @@ def test_mtp_layers_match_reference_and_are_lossless(checkpoint, target):
     prompts = random_prompts(b, SMALL_VOCAB, seed=b)
     out = sj.generate(target, prompts, sj.MTP(heads), max_new_tokens=12, stop_at_eos=False)
     runs += list(zip(prompts, out.tokens))
-  # What autoregressive greedy decoding emits: the target's argmax after every position, from one
-  # teacher-forced forward over all rows (right-padded; causal, so padding changes nothing).
-  seqs = np.zeros((len(runs), max(len(p) + len(t) for p, t in runs)), np.int32)
-  for i, (p, t) in enumerate(runs):
-    seqs[i, :len(p) + len(t)] = p + t
-  greedy = np.asarray(forward_sequence(target.config, target.module(target.params), seqs)[0])
-  for i, (p, t) in enumerate(runs):
-    assert len(t) == 12 and t == greedy[i].argmax(-1)[len(p) - 1:len(p) + 11].tolist(), p
+  assert_greedy(target, runs, 12)
   tv, expected = tv_check(target, sj.MTP(heads), dict(temperature=1.0, top_k=5, top_p=1.0))
   assert tv < 2 * expected, f"TV {tv:.4f} vs expected sampling error {expected:.4f}"
 

@@ -13,11 +13,10 @@ import pytest
 
 import specjax as sj
 from specjax.errors import InputError
-from specjax.model import forward_sequence
 from specjax.training import heads as heads_train
 from specjax.training import lora, medusa2, trainer
 
-from conftest import random_prompts, tiny_model
+from conftest import assert_greedy, random_prompts, tiny_model
 from test_train import _learnable_target, _self_corpus
 
 
@@ -121,14 +120,7 @@ def test_medusa2_trains_resumes_exports_and_decodes_exactly(tmp_path, self_disti
                                                 acceptance="greedy"),
                       max_new_tokens=12, stop_at_eos=False)
     runs += list(zip(prompts, out.tokens))
-  # What autoregressive greedy decoding of the adapted model emits: its argmax after every
-  # position, from one teacher-forced forward over all rows (right-padded; causal).
-  seqs = np.zeros((len(runs), max(len(p) + len(t) for p, t in runs)), np.int32)
-  for i, (p, t) in enumerate(runs):
-    seqs[i, :len(p) + len(t)] = p + t
-  greedy = np.asarray(forward_sequence(model.config, model.module(model.params), seqs)[0])
-  for i, (p, t) in enumerate(runs):
-    assert len(t) == 12 and t == greedy[i].argmax(-1)[len(p) - 1:len(p) + 11].tolist(), p
+  assert_greedy(model, runs, 12)
   tok, mask = corpus.windows(48, "heldout", 0.2, 0)
   close = medusa2.closeness(target, model, tok, heads_train.response_valid(mask),
                             greedy_tokens=16, prompts=random_prompts(4, 61, seed=11))
