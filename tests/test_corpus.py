@@ -95,6 +95,17 @@ def test_micro_batches_keep_each_row_with_its_prompt(tmp_path):
     assert toks[p:].tolist() == sj.generate(model, [prompt], max_new_tokens=12).tokens[0]
 
 
+def test_tokenizer_without_a_chat_template_gets_raw_prompts(tmp_path):
+  model = text_model()
+  model.tokenizer = type("Raw", (ByteTokenizer,), {"chat_template": None})(300)
+  c = make(model, tmp_path, tokens=1, batch_size=4, temperatures=(0.0,))
+  assert c.meta["raw_prompts"] is True
+  for j in range(4):  # a chat prompt of the pool, tokenised as plain text (no [1, 2] wrapper)
+    toks, p = c.sequence(j)
+    assert toks[:p].tolist() == model.tokenizer.encode(POOL[c.extra["pool_index"][j]]["text"])
+  assert "raw_prompts" not in make(text_model(), tmp_path / "chat", tokens=1).meta
+
+
 def test_resume_with_other_settings_raises(tmp_path):
   model = text_model()
   make(model, tmp_path, tokens=20)

@@ -102,7 +102,9 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
   throughput`). It changes which tokens are sampled, not the settings a corpus is made with, and
   each shard records the value it was made with.
   on_shard(i, shard_dict) is called after shard i is written (tests use it to interrupt a run).
-  pool: the prompt list [{"text", "chat", "source"}] (default: `prompt_pool.build(seed)`).
+  pool: the prompt list [{"text", "chat", "source"}] (default: `prompt_pool.build(seed)`). A
+  tokenizer without a chat template (a base model, or a GGUF that carries none, e.g. Gemma 3
+  270M's) gets every prompt as raw text, and the corpus records "raw_prompts": true.
   Rerunning with the same arguments resumes; different settings on an existing corpus raise.
   """
   # A failed run removes the folder it created, unless a complete shard is there to resume from.
@@ -118,6 +120,9 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
     if model.tokenizer is None:
       raise InputError(f"model {name!r} has no tokenizer: a corpus needs text prompts")
     pool, pool_info = _prompt_pool(pool, seed, max_prompt_chars)
+    raw = not getattr(model.tokenizer, "chat_template", None)
+    if raw:  # a model without a chat template (a base model, or a GGUF that carries none)
+      pool = [dict(p, chat=False) for p in pool]
     v = model.config.vocab_size
     meta = {
         "format": FORMAT_VERSION, "model": name, "vocab_size": v,
@@ -127,6 +132,8 @@ def generate_corpus(model, out_dir: str, *, tokens=2_000_000, batch_size: int = 
         "batch_size": batch_size, "max_new_tokens": max_new_tokens, "temperatures": list(temps),
         "top_p": top_p, "seed": seed, "pool": pool_info,
     }
+    if raw:  # recorded only then, so corpora made with chat prompts resume as before
+      meta["raw_prompts"] = True
     _check_or_write_meta(out_dir, meta)
     done = _complete_shards(out_dir)
     have = sum(_response_tokens(np.load(_shard_path(out_dir, i))) for i in done)
