@@ -46,17 +46,17 @@ def make_loss(target, heads, *, kl_weight: float = 1.0, scale: float = 2.0,
   """loss_fn(params {"heads", "lora"}, batch (tokens, valid, mask), rng, frozen) for the shared
   trainer: the adapted backbone runs once (its hidden states feed the heads, its logits the KL
   term) and the original once without gradients. scale: LoRA's alpha / rank."""
-  graphdef, hcfg = target.graphdef, heads.config
+  hcfg = heads.config
 
   def loss_fn(params, batch, rng, frozen):
     del rng
     tokens, ok, _ = batch
     base = frozen["target"]
     dt = jax.tree_util.tree_leaves(base)[0].dtype
-    orig_logits, _, _ = forward_sequence(target.config, _module(graphdef, base), tokens, dtype=dt)
+    orig_logits, _, _ = forward_sequence(target.config, target.module(base), tokens, dtype=dt)
     orig = jax.lax.stop_gradient(jax.nn.log_softmax(orig_logits.astype(jnp.float32), -1))
     adapted = lora.merge(base, params["lora"], scale)
-    logits, hidden, _ = forward_sequence(target.config, _module(graphdef, adapted), tokens,
+    logits, hidden, _ = forward_sequence(target.config, target.module(adapted), tokens,
                                          dtype=dt)
     new = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
     kl_pos = jnp.sum(jnp.exp(orig) * (orig - new), -1)  # [B,T]
@@ -68,12 +68,6 @@ def make_loss(target, heads, *, kl_weight: float = 1.0, scale: float = 2.0,
     return total, dict(metrics, heads_loss=heads_loss, kl=kl, loss=total, count=n)
 
   return loss_fn
-
-
-def _module(graphdef, params):
-  from flax import nnx
-
-  return nnx.merge(graphdef, params)
 
 
 def check_args(*, kl_weight, rank, backbone_lr, warmup_heads, steps) -> None:
