@@ -204,23 +204,97 @@ def _unpermute(w, n_head: int):
   return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
+# Bumped when what the index records changes; older index files are then ignored.
+_GGUF_INDEX_VERSION = 1
+# Files with smaller vocabularies parse in well under a second and are not indexed.
+GGUF_INDEX_MIN_TOKENS = 1024
+_GGUF_VOCAB_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                      "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFTensor:
+  """One tensor of a GGUF file as gguf.GGUFReader describes it: name, tensor_type
+  (gguf.GGMLQuantizationType), shape (GGUF order, innermost first) and data (a read-only memory
+  map of its bytes, typed as the reader types it: float32 / float16 elements, or uint8 rows of
+  blocks)."""
+
+  name: str
+  tensor_type: object
+  shape: tuple
+  data: np.ndarray
+
+
+def gguf_index(file: str) -> tuple[dict, dict[str, GGUFTensor]]:
+  """(metadata fields, {name: GGUFTensor}) of a GGUF file.
+
+  gguf.GGUFReader parses every metadata array element by element: SmolLM2's 49k-token vocabulary
+  takes it ~4 s, Gemma 3's 262k-token one ~18 s, on every load. The fields a model needs (all but
+  the vocabulary arrays, whose length is kept: `fields["tokenizer.ggml.tokens"]` is a range) and
+  each tensor's type, shape and byte offset are small, so the first read keeps them in the user's
+  cache (`$SPECJAX_CACHE/gguf/`, keyed by the file's name, size and modification time; files with a
+  vocabulary under GGUF_INDEX_MIN_TOKENS are not indexed) and later loads map the tensors straight
+  from the file. A cache that cannot be written or read only costs the full parse."""
   import gguf
-  import ml_dtypes
 
   if not os.path.isfile(file):
     raise ModelNotFoundError(f"{file}: no such GGUF file")
+  stat = os.stat(file)
+  from specjax.kernels.build import user_cache
+
+  cached = user_cache("gguf", f"{os.path.basename(file)}-{stat.st_size}-{stat.st_mtime_ns}.json")
+  try:
+    with open(cached) as f:
+      rec = json.load(f)
+    if rec.get("version") != _GGUF_INDEX_VERSION:
+      raise ValueError("an older index")
+    fields = rec["fields"]
+    if rec.get("n_tokens") is not None:
+      fields["tokenizer.ggml.tokens"] = range(rec["n_tokens"])
+    Q = gguf.GGMLQuantizationType
+    tensors = {t["name"]: GGUFTensor(t["name"], Q(t["type"]), tuple(t["shape"]), np.memmap(
+        file, np.dtype(t["dtype"]), "r", offset=t["offset"], shape=tuple(t["data_shape"])))
+        for t in rec["tensors"]}
+    return fields, tensors
+  except (OSError, ValueError, KeyError, TypeError):
+    pass
   try:
     reader = gguf.GGUFReader(file)
   except Exception as e:  # the reader raises ValueError/struct errors on truncated files
     raise WeightsError(f"{file}: cannot read GGUF file, truncated or corrupt ({e})") from e
-  fields = {k: _gguf_field_value(f) for k, f in reader.fields.items()
-            if k not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
-                         "tokenizer.ggml.token_type", "tokenizer.ggml.scores")}
+  fields = {k: _gguf_field_value(f) for k, f in reader.fields.items() if k not in _GGUF_VOCAB_FIELDS}
+  n_tokens = None
   if "tokenizer.ggml.tokens" in reader.fields:
-    fields["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
+    n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
+  tensors = {t.name: GGUFTensor(t.name, t.tensor_type, tuple(int(s) for s in t.shape), t.data)
+             for t in reader.tensors}
+  offsets = {t.name: t.data_offset for t in reader.tensors}  # from the file's start
+  rec = {"version": _GGUF_INDEX_VERSION, "fields": fields, "n_tokens": n_tokens,
+         "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": list(t.shape),
+                      "dtype": t.data.dtype.str, "data_shape": list(t.data.shape),
+                      "offset": int(offsets[t.name])} for t in tensors.values()]}
+  try:  # written whole under a temporary name, then renamed: readers never see half a file
+    if (n_tokens or 0) < GGUF_INDEX_MIN_TOKENS:
+      raise ValueError("parsed quickly; not indexed")
+    text = json.dumps(rec)
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    tmp = f"{cached}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, cached)
+  except (OSError, TypeError, ValueError):  # a read-only home, or a field JSON cannot hold
+    pass
+  if n_tokens is not None:
+    fields["tokenizer.ggml.tokens"] = range(n_tokens)
+  return fields, tensors
+
+
+def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
+  import gguf
+  import ml_dtypes
+
+  fields, tensors = gguf_index(file)
   cfg = arch.from_gguf_fields(fields, source=file)
-  tensors = {t.name: t for t in reader.tensors}
   _check_gguf_types(tensors.values(), file)
   tied = "output.weight" not in tensors
   cfg = dataclasses.replace(cfg, tie_word_embeddings=tied)
@@ -314,9 +388,7 @@ def gguf_blocks(file: str, cfg: ModelConfig, supported) -> tuple[dict, dict]:
   when its parts share a type; a type not in `supported` (kernels.QTYPES), or F32 / F16, stays
   float32. Rows are output rows of the [K, N] matrix (GGUF stores [N, K] row-major, blocks along K).
   """
-  import gguf
-
-  tensors = {t.name: t for t in gguf.GGUFReader(file).tensors}
+  _, tensors = gguf_index(file)
   permute = arch.of(cfg).gguf_permuted(cfg)
   sites, skipped = {}, {}
 
@@ -432,12 +504,11 @@ def load_tokenizer(path: str):
                for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
       return None
     return AutoTokenizer.from_pretrained(path)
-  # Converting a GGUF vocabulary takes seconds; keep the converted tokenizer beside the user's cache.
+  # Converting a GGUF vocabulary takes seconds; keep the converted tokenizer in the user's cache.
+  from specjax.kernels.build import user_cache
+
   stat = os.stat(path)
-  cache_dir = os.path.join(
-      os.environ.get("SPECJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "specjax")),
-      "tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{int(stat.st_mtime)}",
-  )
+  cache_dir = user_cache("tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{int(stat.st_mtime)}")
   if os.path.isfile(os.path.join(cache_dir, "tokenizer.json")):
     return AutoTokenizer.from_pretrained(cache_dir)
   tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))

@@ -3,9 +3,10 @@ reading the same GGUF in fp32: its config field by field, logits at every positi
 32 greedy tokens on 10 prompts, and prompt lookup, lookahead and layer-skip token-identical to
 autoregressive decoding on it.
 
-Both loaders read the file through gguf's GGUFReader, whose parsing of the 262k-token vocabulary
-costs seconds per read: the module shares one reader per file (a memo over gguf.GGUFReader while
-the module runs) and loads each model once.
+transformers reads the file through gguf's GGUFReader, whose parsing of the 262k-token vocabulary
+costs seconds per read (specjax parses it once and keeps an index, weights.gguf_index): the module
+shares one reader per file (a memo over gguf.GGUFReader while the module runs) and loads each model
+once.
 """
 
 from __future__ import annotations

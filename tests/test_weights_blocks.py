@@ -21,12 +21,16 @@ from specjax.kernels import KernelFallbackWarning, blocks
 from specjax.packing import PREFIX
 
 
-def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, layers=2):
+def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, layers=2,
+               tokens=False):
   """A tiny random llama GGUF; types maps a tensor's name (without "blk.i.") to its block type
-  (default: Q4_1 for the layers, Q8_0 for the embedding, which is also the tied head)."""
+  (default: Q4_1 for the layers, Q8_0 for the embedding, which is also the tied head); tokens:
+  also a vocabulary list of v made-up token strings."""
   types = types or {}
   rng = np.random.default_rng(seed)
   w = GGUFWriter(str(path), "llama")
+  if tokens:
+    w.add_token_list([f"tok{i}" for i in range(v)])
   w.add_context_length(256)
   w.add_embedding_length(e)
   w.add_block_count(layers)
@@ -183,3 +187,58 @@ def test_smollm2_blocks_logits_and_tokens(smollm2):
   prompts = ["Tell me about the moon.", "Write a python function that reverses a list."]
   ref = sj.generate(smollm2, prompts, max_new_tokens=32, chat=True).tokens
   assert sj.generate(b, prompts, max_new_tokens=32, chat=True).tokens == ref
+
+
+def test_gguf_index_written_reused_and_invalidated(tmp_path, monkeypatch):
+  """A GGUF with a real-sized vocabulary is parsed once: the index in the user's cache gives later
+  loads the same fields and tensor bytes without gguf's reader, a changed file gets a new index,
+  a damaged index is re-parsed, and a small vocabulary is not indexed at all."""
+  import gguf
+
+  from specjax import weights
+
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  n = weights.GGUF_INDEX_MIN_TOKENS
+  path = write_gguf(tmp_path / "voc.gguf", v=n, tokens=True)
+  fields, tensors = weights.gguf_index(path)
+  (index,) = (tmp_path / "cache" / "gguf").iterdir()
+  assert fields["tokenizer.ggml.tokens"] == range(n)
+
+  def no_reader(*a, **k):
+    raise AssertionError("the index should have answered")
+
+  with monkeypatch.context() as m:
+    m.setattr(gguf, "GGUFReader", no_reader)
+    fields2, tensors2 = weights.gguf_index(path)
+    cached = sj.load_model(path, tokenizer=False)
+  assert fields2 == fields and list(tensors2) == list(tensors)
+  for name, t in tensors.items():
+    u = tensors2[name]
+    assert (u.tensor_type, u.shape, u.data.dtype, u.data.shape) == (
+        t.tensor_type, t.shape, t.data.dtype, t.data.shape), name
+    np.testing.assert_array_equal(np.asarray(u.data), np.asarray(t.data), err_msg=name)
+  index.unlink()
+  parsed = sj.load_model(path, tokenizer=False)
+  for a, b in zip(jax.tree_util.tree_leaves(cached.params), jax.tree_util.tree_leaves(parsed.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert cached.config == parsed.config
+
+  index.write_text("{not json")  # damaged: parsed again, and the index rewritten
+  assert weights.gguf_index(path)[0] == fields and json_ok(index)
+  write_gguf(tmp_path / "voc.gguf", v=n, tokens=True, seed=1)  # the file changes: a new key
+  weights.gguf_index(path)
+  assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
+
+  small = write_gguf(tmp_path / "small.gguf", v=128, tokens=True)
+  weights.gguf_index(small)
+  assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
+
+
+def json_ok(path) -> bool:
+  import json
+
+  try:
+    json.loads(path.read_text())
+    return True
+  except ValueError:
+    return False
