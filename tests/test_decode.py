@@ -66,8 +66,11 @@ def test_text_prompts_need_tokenizer(tiny):
 @pytest.mark.slow
 def test_smollm2_batch_rows_equal_alone(smollm2):
   prompts = shared_prompts(4, "mt_bench")
-  ids = [smollm2.tokenizer.encode(p)[: 8 + 9 * i] for i, p in enumerate(prompts)]
+  # Four lengths in one prompt bucket (17-32): the rows pad differently, and the four runs alone
+  # share one program.
+  ids = [smollm2.tokenizer.encode(p)[: 17 + 5 * i] for i, p in enumerate(prompts)]
   assert len({len(x) for x in ids}) == 4
+  assert len({decode.bucket_prompt_len(len(x)) for x in ids}) == 1
   batch = sj.generate(smollm2, ids, max_new_tokens=32, stop_at_eos=False)
   for i, p in enumerate(ids):
     alone = sj.generate(smollm2, [p], max_new_tokens=32, stop_at_eos=False)
