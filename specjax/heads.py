@@ -194,16 +194,21 @@ def check_fits(heads: Heads, target) -> None:
           f"train heads for this model")
 
 
-def save_heads(heads: Heads, path: str, meta: dict | None = None) -> str:
-  """Writes heads to one .npz (float16 params + JSON header); returns the path."""
+def save_heads(heads: Heads, path: str, meta: dict | None = None, extra: dict | None = None) -> str:
+  """Writes heads to one .npz (float16 params + JSON header); returns the path. extra: more
+  arrays stored beside them under their own names (a Medusa-2 asset's adapters), which must not
+  collide with the heads' own."""
   c = heads.config
   header = {"format": 1, **dataclasses.asdict(c), **heads.meta, **(meta or {})}
   os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
   vocab = np.zeros((0,), np.int32) if heads.vocab is None else np.asarray(heads.vocab, np.int32)
   arrays = {k: np.asarray(v, np.float16) for k, v in heads.params.items()}
+  clash = sorted(set(extra or {}) & (set(arrays) | {"__header__", "__vocab__"}))
+  if clash:
+    raise InputError(f"save_heads: extra arrays {clash} would overwrite the heads' own")
   with open(path, "wb") as f:  # np.savez would append ".npz" to any other suffix
     np.savez(f, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
-             __vocab__=vocab, **arrays)
+             __vocab__=vocab, **arrays, **(extra or {}))
   return path
 
 

@@ -120,14 +120,10 @@ def save(heads, adapters: dict, path: str, *, rank: int, alpha: float, sites, me
   """The Medusa-2 asset: heads (save_heads' format) + the adapters, in one .npz."""
   from specjax.heads import save_heads
 
-  save_heads(heads, path, dict(meta or {}, medusa2=True,
-                               lora={"rank": rank, "alpha": alpha, "sites": list(sites)}))
-  with np.load(path) as z:
-    arrays = {k: z[k] for k in z.files}
-  arrays.update({LORA_PREFIX + k: v.astype(np.float16) for k, v in lora.flat(adapters).items()})
-  with open(path, "wb") as f:
-    np.savez(f, **arrays)
-  return path
+  return save_heads(heads, path, dict(meta or {}, medusa2=True,
+                                      lora={"rank": rank, "alpha": alpha, "sites": list(sites)}),
+                    extra={LORA_PREFIX + k: np.asarray(v, np.float16)
+                           for k, v in lora.flat(adapters).items()})
 
 
 def read_adapters(path: str) -> tuple[dict, dict]:
