@@ -19,6 +19,7 @@ from specjax.errors import InputError, WeightsError
 from specjax.model import forward_sequence
 
 from conftest import random_prompts, tiny_config
+from tinyhf import torch_decoder_layer
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -190,26 +191,7 @@ def _eagle_reference(sd, cfg, target, tokens=TOKENS):
   table = torch.tensor(np.asarray(target.params["embed"][...]))  # the target's (SafeAILab's loader
   emb = table[torch.tensor(tokens[1:], dtype=torch.long)]  # copies it in; the file's is a copy)
   x = F.linear(torch.cat([emb, hidden[:-1]], -1), sd["fc.weight"], sd["fc.bias"])
-  n, h, kv = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-  d = cfg["hidden_size"] // h
-  p = "layers.0.self_attn."
-  q = F.linear(x, sd[p + "q_proj.weight"]).view(n, h, d).transpose(0, 1)
-  k = F.linear(x, sd[p + "k_proj.weight"]).view(n, kv, d).transpose(0, 1)
-  v = F.linear(x, sd[p + "v_proj.weight"]).view(n, kv, d).transpose(0, 1)
-  inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
-  ang = torch.arange(n).float()[:, None] * inv[None]
-  cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-  rot = lambda u: torch.cat([-u[..., d // 2:], u[..., :d // 2]], -1)  # noqa: E731
-  q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
-  k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)
-  att = (q @ k.transpose(1, 2)) / d ** 0.5
-  att = att.masked_fill(torch.ones(n, n).triu(1).bool(), -float("inf")).softmax(-1)
-  x = x + F.linear((att @ v).transpose(0, 1).reshape(n, h * d), sd[p + "o_proj.weight"])
-  m = "layers.0.mlp."
-  y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"])
-  y = y * sd["layers.0.post_attention_layernorm.weight"]
-  x = x + F.linear(F.silu(F.linear(y, sd[m + "gate_proj.weight"])) * F.linear(y, sd[m + "up_proj.weight"]),
-                   sd[m + "down_proj.weight"])
+  x = torch_decoder_layer(x, x, sd, "layers.0.", cfg)  # no input norm, no final norm
   return (x @ lm).numpy()
 
 

@@ -23,6 +23,7 @@ from specjax.errors import InputError, WeightsError
 from specjax.model import forward_sequence
 
 from conftest import random_prompts
+from tinyhf import torch_decoder_layer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -128,25 +129,9 @@ def reference(hf_model, sd, cfg, tokens=TOKENS):
     p = "midlayer."
     x = torch.cat([rms(table[ids[1:]], sd[p + "input_layernorm.weight"]),
                    rms(h, sd[p + "hidden_norm.weight"])], -1)  # [n,2E]
-    n, nh, kv = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = cfg["hidden_size"] // nh
-    q = F.linear(x, sd[p + "self_attn.q_proj.weight"]).view(n, nh, d).transpose(0, 1)
-    k = F.linear(x, sd[p + "self_attn.k_proj.weight"]).view(n, kv, d).transpose(0, 1)
-    v = F.linear(x, sd[p + "self_attn.v_proj.weight"]).view(n, kv, d).transpose(0, 1)
-    inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
-    ang = torch.arange(n).float()[:, None] * inv[None]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    rot = lambda u: torch.cat([-u[..., d // 2:], u[..., :d // 2]], -1)  # noqa: E731
-    q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
-    k, v = k.repeat_interleave(nh // kv, 0), v.repeat_interleave(nh // kv, 0)
-    att = (q @ k.transpose(1, 2)) / d ** 0.5
-    att = att.masked_fill(torch.ones(n, n).triu(1).bool(), -float("inf")).softmax(-1)
-    h = h + F.linear((att @ v).transpose(0, 1).reshape(n, nh * d), sd[p + "self_attn.o_proj.weight"])
-    y = rms(h, sd[p + "post_attention_layernorm.weight"])
-    h = h + F.linear(F.silu(F.linear(y, sd[p + "mlp.gate_proj.weight"]))
-                     * F.linear(y, sd[p + "mlp.up_proj.weight"]), sd[p + "mlp.down_proj.weight"])
+    h = torch_decoder_layer(x, h, sd, p, cfg)  # attention reads [n,2E]; h is the residual
     draft = rms(h, sd["norm.weight"]) @ sd["lm_head.weight"].T  # [n,Vd]
-    vd = draft.shape[1]
+    n, vd = draft.shape
     full = torch.full((n, cfg["vocab_size"]), -float("inf"))
     full[:, torch.arange(vd) + sd["d2t"]] = draft
   return full.numpy()

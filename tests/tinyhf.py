@@ -50,3 +50,32 @@ def save_tiny_hf(path: str, *, vocab_size: int = 320, hidden: int = 64, layers: 
         p.normal_(0.0, 0.3)
   model.save_pretrained(path)
   return path
+
+
+def torch_decoder_layer(x, residual, sd: dict, prefix: str, cfg: dict):
+  """One Llama decoder layer in torch from a state dict, the tests' reference for EAGLE's draft
+  layers: causal self-attention over the rows of x [n, in] (rotary positions 0..n-1, grouped kv
+  heads; q/k/v_proj read x as it is: a layout with an input norm applies it to x first) added to
+  residual [n, E], then post_attention_layernorm and the SwiGLU MLP, added. -> [n, E]."""
+  import torch
+  import torch.nn.functional as F
+
+  n, nh, kv = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+  d = cfg["hidden_size"] // nh
+  a, m = prefix + "self_attn.", prefix + "mlp."
+  q = F.linear(x, sd[a + "q_proj.weight"]).view(n, nh, d).transpose(0, 1)
+  k = F.linear(x, sd[a + "k_proj.weight"]).view(n, kv, d).transpose(0, 1)
+  v = F.linear(x, sd[a + "v_proj.weight"]).view(n, kv, d).transpose(0, 1)
+  inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
+  ang = torch.arange(n).float()[:, None] * inv[None]
+  cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+  rot = lambda u: torch.cat([-u[..., d // 2:], u[..., :d // 2]], -1)  # noqa: E731
+  q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+  k, v = k.repeat_interleave(nh // kv, 0), v.repeat_interleave(nh // kv, 0)
+  att = (q @ k.transpose(1, 2)) / d ** 0.5
+  att = att.masked_fill(torch.ones(n, n).triu(1).bool(), -float("inf")).softmax(-1)
+  h = residual + F.linear((att @ v).transpose(0, 1).reshape(n, nh * d), sd[a + "o_proj.weight"])
+  y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"])
+  y = y * sd[prefix + "post_attention_layernorm.weight"]
+  return h + F.linear(F.silu(F.linear(y, sd[m + "gate_proj.weight"])) * F.linear(y, sd[m + "up_proj.weight"]),
+                      sd[m + "down_proj.weight"])
