@@ -47,10 +47,9 @@ def main(argv=None):
   target = sj.load_model("smollm2-135m")
 
   def load_draft(name):
-    if name.endswith(".npz"):  # an exported draft asset (train_draft(export=...))
-      from specjax.registry import load_draft_asset
-      return load_draft_asset(name, target)
-    return sj.load_model(name)
+    # A shipped name or an exported asset (.npz, `specjax train draft --export`), built around
+    # the target already loaded: it borrows the target's embeddings.
+    return sj.load_model(name, target=target)
 
   draft = load_draft(args.draft)
   g = args.gamma
