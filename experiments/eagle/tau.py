@@ -4,9 +4,11 @@
         [--kind eagle|medusa|mtp] [--nodes 8,16,32] [--depth 5] [--sets mt_bench,humaneval]
         [--prompts 8] [--new 128] [--json out.json]
 
-Greedy decoding is deterministic, so tau (1 + accepted draft tokens / target calls) and the
-per-depth acceptance need no quiet machine: this compares heads (e.g. before and after a
-retrain) on more prompts than a timed run can afford, beside other work. Speed is
+`--kind eagle` takes EAGLE heads and EAGLE-3 heads (kind "eagle3") alike: both draft through
+`sj.Eagle`, so one run compares them on the same prompts. Greedy decoding is deterministic, so
+tau (1 + accepted draft tokens / target calls) and the per-depth acceptance need no quiet
+machine: this compares heads (e.g. before and after a retrain) on more prompts than a timed run
+can afford, beside other work. Speed is
 `run.py`'s job (timed against autoregressive in the same process). Every output is checked
 token-identical to autoregressive. Batch 1, chat template for MT-Bench, raw HumanEval.
 """
@@ -45,7 +47,8 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--model", default="smollm2-135m")
   ap.add_argument("--heads", required=True, help="comma-separated heads (.npz or shipped names)")
-  ap.add_argument("--kind", default="eagle", choices=("eagle", "medusa", "mtp"))
+  ap.add_argument("--kind", default="eagle", choices=("eagle", "medusa", "mtp"),
+                  help="eagle: EAGLE or EAGLE-3 heads (sj.Eagle)")
   ap.add_argument("--nodes", default="8,16,32", help="EAGLE-2 / Medusa tree sizes")
   ap.add_argument("--depth", type=int, default=5)
   ap.add_argument("--top-k", type=int, default=8)
