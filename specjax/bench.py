@@ -601,9 +601,9 @@ def use_compile_cache() -> str:
   each here). A cache the user chose (JAX_COMPILATION_CACHE_DIR) wins. Returns the folder."""
   import jax
 
-  folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
-      os.environ.get("SPECJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "specjax")),
-      "jax")
+  from specjax.kernels.build import user_cache
+
+  folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or user_cache("jax")
   jax.config.update("jax_compilation_cache_dir", folder)
   return folder
 

@@ -239,25 +239,13 @@ def gguf_index(file: str) -> tuple[dict, dict[str, GGUFTensor]]:
 
   if not os.path.isfile(file):
     raise ModelNotFoundError(f"{file}: no such GGUF file")
-  stat = os.stat(file)
   from specjax.kernels.build import user_cache
 
+  stat = os.stat(file)
   cached = user_cache("gguf", f"{os.path.basename(file)}-{stat.st_size}-{stat.st_mtime_ns}.json")
-  try:
-    with open(cached) as f:
-      rec = json.load(f)
-    if rec.get("version") != _GGUF_INDEX_VERSION:
-      raise ValueError("an older index")
-    fields = rec["fields"]
-    if rec.get("n_tokens") is not None:
-      fields["tokenizer.ggml.tokens"] = range(rec["n_tokens"])
-    Q = gguf.GGMLQuantizationType
-    tensors = {t["name"]: GGUFTensor(t["name"], Q(t["type"]), tuple(t["shape"]), np.memmap(
-        file, np.dtype(t["dtype"]), "r", offset=t["offset"], shape=tuple(t["data_shape"])))
-        for t in rec["tensors"]}
-    return fields, tensors
-  except (OSError, ValueError, KeyError, TypeError):
-    pass
+  found = _read_gguf_index(cached, file)
+  if found is not None:
+    return found
   try:
     reader = gguf.GGUFReader(file)
   except Exception as e:  # the reader raises ValueError/struct errors on truncated files
@@ -266,27 +254,51 @@ def gguf_index(file: str) -> tuple[dict, dict[str, GGUFTensor]]:
   n_tokens = None
   if "tokenizer.ggml.tokens" in reader.fields:
     n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
-  tensors = {t.name: GGUFTensor(t.name, t.tensor_type, tuple(int(s) for s in t.shape), t.data)
-             for t in reader.tensors}
-  offsets = {t.name: t.data_offset for t in reader.tensors}  # from the file's start
-  rec = {"version": _GGUF_INDEX_VERSION, "fields": fields, "n_tokens": n_tokens,
-         "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": list(t.shape),
-                      "dtype": t.data.dtype.str, "data_shape": list(t.data.shape),
-                      "offset": int(offsets[t.name])} for t in tensors.values()]}
-  try:  # written whole under a temporary name, then renamed: readers never see half a file
-    if (n_tokens or 0) < GGUF_INDEX_MIN_TOKENS:
-      raise ValueError("parsed quickly; not indexed")
+  if (n_tokens or 0) >= GGUF_INDEX_MIN_TOKENS:
+    _write_gguf_index(cached, {
+        "version": _GGUF_INDEX_VERSION, "fields": fields, "n_tokens": n_tokens,
+        "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(x) for x in t.shape],
+                     "dtype": t.data.dtype.str, "data_shape": list(t.data.shape),
+                     "offset": int(t.data_offset)} for t in reader.tensors]})
+  if n_tokens is not None:
+    fields["tokenizer.ggml.tokens"] = range(n_tokens)
+  return fields, {t.name: GGUFTensor(t.name, t.tensor_type, tuple(int(x) for x in t.shape), t.data)
+                  for t in reader.tensors}
+
+
+def _read_gguf_index(cached: str, file: str):
+  """gguf_index's answer from the index file `cached`, or None when it is absent, from an older
+  version or unreadable."""
+  import gguf
+
+  try:
+    with open(cached) as f:
+      rec = json.load(f)
+    if rec.get("version") != _GGUF_INDEX_VERSION:
+      return None
+    fields = rec["fields"]
+    if rec.get("n_tokens") is not None:
+      fields["tokenizer.ggml.tokens"] = range(rec["n_tokens"])
+    Q = gguf.GGMLQuantizationType
+    return fields, {t["name"]: GGUFTensor(t["name"], Q(t["type"]), tuple(t["shape"]), np.memmap(
+        file, np.dtype(t["dtype"]), "r", offset=t["offset"], shape=tuple(t["data_shape"])))
+        for t in rec["tensors"]}
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _write_gguf_index(cached: str, rec: dict) -> None:
+  """Writes the index whole under a temporary name, then renames it: readers never see half a
+  file. A read-only home, or a field JSON cannot hold, leaves no index."""
+  try:
     text = json.dumps(rec)
     os.makedirs(os.path.dirname(cached), exist_ok=True)
     tmp = f"{cached}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
       f.write(text)
     os.replace(tmp, cached)
-  except (OSError, TypeError, ValueError):  # a read-only home, or a field JSON cannot hold
+  except (OSError, TypeError, ValueError):
     pass
-  if n_tokens is not None:
-    fields["tokenizer.ggml.tokens"] = range(n_tokens)
-  return fields, tensors
 
 
 def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
