@@ -1,18 +1,33 @@
-"""Decoding on the GGUF's own blocks against float32, and a quantized self-draft on top (issue 28).
+"""Decoding on the GGUF's own blocks against float32, a quantized self-draft on top, and llama.cpp
+on the same file (issue 28).
 
     .venv/bin/python experiments/blocks/run.py [--quick] [--repeats 3] [--max-new-tokens 128]
+    .venv/bin/python experiments/blocks/run.py --llama-cpp      # adds llama.cpp (llama-cpp-python)
 
 Loads SmolLM2-135M twice in one process: float32 (the default, on the fp32 CPU kernel) and
 `weights="blocks"` (the Q4_1 / Q8_0 blocks as stored, through the blocks kernel; the same
 weights, so the same tokens under greedy decoding). For chat (MT-Bench) and code (HumanEval)
 prompts, batch 1 and 4, greedy and temperature 0.7, it times each configuration:
 
-    float32 autoregressive | blocks autoregressive | blocks + quantized self-draft (if registered)
+    float32 autoregressive | blocks autoregressive | blocks + quantized self-draft
+    | blocks + quantized self-draft drafted by prompt lookup (multi-level) | llama.cpp (batch 1)
 
 alternating configurations within every repeat (the machine's load falls on all of them alike)
-and keeping the fastest repeat of each (the least disturbed). tok/s counts generated tokens.
-Ratios are against float32 autoregressive in the same process. Writes results.json / results.md
-here (results_quick.* with --quick).
+and keeping the fastest repeat of each (the least disturbed). tok/s counts generated tokens over
+the whole call (tokenising, prefill and decoding; compilation excluded by an untimed first round).
+Ratios are against float32 autoregressive in the same process; `x blocks AR` against blocks
+autoregressive. Greedy rows also give the share of each configuration's tokens that equal float32
+autoregressive decoding's up to its first difference (`same as AR`: 1.00 for every exact method).
+
+llama.cpp runs the same GGUF file through llama-cpp-python with 2 threads (`--threads`) on the
+same token ids (the chat template applied by the model's own tokenizer), generating exactly as
+many tokens (no EOS stop), greedy (top-k 1) or at T with top-k / top-p / min-p off. It computes
+with 8-bit activations (Q4_1 x Q8_1), so it is not the float32 model and its greedy tokens may
+differ. Install it with
+
+    CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python    # builds llama.cpp from source
+
+Writes results.json / results.md here (results_quick.* with --quick).
 """
 
 from __future__ import annotations
@@ -25,40 +40,116 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import bench, methods  # noqa: E402
+from specjax import bench, weights  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = "smollm2-135m"
 
 
-def configurations(fp32, blocks) -> list[tuple[str, object, object]]:
-  out = [("float32 autoregressive", fp32, sj.Autoregressive()),
-         ("blocks autoregressive", blocks, sj.Autoregressive())]
-  if methods.canonical("quantized") is not None:
-    out.append(("blocks + quantized draft", blocks, methods.build("quantized", blocks)))
+def specjax_runner(model, method):
+  """A configuration that decodes with sj.generate: (prompts, chat, T, n_new, seed) -> rows."""
+  def run(group, chat, temperature, n_new, seed):
+    out = sj.generate(model, group, method, max_new_tokens=n_new, chat=chat,
+                      temperature=temperature, seed=seed, stop_at_eos=False)
+    return [list(map(int, t)) for t in out.tokens], out.stats
+  return run
+
+
+def llama_cpp_runner(tokenizer, threads: int):
+  """A configuration that decodes with llama.cpp on the same GGUF, one prompt at a time."""
+  try:
+    import llama_cpp
+  except ImportError as e:
+    raise SystemExit("--llama-cpp needs llama-cpp-python: "
+                     "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install llama-cpp-python") from e
+  llm = llama_cpp.Llama(weights.resolve(MODEL), n_ctx=2048, n_batch=512, n_threads=threads,
+                        n_threads_batch=threads, verbose=False)
+
+  def run(group, chat, temperature, n_new, seed):
+    rows, eval_s, evals = [], 0.0, 0
+    for p in group:
+      ids = encode(tokenizer, p, chat)
+      llm.set_seed(seed)
+      llama_cpp.llama_perf_context_reset(llm.ctx)
+      sample = dict(top_k=1, temp=0.0) if temperature == 0 else \
+          dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
+      new = []
+      for tok in llm.generate(ids, reset=True, repeat_penalty=1.0, **sample):
+        new.append(int(tok))
+        if len(new) == n_new:
+          break
+      perf = llama_cpp.llama_perf_context(llm.ctx)
+      eval_s, evals = eval_s + perf.t_eval_ms / 1e3, evals + perf.n_eval
+      rows.append(new)
+    return rows, {"llama_cpp_eval_tok_s": evals / eval_s if eval_s else None,
+                  "llama_cpp_version": llama_cpp.__version__}
+  run.close = llm.close  # freed before the interpreter exits (its finaliser fails at exit)
+  return run
+
+
+def encode(tokenizer, prompt: str, chat: bool) -> list[int]:
+  """The token ids sj.generate feeds for this prompt."""
+  if not chat:
+    return list(tokenizer.encode(prompt))
+  ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                      add_generation_prompt=True, tokenize=True)
+  return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def configurations(fp32, blocks, llama_threads: int | None):
+  out = [("float32 autoregressive", specjax_runner(fp32, sj.Autoregressive())),
+         ("blocks autoregressive", specjax_runner(blocks, sj.Autoregressive())),
+         ("blocks + quantized draft", specjax_runner(blocks, sj.QuantizedDraft())),
+         ("blocks + quantized draft + lookup (multi-level)",
+          specjax_runner(blocks, sj.QuantizedDraft(gamma=6, lookup=4)))]
+  if llama_threads:
+    out.append((f"llama.cpp, {llama_threads} threads", llama_cpp_runner(fp32.tokenizer,
+                                                                          llama_threads)))
   return out
+
+
+def same_prefix(rows, ref) -> float:
+  """Share of tokens equal to the reference's up to each row's first difference."""
+  same = total = 0
+  for a, b in zip(rows, ref):
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    same, total = same + n, total + len(b)
+  return same / total
 
 
 def time_cell(configs, prompts, chat, batch, temperature, n_new, repeats) -> list[dict]:
   """One (prompt set, batch, temperature) cell: every configuration, alternating, fastest run."""
-  rows = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
-  best = {label: [] for label, _, _ in configs}
-  stats = {}
-  for group in rows:
-    times = {label: float("inf") for label, _, _ in configs}
+  groups = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
+  labels = [label for label, _ in configs if batch == 1 or not label.startswith("llama.cpp")]
+  best = {label: [] for label in labels}
+  stats, tokens = {}, {label: [] for label in labels}
+  for group in groups:
+    times = {label: float("inf") for label in labels}
     for r in range(repeats + 1):  # the first round compiles and warms: not timed
-      for label, model, method in configs:
+      for label, run in configs:
+        if label not in times:
+          continue
         t0 = time.perf_counter()
-        out = sj.generate(model, group, method, max_new_tokens=n_new, chat=chat,
-                          temperature=temperature, seed=r, stop_at_eos=False)
+        rows, st = run(group, chat, temperature, n_new, r)
         dt = time.perf_counter() - t0
         if r:
           times[label] = min(times[label], dt)
-          stats[label] = out.stats
+          stats[label] = st
+        if r == 1:
+          tokens[label] += rows
     for label in times:
       best[label].append(batch * n_new / times[label])
-  base = bench.median(best[configs[0][0]])
-  return [{"config": label, "tok_s": bench.median(v), "ratio": bench.median(v) / base,
-           "alpha": stats[label].get("alpha"), "tau": stats[label].get("mean_accepted")} for label, v in best.items()]
+  base, blocks_ar = bench.median(best[labels[0]]), bench.median(best[labels[1]])
+  out = []
+  for label in labels:
+    s, v = stats[label], bench.median(best[label])
+    out.append({"config": label, "tok_s": v, "ratio": v / base, "ratio_blocks": v / blocks_ar,
+                "alpha": s.get("alpha"), "tau": s.get("mean_accepted"),
+                "acceptance_by_position": s.get("acceptance_by_position"),
+                "same_as_ar": same_prefix(tokens[label], tokens[labels[0]]) if temperature == 0
+                else None,
+                **{k: s[k] for k in s if k.startswith("llama_cpp")}})
+  return out
 
 
 def main():
@@ -67,30 +158,39 @@ def main():
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--max-new-tokens", type=int, default=128)
   ap.add_argument("--num-prompts", type=int, default=4)
+  ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,4)")
+  ap.add_argument("--llama-cpp", action="store_true", help="add llama.cpp on the same GGUF")
+  ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+  ap.add_argument("--out", default=None, help="results file stem (default results[_quick])")
   a = ap.parse_args()
   n_new = 64 if a.quick else a.max_new_tokens
   n_prompts = 2 if a.quick else a.num_prompts
-  batches = (1,) if a.quick else (1, 4)
+  batches = tuple(int(b) for b in a.batches.split(",")) if a.batches else \
+      ((1,) if a.quick else (1, 4))
   info, t_start = bench.machine_info(), time.time()
-  fp32 = sj.load_model("smollm2-135m")
-  blocks = sj.load_model("smollm2-135m", weights="blocks")
-  configs = configurations(fp32, blocks)
+  fp32 = sj.load_model(MODEL)
+  blocks = sj.load_model(MODEL, weights="blocks")
+  configs = configurations(fp32, blocks, a.threads if a.llama_cpp else None)
   results = []
   for spec in ("mt_bench", "humaneval"):
     ps, chat = bench.load_prompt_set(spec, max(n_prompts, max(batches)))
     for batch in batches:
       for temperature in (0.0, 0.7):
-        for row in time_cell(configs, list(ps), chat, batch, temperature, n_new, a.repeats):
+        for row in time_cell(configs, list(ps)[:max(n_prompts, batch)], chat, batch,
+                             temperature, n_new, a.repeats):
           results.append({"prompts": spec, "batch": batch, "temperature": temperature, **row})
           print(results[-1], flush=True)
+  for _, run in configs:
+    getattr(run, "close", lambda: None)()
   info = bench.finish_machine_info(info, t_start)
   cols = [("prompts", "prompts", "s"), ("batch", "batch", "d"), ("temperature", "T", ".1f"),
           ("config", "configuration", "s"), ("tok_s", "tok/s", ".1f"),
-          ("ratio", "x float32 AR", ".2f"), ("alpha", "draft acceptance", ".3f"),
-          ("tau", "tokens per target call", ".2f")]
+          ("ratio", "x float32 AR", ".2f"), ("ratio_blocks", "x blocks AR", ".2f"),
+          ("alpha", "draft acceptance", ".3f"), ("tau", "tokens per target call", ".2f"),
+          ("same_as_ar", "same as AR (greedy)", ".2f")]
   md = f"{bench.machine_summary(info)}\n\n`{info['command']}`\n\n" + bench.markdown_table(results, cols)
   print(md)
-  bench.save_report(HERE, "results_quick" if a.quick else "results",
+  bench.save_report(HERE, a.out or ("results_quick" if a.quick else "results"),
                     {"machine": info, "results": results}, md)
 
 

@@ -230,13 +230,14 @@ def ab_shape(fns, k, n, rows, reps, rng, clock=time.perf_counter) -> dict:
 
 
 def peak():
-  """This core's fp32 FMA and vdpbf16ps ceilings (peak.cc: registers only, thread CPU time)."""
+  """This core's fp32 FMA and vdpbf16ps ceilings (peak.cc: registers only, thread CPU time) and
+  the memory's read bandwidth with 1 and 2 threads."""
   import subprocess
   import tempfile
 
   from specjax.kernels import build
   exe = os.path.join(tempfile.mkdtemp(), "peak")
-  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bf16",
+  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bf16", "-pthread",
                   os.path.join(os.path.dirname(__file__), "peak.cc"), "-o", exe], check=True)
   print(subprocess.run([exe], check=True, capture_output=True, text=True).stdout.strip())
 
@@ -290,7 +291,7 @@ def main(argv=None):
   ap.add_argument("--cpu-time", action="store_true", help="--ab on one kernel thread, timed by "
                   "the thread's CPU time (leaves out the time other processes hold the core)")
   ap.add_argument("--peak", action="store_true", help="only this core's arithmetic ceilings "
-                  "(peak.cc; needs AVX512-BF16)")
+                  "and the memory's read bandwidth (peak.cc; needs AVX512-BF16)")
   args = ap.parse_args(argv)
   if args.peak:
     return peak()

@@ -3,7 +3,8 @@
     y[M,N] = x[M,K] @ dequant(W)^T,   W [N, K] as GGUF blocks along K,   M in [1, MAX_ROWS]
 
 Why. A decode step reads every weight once, so its time is the weights' bytes: SmolLM2's GGUF
-stores them as Q4_1 blocks (5 bits a weight, 84 MB) where the fp32 copy we multiply by is 538 MB.
+stores them as Q4_1 blocks (5 bits a weight; with the Q8_0 tied embedding about 96 MB) where
+the fp32 copy we multiply by is 538 MB.
 The kernel (blocks.cc) streams the blocks as stored, dequantises them in registers and multiplies
 fp32 activations by exactly the weights they encode: the result is the fp32 product with gguf's
 dequantised weight up to float summation order.
