@@ -535,7 +535,8 @@ def cmd_train_medusa2(args) -> None:
                       steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                       lr=args.lr, warmup=args.warmup, grad_clip=args.grad_clip,
                       held_out=args.held_out, ckpt_every=args.ckpt_every,
-                      eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed)
+                      eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed,
+                      init=args.init)
 
 
 def _add_data_commands(sub) -> None:
@@ -661,7 +662,7 @@ def _add_train_commands(sub) -> None:
                        "resume); the asset holds both")
   _add_train_run(m2, {**_HEADS_RUN, "--out-dir": dict(default="runs/medusa2"),
                       "--export": dict(help="write the Medusa-2 asset (heads + adapters, .npz)")})
-  m2.add_argument("--num-heads", type=int, default=4)
+  m2.add_argument("--num-heads", type=int, default=None, help="default: 4, or --init's count")
   m2.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
   m2.add_argument("--rank", type=int, default=8, help="LoRA rank")
   m2.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (the update is "
@@ -674,6 +675,8 @@ def _add_train_commands(sub) -> None:
                   help="the adapters' learning rate as a fraction of the heads'")
   m2.add_argument("--warmup-heads", type=int, default=50,
                   help="steps that train the heads alone before the adapters learn")
+  m2.add_argument("--init", default=None, help="start from these Medusa-1 heads (.npz or a "
+                  "shipped name, e.g. smollm2-135m-medusa) instead of fresh ones")
   m2.set_defaults(fn=cmd_train_medusa2)
 
 

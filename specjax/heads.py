@@ -75,7 +75,9 @@ FEATURE_KINDS = ("eagle", "mtp", "eagle3")  # one-decoder-layer modules on the t
 
 # Shipped heads in specjax/assets, from the one registry of shipped drafters:
 # name -> (target name, asset file).
-NAMED_HEADS = {d.name: (d.target, d.asset) for d in registry.DRAFTERS.values() if d.kind in KINDS}
+# Medusa-2 assets hold Medusa heads (for the adapted target) beside the adapters.
+NAMED_HEADS = {d.name: (d.target, d.asset) for d in registry.DRAFTERS.values()
+               if d.kind in KINDS or d.kind == "medusa2"}
 
 
 @dataclasses.dataclass(frozen=True)

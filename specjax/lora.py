@@ -1,4 +1,4 @@
-"""LoRA adapters on a target's layer matrices (Hu et al. 2021), for Medusa-2's backbone training.
+"""LoRA adapters on a target's layer matrices (Hu et al. 2021): Medusa-2's adapted backbone.
 
 A matrix site W (its leading `IN_AXES[site]` axes are the input, the rest the output, in
 specjax's layouts: model.py) gets W + (alpha / r) * (A @ B) reshaped to W's shape, A [in, r]
@@ -8,8 +8,13 @@ drawn N(0, 1 / in), B [r, out] zero: the adapted model starts out as the origina
     params = merge(target.params, adapters, alpha / rank)     # differentiable; inside the loss
     model = merged_model(target, adapters, scale)             # a Model with merged weights
 
+    model = adapted_model("medusa2.npz", target)              # the adapters of an asset, merged
+
 adapters: {"layers.<i>.<block>.<site>": {"a": [in, r], "b": [r, out]}} (plain dict of float32).
-The embedding, norms and LM head are never adapted.
+The embedding, norms and LM head are never adapted. In a Medusa-2 asset (training/medusa2.py
+writes it) they are float16 arrays named LORA_PREFIX + "<name>.a" / ".b" beside the heads, with
+the header's "lora": {"rank", "alpha", "sites"}. This module reads them without any training code,
+so `sj.load_model("smollm2-135m-medusa2")` needs none.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 
 from specjax.errors import InputError, check_int
 
+LORA_PREFIX = "__lora__."
 IN_AXES = {"wqkv": 1, "wo": 2, "w_in": 1, "w_out": 1}  # leading axes that form a site's input
 SITES = tuple(IN_AXES)
 
@@ -107,3 +113,33 @@ def unflat(arrays: dict) -> dict:
     name, k = key.rsplit(".", 1)
     out.setdefault(name, {})[k] = jnp.asarray(np.asarray(x, np.float32))
   return out
+
+
+def read_adapters(path: str) -> tuple[dict, dict]:
+  """(adapters, header) of a Medusa-2 asset; WeightsError if the file holds no adapters."""
+  import json
+
+  from specjax import validate
+  from specjax.errors import WeightsError
+
+  with validate.npz(path, "a Medusa-2 asset (specjax train medusa2 --export)") as z:
+    header = json.loads(bytes(z["__header__"]).decode())
+    arrays = {k[len(LORA_PREFIX):]: z[k] for k in z.files if k.startswith(LORA_PREFIX)}
+  if not header.get("medusa2") or not arrays:
+    raise WeightsError(f"{path}: not a Medusa-2 asset (no adapters): Medusa-1 heads load with "
+                       f"sj.load_heads alone")
+  return unflat(arrays), header
+
+
+def adapted_model(path: str, target):
+  """`target` (the original Model) with a Medusa-2 asset's adapters merged in; InputError if
+  they were trained for another target (a site or shape that differs)."""
+  adapters, header = read_adapters(path)
+  want = site_shapes(target.params, header["lora"]["sites"])
+  got = {n: (a["a"].shape[0], a["b"].shape[1]) for n, a in adapters.items()}
+  if got != want:
+    bad = sorted(set(got) ^ set(want)) or [n for n in want if want[n] != got[n]]
+    raise InputError(f"{path}: adapters for another target (first mismatch {bad[0]!r}: "
+                     f"{got.get(bad[0])} vs this target's {want.get(bad[0])})")
+  lc = header["lora"]
+  return merged_model(target, adapters, lc["alpha"] / lc["rank"], name=f"{target.name}+medusa2")

@@ -30,7 +30,7 @@ from specjax import validate
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.model import Model, path_key
 
-KINDS = ("draft", "medusa", "eagle", "mtp")
+KINDS = ("draft", "medusa", "eagle", "mtp", "medusa2")
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
 
@@ -55,7 +55,15 @@ DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
     Drafter("smollm2-135m-medusa", "medusa", "smollm2-135m", "smollm2-135m-medusa.npz"),
     Drafter("smollm2-135m-eagle", "eagle", "smollm2-135m", "smollm2-135m-eagle.npz"),
     Drafter("smollm2-135m-mtp", "mtp", "smollm2-135m", "smollm2-135m-mtp.npz"),
+    # Medusa-2: LoRA adapters for the target and Medusa heads for the adapted model, one asset:
+    # sj.load_model(name) is the adapted target (specjax.lora), sj.load_heads(name) its heads.
+    Drafter("smollm2-135m-medusa2", "medusa2", "smollm2-135m", "smollm2-135m-medusa2.npz"),
 )}
+
+
+def adapted_name(d: Drafter) -> str:
+  """The name of the model a "medusa2" drafter's adapters make of its target."""
+  return f"{d.target}+medusa2"
 
 
 def names(kind: str) -> list[str]:

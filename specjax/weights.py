@@ -539,13 +539,36 @@ def default_dtype():
   return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+def _load_adapted(entry, *, dtype, tokenizer, place, mesh, target, weights, kernels):
+  """A shipped Medusa-2 asset as a model: its target with the asset's LoRA adapters merged in
+  (specjax.lora). `target=` is the original model already loaded (else it is loaded here)."""
+  from specjax import lora
+
+  if mesh is not None or place is not None or weights != "float32":
+    raise InputError(f"load_model({entry.name!r}): mesh=, place= and weights='blocks' do not apply "
+                     f"to an adapted model (its weights are merged on the host, in float32 or "
+                     f"dtype); load it alone, then pass mesh= to sj.generate")
+  if not os.path.isfile(entry.path):
+    raise ModelNotFoundError(f"{entry.name!r}: the asset {entry.path} is not there; train one "
+                             f"with `specjax train medusa2 --export FILE`")
+  if target is None:
+    target = load_model(entry.target, dtype=dtype, tokenizer=tokenizer, kernels=kernels)
+  elif getattr(target, "name", None) != entry.target:
+    raise InputError(f"load_model({entry.name!r}, target=...): the adapters are for "
+                     f"{entry.target!r}, not {getattr(target, 'name', target)!r}")
+  return lora.adapted_model(entry.path, target)
+
+
 def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
                rules=None, kernels: bool | None = None, target=None, weights: str = "float32"):
   """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
 
   A shipped draft (e.g. "smollm2-135m-draft") borrows its target's embeddings and LM head: pass
   the target already loaded as `target=` to build it around that one (instant, no second copy);
-  without it the target is loaded once more for the draft.
+  without it the target is loaded once more for the draft. A shipped Medusa-2 asset (e.g.
+  "smollm2-135m-medusa2") is its target with the asset's LoRA adapters merged in: a different
+  model from the original (every method is exact with respect to it); `target=` is then the
+  original, already loaded. sj.load_heads(name, model) gives its Medusa heads.
 
   Tensors are read one at a time, converted to `dtype` as read (never a float32 copy of the
   model on the host; docs/sharding.md).
@@ -575,6 +598,10 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   validate.boolean("tokenizer", tokenizer)
   if kernels is not None:
     validate.boolean("kernels", kernels)
+  entry = registry.DRAFTERS.get(name_or_path)
+  if entry is not None and entry.kind == "medusa2":
+    return _load_adapted(entry, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
+                         target=target, weights=weights, kernels=kernels)
   if name_or_path in registry.DRAFTERS and registry.DRAFTERS[name_or_path].kind != "draft":
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax import lora
 from specjax.errors import InputError
 from specjax.training import heads as heads_train
-from specjax.training import lora, medusa2, trainer
+from specjax.training import medusa2, trainer
 
 from conftest import assert_greedy, random_prompts, tiny_model
 from test_train import _learnable_target, _self_corpus
@@ -61,7 +62,8 @@ class _Stop(Exception):
   pass
 
 
-def test_medusa2_trains_resumes_exports_and_decodes_exactly(tmp_path, self_distillation):
+def test_medusa2_trains_resumes_exports_and_decodes_exactly(tmp_path, self_distillation,
+                                                            monkeypatch):
   target, corpus = self_distillation
   seen = {}
 
@@ -128,6 +130,28 @@ def test_medusa2_trains_resumes_exports_and_decodes_exactly(tmp_path, self_disti
   assert 0.0 <= close["greedy_identical"] <= 1.0
   assert close["positions"] == int(heads_train.response_valid(mask).sum())
 
+  # Shipped under a name: load_model gives the adapted model, load_heads its heads, and "medusa"
+  # on the adapted model finds them; nothing of specjax.training is needed to load it.
+  from specjax import heads as heads_mod, methods, registry
+  entry = registry.Drafter("tiny-medusa2", "medusa2", target.name, str(tmp_path / "m2.npz"))
+  monkeypatch.setitem(registry.DRAFTERS, entry.name, entry)
+  monkeypatch.setitem(heads_mod.NAMED_HEADS, entry.name, (target.name, entry.asset))
+  named = sj.load_model("tiny-medusa2", target=target)
+  assert named.name == registry.adapted_name(entry)
+  for a, b in zip(jax.tree_util.tree_leaves(named.params), jax.tree_util.tree_leaves(model.params)):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+  named_heads = sj.load_heads("tiny-medusa2", named)
+  for k in back.params:
+    assert np.array_equal(np.asarray(named_heads.params[k]), np.asarray(back.params[k])), k
+  assert methods.shipped("medusa", named) == "tiny-medusa2"
+  assert methods.shipped("medusa", target) != "tiny-medusa2"  # the original model has no heads
+  other = tiny_model()
+  with pytest.raises(InputError, match="the adapters are for"):
+    sj.load_model("tiny-medusa2", target=sj.Model(other.config, other.graphdef, other.params,
+                                                  name="other"))
+  with pytest.raises(InputError, match="mesh="):
+    sj.load_model("tiny-medusa2", target=target, mesh="data=1")
+
 
 def test_medusa2_bad_input_before_anything_loads(tmp_path, self_distillation):
   target, corpus = self_distillation
@@ -145,3 +169,39 @@ def test_medusa2_bad_input_before_anything_loads(tmp_path, self_distillation):
     from specjax.heads import save_heads
     save_heads(sj.init_heads(target, "medusa", num_heads=2), str(tmp_path / "m1.npz"))
     medusa2.load_medusa2(str(tmp_path / "m1.npz"), target)
+
+
+def test_medusa2_starts_from_trained_medusa1_heads(tmp_path, self_distillation):
+  """init: the joint training starts from given Medusa-1 heads (their count, blocks and
+  vocabulary subset), not fresh ones; a wrong kind or head count is named before training."""
+  target, corpus = self_distillation
+  vocab = np.arange(0, target.config.vocab_size, 2)
+  m1 = sj.init_heads(target, "medusa", num_heads=3, num_layers=2, seed=5, scale=0.5, vocab=vocab)
+  from specjax.heads import save_heads
+  path = save_heads(m1, str(tmp_path / "m1.npz"))
+  start = {}
+  orig = trainer.train
+
+  def capture(params, *a, **k):
+    start.update(jax.tree_util.tree_map(np.asarray, params["heads"]))
+    return orig(params, *a, **k)
+
+  trainer.train = capture
+  try:
+    heads, _ = heads_train.train_medusa2(target, corpus, out_dir=str(tmp_path / "m2"), init=path,
+                                         **dict(KW, num_heads=None, warmup_heads=0, steps=2))
+  finally:
+    trainer.train = orig
+  saved = sj.load_heads(path)  # float16 on disk: the heads start from exactly what was saved
+  assert set(start) == set(saved.params)
+  for k in start:
+    assert np.array_equal(start[k], np.asarray(saved.params[k], np.float32)), k
+  assert heads.config.num_heads == 3 and heads.config.num_layers == 2
+  assert np.array_equal(np.asarray(heads.vocab), vocab)
+  with pytest.raises(InputError, match="num_heads asks 2"):
+    heads_train.train_medusa2(target, corpus, out_dir=str(tmp_path / "bad"), init=path,
+                              **dict(KW, num_heads=2))
+  eagle = save_heads(sj.init_heads(target, "eagle"), str(tmp_path / "eagle.npz"))
+  with pytest.raises(InputError, match="holds eagle heads, not medusa"):
+    heads_train.train_medusa2(target, corpus, out_dir=str(tmp_path / "bad"), init=eagle, **KW)
+  assert not os.path.exists(tmp_path / "bad")

@@ -122,9 +122,13 @@ def resolve(method, target):
 
 
 def shipped(kind: str, target) -> str | None:
-  """The shipped drafter of `kind` ("draft", "medusa", ...) for target, if its asset is here."""
+  """The shipped drafter of `kind` ("draft", "medusa", ...) for target, if its asset is here (a
+  Medusa-2 asset's heads are the Medusa heads of the model its adapters make)."""
+  name = getattr(target, "name", None)
   for d in assets.DRAFTERS.values():
-    if d.kind == kind and d.target == getattr(target, "name", None) and os.path.isfile(d.path):
+    mine = d.target == name if d.kind == kind else \
+        kind == "medusa" and d.kind == "medusa2" and assets.adapted_name(d) == name
+    if mine and os.path.isfile(d.path):
       return d.name
   return None
 

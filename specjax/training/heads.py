@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import validate
+from specjax import lora, validate
 from specjax.errors import InputError, check_int
 from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
                            save_heads)
-from specjax.training import eagle, eagle3, folders, lora, medusa, medusa2, mtp, trainer
+from specjax.training import eagle, eagle3, folders, medusa, medusa2, mtp, trainer
 from specjax.training.draft import setup_run, vocab_subset
 from specjax.training.features import frozen_arrays, target_features
 
@@ -177,42 +177,48 @@ def train_medusa(target="smollm2-135m", corpus=None, **kw):
 
 
 def train_medusa2(target="smollm2-135m", corpus=None, *, out_dir: str = "runs/medusa2",
-                  export: str | None = None, num_heads: int = 4, num_layers: int = 1,
+                  export: str | None = None, num_heads: int | None = None, num_layers: int = 1,
                   vocab_size: int = 8192, rank: int = 8, alpha: float = 16.0,
                   sites=lora.SITES, kl_weight: float = 1.0, backbone_lr: float = 0.1,
                   warmup_heads: int = 50, steps: int = 400, batch_size: int = 4,
                   seq_len: int = 256, lr: float = 1e-3, warmup: int = 40,
                   grad_clip: float = 1.0, held_out: float = 0.02, max_held_out_windows: int = 32,
                   ckpt_every: int = 50, eval_every: int = 50, max_minutes: float = 0.0,
-                  seed: int = 0, progress: bool = True, log=print):
+                  seed: int = 0, init: str | None = None, progress: bool = True, log=print):
   """Medusa-2 (training/medusa2.py): Medusa heads and LoRA adapters on the target's layer
   matrices trained together over a self-distillation corpus, loss = the heads' losses +
   kl_weight * KL(original || adapted); the heads alone for the first `warmup_heads` steps, the
   adapters then at backbone_lr x the heads' rate. Resumable like every trainer (rerun the same
   call). Returns (Heads, adapters); export writes both as one asset (`medusa2.load_medusa2`).
-  Held-out metrics: the heads' top-1 / top-5 per head, "kl" and "heads_loss"."""
+  Held-out metrics: the heads' top-1 / top-5 per head, "kl" and "heads_loss".
+  init: start from trained Medusa-1 heads (a file or shipped name, e.g. "smollm2-135m-medusa";
+  their head count and vocabulary subset are kept, vocab_size is then ignored) instead of fresh
+  ones: the heads are then already warm, so warmup_heads can be 0."""
   sites = lora.check_sites(sites)
   medusa2.check_args(kl_weight=kl_weight, rank=rank, backbone_lr=backbone_lr,
                      warmup_heads=warmup_heads, steps=steps)
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
     raise InputError(f"alpha={alpha!r} is invalid: must be a number > 0")
-  _check_args(("medusa",), {"medusa": num_heads}, export=export, num_layers=num_layers,
+  per_kind = _heads_per_kind(("medusa",), num_heads)  # None: 4, or the init's count
+  _check_args(("medusa",), per_kind, export=export, num_layers=num_layers,
               vocab_size=vocab_size, batch_size=batch_size, seq_len=seq_len,
               max_held_out_windows=max_held_out_windows, unroll=1, taps=())
   with folders.removed_on_failure(out_dir, trainer.has_checkpoint):
+    inits = {} if init is None else _load_inits(init, ("medusa",), num_heads, per_kind)
     config, corpus, target, target_name = setup_run(
-        target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps,
-        lr=lr, warmup=warmup, weight_decay=0.0, grad_clip=grad_clip, ckpt_every=ckpt_every,
-        eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress,
-        clip_groups=True, group_lr=(("lora", float(backbone_lr), int(warmup_heads)),))
+        target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
+        steps=steps, lr=lr, warmup=warmup, weight_decay=0.0, grad_clip=grad_clip,
+        ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes,
+        progress=progress, clip_groups=True, group_lr=(("lora", float(backbone_lr), int(warmup_heads)),))
     adapters = lora.init(target, rank, sites, seed)  # the rank against the target's widths
     tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
                                log)
     valid = response_valid(mask)
-    heads_by, vocab = _fresh_heads(target, ("medusa",), {"medusa": num_heads}, tok, mask,
-                                   vocab_size=vocab_size, num_layers=num_layers, seed=seed,
-                                   taps=(), log=log)
+    heads_by, _ = (_from_inits(inits, target, (), init, log) if inits else _fresh_heads(
+        target, ("medusa",), per_kind, tok, mask, vocab_size=vocab_size, num_layers=num_layers,
+        seed=seed, taps=(), log=log))
     heads = heads_by["medusa"]
+    num_heads = heads.config.num_heads
     frozen = frozen_arrays(target, heads)
 
     def batches(step):
@@ -236,6 +242,7 @@ def train_medusa2(target="smollm2-135m", corpus=None, *, out_dir: str = "runs/me
       meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size,
                   seq_len=seq_len, kl_weight=kl_weight, backbone_lr=backbone_lr,
                   warmup_heads=warmup_heads, held_out=held_k,
+                  init=None if init is None else str(init),
                   corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
                           if c in corpus.meta})
       medusa2.save(h, res.params["lora"], export, rank=rank, alpha=alpha, sites=sites, meta=meta)

@@ -1,7 +1,7 @@
 """Medusa-2 (Cai et al. 2024): the backbone trained together with its Medusa heads.
 
 Medusa-1's heads read a frozen backbone's hidden states; Medusa-2 also adapts the backbone (here
-LoRA adapters on its layer matrices, training/lora.py) so that its hidden states learn to carry
+LoRA adapters on its layer matrices, specjax/lora.py) so that its hidden states learn to carry
 the future tokens the heads predict, while a self-distillation term keeps the adapted model's own
 next-token distribution close to the original's:
 
@@ -28,17 +28,14 @@ plus the adapters under "__lora__.<name>.a" / ".b" (float16) and header fields "
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.errors import InputError, WeightsError, check_int
+from specjax import lora
+from specjax.errors import InputError, check_int
 from specjax.model import forward_sequence
-from specjax.training import lora, medusa
-
-LORA_PREFIX = "__lora__."
+from specjax.training import medusa
 
 
 def make_loss(target, heads, *, kl_weight: float = 1.0, scale: float = 2.0,
@@ -122,21 +119,8 @@ def save(heads, adapters: dict, path: str, *, rank: int, alpha: float, sites, me
 
   return save_heads(heads, path, dict(meta or {}, medusa2=True,
                                       lora={"rank": rank, "alpha": alpha, "sites": list(sites)}),
-                    extra={LORA_PREFIX + k: np.asarray(v, np.float16)
+                    extra={lora.LORA_PREFIX + k: np.asarray(v, np.float16)
                            for k, v in lora.flat(adapters).items()})
-
-
-def read_adapters(path: str) -> tuple[dict, dict]:
-  """(adapters, header) of a Medusa-2 asset; WeightsError if the file holds no adapters."""
-  from specjax import validate
-
-  with validate.npz(path, "a Medusa-2 asset (specjax train medusa2 --export)") as z:
-    header = json.loads(bytes(z["__header__"]).decode())
-    arrays = {k[len(LORA_PREFIX):]: z[k] for k in z.files if k.startswith(LORA_PREFIX)}
-  if not header.get("medusa2") or not arrays:
-    raise WeightsError(f"{path}: not a Medusa-2 asset (no adapters): Medusa-1 heads load with "
-                       f"sj.load_heads alone")
-  return lora.unflat(arrays), header
 
 
 def load_medusa2(path: str, target=None):
@@ -145,16 +129,7 @@ def load_medusa2(path: str, target=None):
   from specjax.heads import load_heads
   from specjax.weights import load_model
 
-  adapters, header = read_adapters(path)
   if target is None:
-    target = load_model(header.get("target") or "smollm2-135m")
-  want = lora.site_shapes(target.params, header["lora"]["sites"])
-  got = {n: (a["a"].shape[0], a["b"].shape[1]) for n, a in adapters.items()}
-  if got != want:
-    bad = sorted(set(got) ^ set(want)) or [n for n in want if want[n] != got[n]]
-    raise InputError(f"{path}: adapters for another target (first mismatch {bad[0]!r}: "
-                     f"{got.get(bad[0])} vs this target's {want.get(bad[0])})")
-  lc = header["lora"]
-  model = lora.merged_model(target, adapters, lc["alpha"] / lc["rank"],
-                            name=f"{target.name}+medusa2")
+    target = load_model(lora.read_adapters(path)[1].get("target") or "smollm2-135m")
+  model = lora.adapted_model(path, target)
   return model, load_heads(path, model)
