@@ -347,6 +347,34 @@ def test_fallback_on_unsupported_cpu(fresh_load, target, batch, reference):
   assert "AVX" in _falls_back_once(target, batch, reference)
 
 
+def test_concurrent_builds_compile_once(monkeypatch, tmp_path):
+  """A process that needs a library another one is building waits for its lock, then loads that
+  build instead of compiling its own (a test run's workers on a fresh cache)."""
+  import fcntl
+  import threading
+
+  from specjax.kernels import build
+
+  out = build.library_path(str(tmp_path), "qdot")
+  os.makedirs(os.path.dirname(out))
+  compiled = []
+  monkeypatch.setattr(build, "_compile", lambda *a: compiled.append(a))
+  monkeypatch.setattr(build, "find_compiler", lambda cxx=None: "c++")
+  got = []
+  with open(out + ".lock", "a") as held:  # the "other process", mid-build
+    fcntl.flock(held, fcntl.LOCK_EX)
+    waiter = threading.Thread(target=lambda: got.append(build.build(cache_dir=str(tmp_path),
+                                                                    library="qdot")))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not got  # waiting on the lock, not compiling
+    open(out, "wb").close()  # the other build lands, then its lock is released
+  waiter.join(10)
+  assert got == [out] and compiled == []
+  os.remove(out)  # nobody else building: it compiles, under the lock
+  assert build.build(cache_dir=str(tmp_path), library="qdot") == out and len(compiled) == 1
+
+
 def test_switch_off(monkeypatch, target, batch, reference):
   """SPECJAX_KERNELS=0 (and kernels=False) leave the model unpacked, silently: the user asked."""
   monkeypatch.setenv("SPECJAX_KERNELS", "0")

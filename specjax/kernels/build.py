@@ -6,14 +6,17 @@ source compiled once per instruction-set part and linked into its own shared lib
 The shared library lands in `$SPECJAX_CACHE/kernels/<key>/` (default `~/.cache/specjax`), where
 <key> hashes the source, the build flags, the machine architecture and the installed jaxlib
 version (the XLA FFI headers come from that jaxlib), so a new jaxlib or an edited kernel builds a
-new library and an old one is never loaded against the wrong headers. A build writes to a
-temporary name and renames it into place, so two processes building at once are harmless.
+new library and an old one is never loaded against the wrong headers. A build holds a lock file
+beside the library (`<library>.lock`, flock), so processes that need the same library at once
+(a test run's workers on a fresh cache) compile it once: the others wait, then load it. It
+writes to a temporary name and renames it into place, so a reader never sees half a library.
 
 The compiler is `$SPECJAX_CXX`, else `$CXX`, else `c++`/`g++` on PATH.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
@@ -115,7 +118,16 @@ def build(cxx: str | None = None, cache_dir: str | None = None, *, force: bool =
     return out
   compiler = find_compiler(cxx)
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  include = jax.ffi.include_dir()
+  with open(out + ".lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if os.path.isfile(out) and not force:  # another process built it while this one waited
+      return out
+    _compile(compiler, source, lib_name, extra, jax.ffi.include_dir(), out)
+  return out
+
+
+def _compile(compiler: str, source: str, lib_name: str, extra: dict, include: str, out: str):
+  """Compiles `source` per instruction-set part and links the parts into `out`."""
   with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as tmp:
     procs, objs = [], []
     for part, flags in _parts():  # compiled in parallel; `main` (the FFI headers) is the slowest
@@ -135,4 +147,3 @@ def build(cxx: str | None = None, cache_dir: str | None = None, *, force: bool =
       raise BuildError(f"linking the kernels failed: {' '.join(cmd)}\n"
                        f"{p.stdout.decode(errors='replace')[-3000:]}")
     os.replace(tmp_lib, out)
-  return out
