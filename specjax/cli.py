@@ -188,7 +188,7 @@ def _check_generate_args(args) -> str:
 
   check_flags(args, {**SAMPLING_FLAGS, **METHOD_FLAGS})
   name = _method_name(args.method)
-  weights.resolve(args.model)  # an unknown model name fails here, before anything loads
+  weights.check_model(args.model)  # an unknown model name fails here, before anything loads
   return name
 
 
@@ -321,7 +321,7 @@ def _check_bench_args(args) -> list[str]:
     if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
       raise InputError(f"{flag} {path!r}: folder {os.path.dirname(os.path.abspath(path))!r} "
                        f"does not exist")
-  weights.resolve(args.model)  # an unknown model name fails here, before anything loads
+  weights.check_model(args.model)  # an unknown model name fails here, before anything loads
   return ["autoregressive"] + [n for n in dict.fromkeys(names) if n != "autoregressive"]
 
 
@@ -468,7 +468,7 @@ def cmd_data_throughput(args) -> None:
   from specjax.training import corpus
 
   check_flags(args, DATA_FLAGS)
-  weights.resolve(args.model)
+  weights.check_model(args.model)
   rows = corpus.measure_throughput(sj.load_model(args.model), args.batch_sizes,
                                    new_tokens=args.new_tokens)
   print(bench.format_table(rows, [("batch", "batch", "d"), ("tokens_per_second", "tok/s", ".1f"),

@@ -461,6 +461,13 @@ def resolve(name_or_path: str) -> str:
   )
 
 
+def check_model(name_or_path: str) -> None:
+  """ModelNotFoundError unless `load_model` can find this model: a named model, a local
+  directory or file, or a shipped Medusa-2 asset (its target's file is checked). Reads nothing."""
+  entry = registry.DRAFTERS.get(name_or_path) if isinstance(name_or_path, str) else None
+  resolve(entry.target if entry is not None and entry.kind == "medusa2" else name_or_path)
+
+
 def _assembled(package: str, name: str, pip: str) -> str:
   """The file a chunked model package assembles (its `assemble()`, checked against its sha256)
   into the user's cache: written once, through a temporary file so that an interrupted or
