@@ -2,22 +2,14 @@
 // (vfmadd231ps zmm) and bf16 pair dot (vdpbf16ps zmm), each as 24 independent accumulator
 // chains in registers (no memory traffic), timed by the thread's CPU time (a loaded machine's
 // other processes are left out). FLOP: 2 per fp32 lane per FMA, 4 per lane per vdpbf16ps.
-// Then the memory's read bandwidth: 1 and 2 threads summing a buffer far larger than the caches
-// (512 MiB) and one the size of a decode step's weights here (96 MiB: SmolLM2's Q4_1 / Q8_0
-// blocks), wall time, best of 7: the floor under a memory-bound one-token forward.
 //
-//   g++ -O3 -mavx512f -mavx512bf16 -pthread experiments/kernels/peak.cc -o /tmp/peak && /tmp/peak
+//   g++ -O3 -mavx512f -mavx512bf16 experiments/kernels/peak.cc -o /tmp/peak && /tmp/peak
 // (run.py --peak does this).
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <ctime>
-#include <thread>
-#include <vector>
 
 static double now() {
   timespec t;
@@ -48,37 +40,6 @@ double gflops(long iters) {
   return iters * 24.0 * 16 * (BF16 ? 4 : 2) / s / 1e9;
 }
 
-static void sum_range(const float* a, long n, float* out) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (long i = 0; i < n; i += 64) {
-    s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
-    s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
-    s2 = _mm512_add_ps(s2, _mm512_load_ps(a + i + 32));
-    s3 = _mm512_add_ps(s3, _mm512_load_ps(a + i + 48));
-  }
-  *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-}
-
-double read_gbs(long mib, int threads) {
-  const long n = mib * (1L << 20) / 4, per = n / threads;
-  float* a = static_cast<float*>(std::aligned_alloc(64, n * 4));
-  std::memset(a, 0, n * 4);
-  double best = 0;
-  std::vector<float> out(threads);
-  for (int rep = 0; rep < 7; ++rep) {
-    const auto t = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (int i = 1; i < threads; ++i) pool.emplace_back(sum_range, a + i * per, per, &out[i]);
-    sum_range(a, per, &out[0]);
-    for (auto& th : pool) th.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-    best = std::max(best, n * 4.0 / s / 1e9);
-  }
-  if (out[0] == 12345.f) std::printf("-");
-  std::free(a);
-  return best;
-}
-
 int main() {
   double f32 = 0, bf16 = 0;
   for (int rep = 0; rep < 7; ++rep) {  // best of 7: the runs a busy core interrupted least
@@ -87,7 +48,4 @@ int main() {
   }
   std::printf("one core, CPU time, best of 7: fp32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s\n",
               f32, bf16);
-  for (long mib : {512L, 96L})
-    std::printf("memory read, %ld MiB, wall time, best of 7: 1 thread %.1f GB/s, 2 threads %.1f "
-                "GB/s\n", mib, read_gbs(mib, 1), read_gbs(mib, 2));
 }

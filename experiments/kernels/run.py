@@ -237,9 +237,13 @@ def peak():
 
   from specjax.kernels import build
   exe = os.path.join(tempfile.mkdtemp(), "peak")
-  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bf16", "-pthread",
+  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bf16",
                   os.path.join(os.path.dirname(__file__), "peak.cc"), "-o", exe], check=True)
   print(subprocess.run([exe], check=True, capture_output=True, text=True).stdout.strip())
+  from specjax import bench
+  for mib in (512, 96):  # a buffer past the caches; one the size of SmolLM2's GGUF blocks
+    print(f"memory read, {mib} MiB (bench.measure_read_bandwidth, every core): "
+          f"{bench.measure_read_bandwidth(mib << 20) / 1e9:.1f} GB/s")
 
 
 def ab(args):
