@@ -55,7 +55,7 @@ def specjax_runner(model, method):
   return run
 
 
-def llama_cpp_runner(tokenizer, threads: int):
+def llama_cpp_runner(model, threads: int):
   """A configuration that decodes with llama.cpp on the same GGUF, one prompt at a time."""
   try:
     import llama_cpp
@@ -68,7 +68,7 @@ def llama_cpp_runner(tokenizer, threads: int):
   def run(group, chat, temperature, n_new, seed):
     rows, eval_s, evals = [], 0.0, 0
     for p in group:
-      ids = encode(tokenizer, p, chat)
+      ids = sj.decode._encode(model, [p], chat)[0]  # the ids sj.generate feeds
       llm.set_seed(seed)
       llama_cpp.llama_perf_context_reset(llm.ctx)
       sample = dict(top_k=1, temp=0.0) if temperature == 0 else \
@@ -87,15 +87,6 @@ def llama_cpp_runner(tokenizer, threads: int):
   return run
 
 
-def encode(tokenizer, prompt: str, chat: bool) -> list[int]:
-  """The token ids sj.generate feeds for this prompt."""
-  if not chat:
-    return list(tokenizer.encode(prompt))
-  ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                      add_generation_prompt=True, tokenize=True)
-  return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def configurations(fp32, blocks, llama_threads: int | None):
   out = [("float32 autoregressive", specjax_runner(fp32, sj.Autoregressive())),
          ("blocks autoregressive", specjax_runner(blocks, sj.Autoregressive())),
@@ -103,8 +94,7 @@ def configurations(fp32, blocks, llama_threads: int | None):
          ("blocks + quantized draft + lookup (multi-level)",
           specjax_runner(blocks, sj.QuantizedDraft(gamma=6, lookup=4)))]
   if llama_threads:
-    out.append((f"llama.cpp, {llama_threads} threads", llama_cpp_runner(fp32.tokenizer,
-                                                                          llama_threads)))
+    out.append((f"llama.cpp, {llama_threads} threads", llama_cpp_runner(fp32, llama_threads)))
   return out
 
 
