@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.errors import InputError, check_int
+from specjax.registry import adapted_name
 
 LORA_PREFIX = "__lora__."
 IN_AXES = {"wqkv": 1, "wo": 2, "w_in": 1, "w_out": 1}  # leading axes that form a site's input
@@ -142,4 +143,4 @@ def adapted_model(path: str, target):
     raise InputError(f"{path}: adapters for another target (first mismatch {bad[0]!r}: "
                      f"{got.get(bad[0])} vs this target's {want.get(bad[0])})")
   lc = header["lora"]
-  return merged_model(target, adapters, lc["alpha"] / lc["rank"], name=f"{target.name}+medusa2")
+  return merged_model(target, adapters, lc["alpha"] / lc["rank"], name=adapted_name(target.name))

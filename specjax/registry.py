@@ -61,9 +61,9 @@ DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
 )}
 
 
-def adapted_name(d: Drafter) -> str:
-  """The name of the model a "medusa2" drafter's adapters make of its target."""
-  return f"{d.target}+medusa2"
+def adapted_name(target: str) -> str:
+  """The name of the model Medusa-2 adapters make of the model named `target`."""
+  return f"{target}+medusa2"
 
 
 def names(kind: str) -> list[str]:

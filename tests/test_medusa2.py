@@ -137,7 +137,7 @@ def test_medusa2_trains_resumes_exports_and_decodes_exactly(tmp_path, self_disti
   monkeypatch.setitem(registry.DRAFTERS, entry.name, entry)
   monkeypatch.setitem(heads_mod.NAMED_HEADS, entry.name, (target.name, entry.asset))
   named = sj.load_model("tiny-medusa2", target=target)
-  assert named.name == registry.adapted_name(entry)
+  assert named.name == registry.adapted_name(entry.target)
   for a, b in zip(jax.tree_util.tree_leaves(named.params), jax.tree_util.tree_leaves(model.params)):
     assert np.array_equal(np.asarray(a), np.asarray(b))
   named_heads = sj.load_heads("tiny-medusa2", named)

@@ -127,7 +127,7 @@ def shipped(kind: str, target) -> str | None:
   name = getattr(target, "name", None)
   for d in assets.DRAFTERS.values():
     mine = d.target == name if d.kind == kind else \
-        kind == "medusa" and d.kind == "medusa2" and assets.adapted_name(d) == name
+        kind == "medusa" and d.kind == "medusa2" and assets.adapted_name(d.target) == name
     if mine and os.path.isfile(d.path):
       return d.name
   return None
