@@ -123,7 +123,7 @@ def methods_bench(model, n_prompts: int, max_new: int, repeat: int, categories=N
   from experiments.spec_bench.run import build_methods
   from experiments.training_free.run import bench, load_prompts
 
-  methods, notes = build_methods(model, model.name)
+  methods, notes = build_methods(model)
   for name, note in notes.items():
     print(f"# {name}: {note}")
   prompts = load_prompts(n_prompts)

@@ -178,7 +178,7 @@ def main(argv=None):
   if max(lengths) + new > target.config.max_position_embeddings:
     ap.error(f"--lengths: {max(lengths)} + {new} new tokens exceed {args.model}'s context of "
              f"{target.config.max_position_embeddings}")
-  methods, notes = build_methods(target, args.model, names, medusa_nodes=args.medusa_nodes,
+  methods, notes = build_methods(target, names, medusa_nodes=args.medusa_nodes,
                                  cost_sizes=(1, 2, 4, 8, 16) if quick else (1, 2, 4, 8, 16, 32))
   for name, note in notes.items():
     print(f"  {name}: {note}")

@@ -59,11 +59,11 @@ SPEC_BENCH_A100_VICUNA7B = {
 SPEC_BENCH_SOURCE = "https://github.com/hemingkx/Spec-Bench/blob/main/Leaderboard.md"
 
 
-def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int = 0,
+def build_methods(target, names=METHODS, *, medusa_nodes: int = 0,
                   cost_sizes=(1, 2, 4, 8, 16, 32), log=print) -> tuple[dict, dict]:
   """(name -> method, name -> what it is: settings and where its drafter came from) for the
-  method names in `names` (registry names, specjax.methods) that can run on `target`;
-  `model_name` finds its shipped drafters. Each method is the registry's, with this experiment's
+  method names in `names` (registry names, specjax.methods) that can run on `target`, with
+  its shipped drafters. Each method is the registry's, with this experiment's
   settings (`_settings`) and drafters (`_drafter`).
 
   medusa_nodes: the Medusa tree size (0: `choose_budget` on the cost curve measured here at
@@ -72,13 +72,13 @@ def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int =
   """
   names = [sj_methods.get(n).name for n in names]  # an unknown name fails here
   methods, notes = {}, {}
-  draft = _drafter(target, model_name, "draft", log) if {"draft", "layer-skip"} & set(names) \
+  draft = _drafter(target, "draft", log) if {"draft", "layer-skip"} & set(names) \
       else (None, None)
   for n in names:
     if n in ("draft", "layer-skip"):
       drafter = draft
     elif n in HEAD_METHODS:
-      drafter = _drafter(target, model_name, n, log)
+      drafter = _drafter(target, n, log)
       if drafter[0] is None:
         notes[n] = drafter[1]  # registered for this model but not shipped yet: skipped
         continue
@@ -92,23 +92,24 @@ def build_methods(target, model_name: str, names=METHODS, *, medusa_nodes: int =
 HEAD_METHODS = ("medusa", "eagle", "mtp")
 
 
-def _shipped(model_name: str, kind: str):
-  """(drafter name, None) when shipped; (None, reason) when registered but absent; (None, None)
-  when the model has no registry entry of this kind."""
-  name = f"{model_name}-{kind}"
-  if name not in registry.DRAFTERS:
-    return None, None
-  if os.path.exists(registry.DRAFTERS[name].path):
+def _shipped(target, kind: str):
+  """(drafter name, None) when shipped for `target` (specjax.methods.shipped: on a Medusa-2
+  model, its asset's heads are its Medusa heads); (None, reason) when registered for it but
+  absent; (None, None) when the model has no registry entry of this kind."""
+  name = sj_methods.shipped(kind, target)
+  if name:
     return name, None
-  return None, f"{name} is registered but not shipped yet"
+  absent = [d.name for d in registry.DRAFTERS.values()
+            if d.kind == kind and d.target == getattr(target, "name", None)]
+  return None, (f"{absent[0]} is registered but not shipped yet" if absent else None)
 
 
-def _drafter(target, model_name: str, kind: str, log):
+def _drafter(target, kind: str, log):
   """(the drafter of `kind` for target, where it came from): the shipped one; else an untrained
   stand-in (the target's first layer as a draft; random heads for a model without registry
   entries) so the script runs end to end on any model. Heads registered for the model but not
   shipped yet: (None, why)."""
-  name, missing = _shipped(model_name, kind)
+  name, missing = _shipped(target, kind)
   if kind == "draft":
     if name:
       return sj.load_model(name, target=target), f"shipped draft {name}"
@@ -302,7 +303,7 @@ def main(argv=None):
   print(f"{info['date']}, {info['processor']}, {info['cores']} cores, load average "
         f"{info['load_average']}, jax {info['jax']}")
   target = sj.load_model(args.model)
-  methods, notes = build_methods(target, args.model, names, medusa_nodes=args.medusa_nodes,
+  methods, notes = build_methods(target, names, medusa_nodes=args.medusa_nodes,
                                  cost_sizes=(1, 2, 4, 8, 16) if quick else (1, 2, 4, 8, 16, 32))
   for name, note in notes.items():
     print(f"  {name}: {note}")
