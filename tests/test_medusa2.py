@@ -205,3 +205,30 @@ def test_medusa2_starts_from_trained_medusa1_heads(tmp_path, self_distillation):
   with pytest.raises(InputError, match="holds eagle heads, not medusa"):
     heads_train.train_medusa2(target, corpus, out_dir=str(tmp_path / "bad"), init=eagle, **KW)
   assert not os.path.exists(tmp_path / "bad")
+
+
+def _random_adapters(target, rank: int, seed: int, scale: float = 1.0) -> dict:
+  """lora.init's adapters with B drawn at random too: a merged model that really differs."""
+  ad = lora.init(target, rank=rank, seed=seed)
+  key = jax.random.PRNGKey(seed + 100)
+  return {n: dict(v, b=scale * jax.random.normal(jax.random.fold_in(key, i), v["b"].shape))
+          for i, (n, v) in enumerate(sorted(ad.items()))}
+
+
+def test_medusa2_sampling_follows_the_adapted_model():
+  """At temperature > 0, Medusa's heads over the adapted model (the target with LoRA adapters
+  merged in) draw the first two tokens from the ADAPTED model's distribution (the lossless
+  suite's total-variation check), and that distribution is measurably not the original's."""
+  from test_lossless import _MEDUSA_TREE, SAMPLING_SETTINGS, exact_two_token_dist, small_target, \
+      tv_check
+
+  target = small_target()
+  model = lora.merged_model(target, _random_adapters(target, rank=2, seed=1), 1.0, name="adapted")
+  heads = sj.init_heads(model, "medusa", num_heads=3, seed=4, scale=3.0)
+  settings = SAMPLING_SETTINGS[3]  # T = 0.7 with top-p 0.8: the residual rule's hardest case
+  tv, expected = tv_check(model, sj.Medusa(heads, tree=_MEDUSA_TREE), settings)
+  assert tv < 2 * expected, f"Medusa-2: TV {tv:.4f} vs expected sampling error {expected:.4f}"
+  prompt = [3, 1, 4, 1, 5]
+  apart = 0.5 * np.abs(exact_two_token_dist(model, prompt, settings) -
+                       exact_two_token_dist(target, prompt, settings)).sum()
+  assert apart > 10 * expected, apart  # the check above would catch the original's draws

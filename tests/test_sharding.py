@@ -243,6 +243,29 @@ def test_method_state_declared_replicated_on_mesh():
 
 
 @on_8
+@pytest.mark.filterwarnings("ignore::specjax.sharding.ShardingFallbackWarning")
+def test_medusa2_adapted_model_on_mesh():
+  """Medusa-2 is Medusa on the target with LoRA adapters merged in (specjax.lora, a model built
+  on one device): on the mixed mesh it gives the adapted model's own greedy tokens, which are
+  not the original's."""
+  from specjax import lora
+  from specjax.heads import init_heads
+
+  t = target_model()
+  ad = lora.init(t, rank=4, seed=3)
+  key = jax.random.PRNGKey(7)
+  ad = {n: dict(v, b=jax.random.normal(jax.random.fold_in(key, i), v["b"].shape))
+        for i, (n, v) in enumerate(sorted(ad.items()))}
+  adapted = lora.merged_model(t, ad, 0.5, name="adapted")
+  want = sj.generate(adapted, prompts(), sj.Autoregressive(), max_new_tokens=MAX_NEW).tokens
+  assert want != reference("autoregressive", lambda _: sj.Autoregressive())
+  heads = init_heads(adapted, "medusa", num_heads=3, seed=4, scale=3.0)
+  out = sj.generate(adapted, prompts(), sj.Medusa(heads, tree=[(0,), (1,), (0, 0), (0, 0, 0)]),
+                    max_new_tokens=MAX_NEW, mesh="data=2,model=4")
+  assert out.tokens == want
+
+
+@on_8
 @pytest.mark.parametrize("tied", [False, True])
 def test_vocab_sharded_model_identical(tied):
   """Vocab 64 divides model=8: embedding and LM head really split (tied and untied)."""
