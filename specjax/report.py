@@ -11,8 +11,10 @@ wrote it (a file made before runs recorded their command says so instead). Every
 README quotes about speed therefore comes from a file this script reads, and a test runs
 `--check` on the real README, so a hand edit fails CI.
 
-Today's source is the quick Spec-Bench run (experiments/spec_bench): the one run that times every
-method on the same prompts in one process, so its rows compare with each other.
+Today's sources are the quick Spec-Bench run (experiments/spec_bench): the one run that times every
+method on the same prompts in one process, so its rows compare with each other; and the same run
+on the Medusa-2 model (the target with the shipped adapters merged in: a different model, so its
+Medusa row is against that model's own autoregressive decoding, in its own process).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import textwrap
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 # Relative to the repository root.
-SOURCES = ("experiments/spec_bench/results_quick.json",)
+SOURCES = ("experiments/spec_bench/results_quick.json",
+           "experiments/spec_bench/medusa2/results_quick.json")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SET_TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",

@@ -40,10 +40,12 @@ FIXTURE = {
 
 @pytest.fixture
 def tree(tmp_path):
-  """A repository root with one results file and a README holding an empty results block."""
-  src = tmp_path / "experiments" / "spec_bench" / "results_quick.json"
-  src.parent.mkdir(parents=True)
-  src.write_text(json.dumps(FIXTURE))
+  """A repository root with the fixture at every source's path and a README holding an empty
+  results block."""
+  for rel in report.SOURCES:
+    src = tmp_path / rel
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(json.dumps(FIXTURE))
   readme = tmp_path / "README.md"
   readme.write_text(f"# title\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
   return tmp_path
@@ -56,7 +58,8 @@ def test_block_from_fixture(tree):
   assert "| method | MT-Bench | HumanEval | all sets |" in lines
   # the baseline's tokens/s first, then a row per method: "speedup x (tau)", above 1x in bold
   rows = [l for l in lines if l.startswith("| ")]
-  assert rows[1:] == ["| autoregressive, tokens/s | 40.2 | 50.0 | 45.0 |",
+  assert rows == rows[:4] * len(report.SOURCES)  # a table per source, in SOURCES' order
+  assert rows[1:4] == ["| autoregressive, tokens/s | 40.2 | 50.0 | 45.0 |",
                       "| prompt-lookup | 0.81x (1.25) | **1.50x (2.00)** | 1.00x (1.50) |",
                       "| medusa | 0.50x (1.12) | 0.75x (1.50) | 0.62x (1.25) |"]
   flat = " ".join(block.split())  # the notes are wrapped at 100 characters
@@ -70,10 +73,11 @@ def test_block_from_fixture(tree):
 
 
 def test_missing_command_is_said_not_invented(tree):
-  src = tree / "experiments" / "spec_bench" / "results_quick.json"
-  data = json.loads(src.read_text())
-  del data["info"]["command"], data["info"]["run_s"]
-  src.write_text(json.dumps(data))
+  for rel in report.SOURCES:
+    src = tree / rel
+    data = json.loads(src.read_text())
+    del data["info"]["command"], data["info"]["run_s"]
+    src.write_text(json.dumps(data))
   flat = " ".join(report.build(str(tree)).split())
   assert f"Command: {report.NO_COMMAND}." in flat
   assert "; run " not in flat
