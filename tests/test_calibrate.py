@@ -165,6 +165,22 @@ def test_quantized_gamma_follows_the_kernel_and_the_curve(monkeypatch):
     methods.build("quantized", target, bits=5)
 
 
+def test_prompt_lookup_copies_what_verifies_nearly_free(monkeypatch):
+  """Prompt lookup's num_tokens: the longest copy (<= 10) whose verification costs at most
+  LOOKUP_FREE one-token forwards on the curve; explicit num_tokens and ngram win."""
+  target = tiny_model()
+  curve = {"now": {1: 1.0, 64: 1.0}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+  assert methods.build("prompt-lookup", target).num_tokens == 10  # flat: the class's 10
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}
+  assert methods.build("prompt-lookup", target).num_tokens == 1
+  curve["now"] = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.5}  # c(5) = 1.2 > 1.15 >= c(4)
+  assert methods.build("prompt-lookup", target).num_tokens == 3
+  m = methods.build("prompt-lookup", target, num_tokens=7, ngram=2)
+  assert (m.num_tokens, m.ngram) == (7, 2)
+  assert methods.build("prompt-lookup", target, ngram=4).ngram == 4
+
+
 def _ship_medusa(monkeypatch, target, path):
   save_heads(_heads(target, "medusa", MEDUSA_HELD), str(path))
   monkeypatch.setattr(methods, "shipped", lambda kind, t: str(path) if kind == "medusa" else None)

@@ -185,6 +185,10 @@ def _draft(target, draft=None, **options):
   return DraftModel(d, **defaults.choose("draft", target, d, options))
 
 
+def _prompt_lookup(target, ngram=3, **options):
+  return PromptLookup(ngram=ngram, **defaults.choose("prompt-lookup", target, ngram, options))
+
+
 def _quantized(target, bits=4, **options):
   return QuantizedDraft(bits=bits, **defaults.choose("quantized", target, bits, options))
 
@@ -199,7 +203,7 @@ def _layer_skip(target, exit_layer=None, **options):
 # Training-free methods first, then those with a drafter (the order tables list them in).
 register(Entry("autoregressive", Autoregressive, lambda target, **o: Autoregressive(**o),
                "one target call per token: the baseline"))
-register(Entry("prompt-lookup", PromptLookup, lambda target, **o: PromptLookup(**o),
+register(Entry("prompt-lookup", PromptLookup, _prompt_lookup,
                "copies what followed an earlier occurrence of the last n-gram", aliases=("pld",)))
 register(Entry("suffix", SuffixDecoding, lambda target, **o: SuffixDecoding(**o),
                "a tree of what followed earlier occurrences of the suffix, in the context and "
