@@ -15,12 +15,14 @@ category (median of per-prompt ratios), the overall speedup and mean accepted to
 categories, in Spec-Bench's leaderboard layout, next to Spec-Bench's published Vicuna-7B / A100
 figures.
 
-Methods: autoregressive, prompt lookup, lookahead, a draft model (the shipped
-`smollm2-135m-draft` for SmolLM2, else the target's first layer), layer-skip (exit layer 6, or the
-last but one of a shallower model), Medusa with the tree `specjax.tree.choose_budget` picks on this
-machine's measured cost curve, EAGLE-2 and MTP. Heads come from the registry when the model has
-shipped ones; a model with a registry entry whose asset is not there yet skips that method; a
-model with no entries (e.g. a test checkpoint) gets random heads (`sj.init_heads(target, kind,
+Methods: every registered method with the registry's defaults (specjax.methods.defaults: chosen
+from this device's cost curve and each drafter's held-out numbers; the report prints what each
+chose), Medusa with the tree `specjax.tree.choose_budget` picks on the cost curve measured in the
+run (or --medusa-nodes). The drafters: the shipped `smollm2-135m-draft` for SmolLM2, else the
+target's first layer (layer-skip drafts over the draft's vocabulary where it has one); heads come
+from the registry when the model has shipped ones (a Medusa-2 model's are its asset's); a model
+with a registry entry whose asset is not there yet skips that method; a model with no entries
+(e.g. a test checkpoint) gets random heads (`sj.init_heads(target, kind,
 seed=0)`), so the script runs end to end on any model.
 """
 
@@ -84,8 +86,9 @@ def build_methods(target, names=METHODS, *, medusa_nodes: int = 0,
         continue
     else:
       drafter = (None, None)
-    options, notes[n] = _settings(n, target, *drafter, medusa_nodes, cost_sizes, log)
+    options, note = _settings(n, target, *drafter, medusa_nodes, cost_sizes, log)
     methods[n] = sj_methods.build(n, target, **options)
+    notes[n] = note or _describe(methods[n], drafter[1] if n != "layer-skip" else None, n)
   return methods, notes
 
 
@@ -124,35 +127,40 @@ def _drafter(target, kind: str, log):
 
 
 def _settings(n: str, target, drafter, source: str, medusa_nodes: int, cost_sizes, log):
-  """(the registry factory's options for method n in this experiment, its note)."""
+  """(the registry factory's options for method n in this experiment, its note; None: the note
+  is made from the built method's settings). Every method runs with the registry's defaults,
+  which specjax.methods.defaults chooses from this device's cost curve and the drafter's
+  held-out numbers; the experiment gives only the drafters (and layer-skip the draft's
+  vocabulary), and Medusa's tree (`_medusa_tree`: the same choice on the cost curve measured in
+  this run, or --medusa-nodes)."""
   if n == "autoregressive":
     return {}, "baseline"
-  if n == "prompt-lookup":
-    return {}, "PromptLookup(ngram=3, num_tokens=10)"
-  if n == "lookahead":
-    return {}, "Lookahead(window=4, ngram=3, guess=4)"
   if n == "draft":
-    return {"draft": drafter, "gamma": 3}, f"DraftModel(gamma=3): {source}"
+    return {"draft": drafter}, None
   if n == "layer-skip":
-    k = min(6, target.config.num_layers - 1)
     vocab = drafter.vocab_subset
-    return {"exit_layer": k, "gamma": 3, "vocab": vocab}, (
-        f"SelfSpeculative(exit_layer={k}, gamma=3" +
-        (f", the draft's {len(vocab)}-token vocabulary)" if vocab is not None else ")"))
+    return ({"vocab": vocab} if vocab is not None else {}), None
   if n == "medusa":
     tree, nodes, how = _medusa_tree(target, drafter, medusa_nodes, cost_sizes, log)
     return ({"heads": drafter, "tree": tree, "top_k": 5},
             f"Medusa, {nodes}-node tree ({how}), exact acceptance: {source}")
-  if n == "eagle":
-    # A small dynamic tree: on this CPU a verification forward of more than ~9 tokens costs
-    # more than EAGLE's extra accepted tokens bring (experiments/kernels, the cost curve).
-    return ({"heads": drafter, "num_nodes": 8, "depth": 4, "top_k": 4},
-            f"EAGLE-2 (dynamic tree, 8 nodes, depth 4, top-4): {source}")
-  if n == "mtp":
-    k = drafter.config.num_heads  # every module drafts (explicit: the registry would choose)
-    return {"heads": drafter, "gamma": k}, f"MTP ({k} modules): {source}"
-  entry = sj_methods.REGISTRY[n]  # a method with no settings here runs with the registry's
-  return {}, f"{entry.cls.__name__} (the registry's defaults): {entry.description}"
+  if n in HEAD_METHODS:
+    return {"heads": drafter}, None
+  return {}, None
+
+
+def _describe(method, source: str | None, n: str) -> str:
+  """"Class(setting=value, ...)" from a built method's plain settings (what the registry chose),
+  then where its drafter came from, or the registry's description."""
+  import dataclasses
+
+  shown = {f.name: getattr(method, f.name) for f in dataclasses.fields(method)
+           if f.name not in ("name", "lossless") and type(getattr(method, f.name)) in (int, float, str)}
+  vocab = getattr(method, "vocab", None)
+  extra = f", the draft's {len(vocab)}-token vocabulary" if vocab is not None and n == "layer-skip" \
+      else ""
+  text = f"{type(method).__name__}({', '.join(f'{k}={v}' for k, v in shown.items())}{extra})"
+  return f"{text}: {source or sj_methods.REGISTRY[n].description}"
 
 
 def _medusa_tree(target, heads, medusa_nodes: int, cost_sizes, log):
