@@ -1,43 +1,71 @@
-"""Prompt lookup draft length on this CPU: the forward cost curve, then AR vs PromptLookup(3, k)
-for k in {3, 5, 10} on Spec-Bench summarization and RAG prompts, in one process (batch 1, greedy,
-chat template, 128 new tokens; best of 2 timed runs after a warm-up).
+"""Prompt lookup's copy length on this CPU: autoregressive against PromptLookup(3, k) for several k,
+with the timing protocol of every benchmark here (specjax.bench.run_cases: the methods in turn on
+each prompt, autoregressive runs around them, compile excluded), in one process. The evidence
+behind the registry's default (`specjax.methods.defaults.lookup_tokens`: the longest copy whose
+verification costs at most 1.15 one-token forwards on the device's cost curve).
 
-    .venv/bin/python experiments/training_free/pld_sweep.py [--prompts 2]
+    .venv/bin/python experiments/training_free/pld_sweep.py [--tokens 2,4,6,10] [--max-new 64]
+
+Chat (MT-Bench), copy-heavy chat (Spec-Bench summarization, RAG) and code (HumanEval), greedy,
+batch 1, fixed-length generation. Writes pld_sweep.json (per-prompt records, the cost curve and
+the default chosen from it) and pld_sweep.md beside this script.
 """
 
+from __future__ import annotations
+
 import argparse
+import json
 import os
 import sys
+import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import run as tf  # noqa: E402  (the training-free experiment's prompt loader and cost curve)
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, ROOT)
 
 import specjax as sj  # noqa: E402
+from specjax import bench, calibrate, methods  # noqa: E402
+
+SETS = (("spec_bench:mt_bench", 3), ("spec_bench:summarization", 2), ("humaneval", 2),
+        ("spec_bench:rag", 1))
 
 
-def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--prompts", type=int, default=2)
-  ap.add_argument("--max-new", type=int, default=128)
-  a = ap.parse_args()
-  m = sj.load_model("smollm2-135m")
-  curve = tf.cost_curve(m, [1, 2, 4, 6, 8, 11, 16], reps=5)
-  print("forward ms by tokens:", {k: round(v, 1) for k, v in curve.items()}, flush=True)
-  ps = tf.load_prompts(a.prompts)
-  methods = {"ar": sj.Autoregressive(), "pld k=3": sj.PromptLookup(3, 3),
-             "pld k=5": sj.PromptLookup(3, 5), "pld k=10": sj.PromptLookup(3, 10)}
-  for cat in ("summarization", "rag"):
-    for prompt, chat in ps.get(cat, []):
-      kw = dict(max_new_tokens=a.max_new, chat=chat)
-      for me in methods.values():
-        sj.generate(m, [prompt], me, **kw)
-      res = {}
-      for name, me in methods.items():
-        outs = [sj.generate(m, [prompt], me, **kw) for _ in range(2)]
-        res[name] = (min(o.stats["wall_time_s"] for o in outs), outs[-1].stats["mean_accepted"])
-      base = res["ar"][0]
-      print(cat, "  ".join(f"{n}: {base / t:.2f}x tau {tau:.2f}" for n, (t, tau) in res.items()),
-            flush=True)
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--tokens", default="2,4,6,10", help="num_tokens values to time")
+  ap.add_argument("--max-new", type=int, default=64)
+  ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+  a = ap.parse_args(argv)
+  info, t0 = bench.machine_info(), time.time()
+  model = sj.load_model("smollm2-135m")
+  ks = [int(k) for k in a.tokens.split(",")]
+  ms = {"autoregressive": sj.Autoregressive(),
+        **{f"k={k}": sj.PromptLookup(ngram=3, num_tokens=k) for k in ks}}
+  cases = []
+  for spec, n in SETS:
+    ps, chat = bench.load_prompt_set(spec, n)
+    cases += [bench.Case([p], chat, spec.split(":")[-1]) for p in ps]
+  records = bench.rescore(bench.run_cases(model, cases, ms, max_new_tokens=a.max_new,
+                                          progress=False))
+  summary = bench.summarize(records)
+  chosen = methods.build("prompt-lookup", model).num_tokens
+  data = {"info": bench.finish_machine_info(info, t0), "max_new_tokens": a.max_new,
+          "cost_curve": calibrate.cost_curve(model), "default_num_tokens": chosen,
+          "summary": summary, "records": records}
+  with open(os.path.join(a.out, "pld_sweep.json"), "w") as f:
+    json.dump(data, f, indent=1, default=str)
+  groups = [s.split(":")[-1] for s, _ in SETS] + ["overall"]
+  rows = [{"method": m, **{g: f"{c[g]['speedup']:.2f}x ({c[g]['tau']:.2f})" for g in groups
+                           if g in c}} for m, c in summary.items()]
+  md = (f"{bench.machine_summary(data['info'])}\n\n`{info['command']}`\n\n"
+        f"Speedup over autoregressive (median over prompts), tau in brackets; {a.max_new} new "
+        f"tokens; prompts per set: {', '.join(f'{s} {n}' for s, n in SETS)}. The default on this "
+        f"machine's cost curve: num_tokens = {chosen}.\n\n"
+        + bench.markdown_table(rows, [("method", "method", "s")] + [(g, g, "s") for g in groups])
+        + "\n")
+  with open(os.path.join(a.out, "pld_sweep.md"), "w") as f:
+    f.write(md)
+  print(md)
+  return data
 
 
 if __name__ == "__main__":

@@ -135,9 +135,9 @@ def lookup_tokens(target, ngram, cost) -> Choice:
   recorded (a copy's length is the text's, not a drafter's), and where the output does not copy
   its context most matches are wrong: their whole verification is lost. So a copy is sized to be
   nearly free to verify on this device: all 10 tokens where the curve is flat (an accelerator),
-  fewer where a wider forward costs more (a CPU). Measured on SmolLM2-135M here (64 tokens, 8
-  prompts): k = 2 / 4 / 10 gave 0.98x / 0.95x / 0.86x on MT-Bench, 1.24x / 1.20x / 1.03x on
-  HumanEval, 1.01x / 1.00x / 0.86x on summarization."""
+  fewer where a wider forward costs more (a CPU: 2 here). experiments/training_free/pld_sweep.py
+  on SmolLM2-135M here (64 tokens, 8 prompts): k = 2 / 4 / 10 gave 0.95x / 0.94x / 0.88x on
+  MT-Bench, 1.22x / 1.18x / 1.00x on HumanEval, 0.99x / 0.97x / 0.85x on summarization."""
   k = 1
   while k < LOOKUP_MAX_TOKENS and trees.interpolate_cost(cost, k + 2) <= LOOKUP_FREE * cost[1]:
     k += 1
