@@ -135,6 +135,17 @@ def shared_prompts(n: int, kind: str = "mt_bench") -> list[str]:
   return prompts.load(kind, n, fallback=True)
 
 
+def random_adapters(target, rank: int, seed: int) -> dict:
+  """specjax.lora.init's adapters with B drawn at random too (init leaves it zero): merged in,
+  they make a model that really differs from `target` (Medusa-2's adapted model in tests)."""
+  from specjax import lora
+
+  ad = lora.init(target, rank=rank, seed=seed)
+  key = jax.random.PRNGKey(seed + 100)
+  return {n: dict(v, b=jax.random.normal(jax.random.fold_in(key, i), v["b"].shape))
+          for i, (n, v) in enumerate(sorted(ad.items()))}
+
+
 def random_prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:
   rng = np.random.default_rng(seed)
   return [rng.integers(0, vocab, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]

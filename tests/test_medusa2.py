@@ -17,7 +17,7 @@ from specjax.errors import InputError
 from specjax.training import heads as heads_train
 from specjax.training import medusa2, trainer
 
-from conftest import assert_greedy, random_prompts, tiny_model
+from conftest import assert_greedy, random_adapters, random_prompts, tiny_model
 from test_train import _learnable_target, _self_corpus
 
 
@@ -207,14 +207,6 @@ def test_medusa2_starts_from_trained_medusa1_heads(tmp_path, self_distillation):
   assert not os.path.exists(tmp_path / "bad")
 
 
-def _random_adapters(target, rank: int, seed: int, scale: float = 1.0) -> dict:
-  """lora.init's adapters with B drawn at random too: a merged model that really differs."""
-  ad = lora.init(target, rank=rank, seed=seed)
-  key = jax.random.PRNGKey(seed + 100)
-  return {n: dict(v, b=scale * jax.random.normal(jax.random.fold_in(key, i), v["b"].shape))
-          for i, (n, v) in enumerate(sorted(ad.items()))}
-
-
 def test_medusa2_sampling_follows_the_adapted_model():
   """At temperature > 0, Medusa's heads over the adapted model (the target with LoRA adapters
   merged in) draw the first two tokens from the ADAPTED model's distribution (the lossless
@@ -223,7 +215,7 @@ def test_medusa2_sampling_follows_the_adapted_model():
       tv_check
 
   target = small_target()
-  model = lora.merged_model(target, _random_adapters(target, rank=2, seed=1), 1.0, name="adapted")
+  model = lora.merged_model(target, random_adapters(target, rank=2, seed=1), 1.0, name="adapted")
   heads = sj.init_heads(model, "medusa", num_heads=3, seed=4, scale=3.0)
   settings = SAMPLING_SETTINGS[3]  # T = 0.7 with top-p 0.8: the residual rule's hardest case
   tv, expected = tv_check(model, sj.Medusa(heads, tree=_MEDUSA_TREE), settings)

@@ -63,7 +63,7 @@ if CHILD:
   from specjax import decode, sharding
   from specjax.model import from_flat, path_key
 
-  from conftest import random_prompts, tiny_model
+  from conftest import random_adapters, random_prompts, tiny_model
 
   def target_model(**kw):
     # Every head count divides 8 (K=8, H=16, G=2), MLP width 48 too; vocab 61 (the suite's
@@ -252,11 +252,7 @@ def test_medusa2_adapted_model_on_mesh():
   from specjax.heads import init_heads
 
   t = target_model()
-  ad = lora.init(t, rank=4, seed=3)
-  key = jax.random.PRNGKey(7)
-  ad = {n: dict(v, b=jax.random.normal(jax.random.fold_in(key, i), v["b"].shape))
-        for i, (n, v) in enumerate(sorted(ad.items()))}
-  adapted = lora.merged_model(t, ad, 0.5, name="adapted")
+  adapted = lora.merged_model(t, random_adapters(t, rank=4, seed=3), 0.5, name="adapted")
   want = sj.generate(adapted, prompts(), sj.Autoregressive(), max_new_tokens=MAX_NEW).tokens
   assert want != reference("autoregressive", lambda _: sj.Autoregressive())
   heads = init_heads(adapted, "medusa", num_heads=3, seed=4, scale=3.0)
