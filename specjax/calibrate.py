@@ -12,7 +12,8 @@ tree or a longer chain pays c(N + 1) per step) and what `method="auto"` predicts
 The record is a JSON file under the user cache (`$SPECJAX_CACHE`, else `~/.cache/specjax`, folder
 `calibration/`), named by a hash of its key: the device kind and platform, the model's name and a
 hash of its config, its dtype, the jax and jaxlib versions, whether the model runs on the CPU
-kernel (specjax.packing.on_kernel) and then the kernel's build key, ISA and threads, and the
+kernel (specjax.packing.on_kernel) and then the kernel's build key, ISA and threads (and the
+decode attention kernel's build key), and the
 measurement's own settings. A record is read back only when its stored key equals the one computed
 now, so any change (a new jaxlib, bfloat16 weights, the kernel switched off) measures afresh. Files
 are written under a temporary name and renamed into place; a file that cannot be read or parsed is
@@ -102,6 +103,7 @@ def cache_key(model, quick: bool = False) -> dict:
   import jaxlib
 
   from specjax import kernels
+  from specjax.kernels import attention
 
   dev = jax.devices()[0]
   config = json.dumps(dataclasses.asdict(model.config), sort_keys=True, default=str)
@@ -110,7 +112,8 @@ def cache_key(model, quick: bool = False) -> dict:
       "format": FORMAT, "device": dev.device_kind, "platform": dev.platform,
       "model": model.name, "config": hashlib.sha256(config.encode()).hexdigest()[:16],
       "dtype": jnp.dtype(model.dtype).name, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-      "kernel": {"build": build.build_key(), "isa": kernels.isa(), "threads": kernels.threads()}
+      "kernel": {"build": build.build_key(), "isa": kernels.isa(), "threads": kernels.threads(),
+                 "attention": build.build_key("attention") if attention.available() else None}
       if on else None,
       # weights="blocks" multiplies by the GGUF's blocks (another kernel, another curve)
       "weights": getattr(model, "weights", "float32"),

@@ -33,6 +33,7 @@ from flax import nnx
 from specjax import cache as kv
 from specjax.config import ModelConfig
 from specjax.kernels import dense
+from specjax.kernels.attention import attend
 
 
 def _packed(module, name):
@@ -166,36 +167,22 @@ class Attention(nnx.Module):
     # the new entries are written into the cache separately. Reading the freshly written cache
     # instead made XLA materialise a second, updated copy of every layer's K and V for the matmul
     # on every step (the in-place write feeds only the loop), which cost more than the reads.
-    # The T x G queries of a kv head form one [T*G, D] block: a plain batched matmul over (B, K).
-    kd, s = cfg.num_kv_heads, mask.shape[-1]
-    q = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(b, kd, t * g, cfg.head_dim)  # [B,K,T*G,D]
-    k_new, v_new = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B,K,T,D]
+    # The decode attention kernel runs where the layer's dense products run on a CPU kernel: a
+    # packed copy of wqkv (one CPU device, kernels on; or a quantized self-draft's copy).
     scale = cfg.attn_scale or cfg.head_dim ** -0.5
-    new_scores = jnp.einsum("bkqd,bktd->bkqt", q, k_new.astype(layer_cache["k"].dtype))
-    if empty_cache:  # a prefill: nothing in the cache to read (saves an [S]-wide score block)
-      scores = new_scores.astype(jnp.float32) * scale
-    else:
-      scores = jnp.concatenate([jnp.einsum("bkqd,bksd->bkqs", q, layer_cache["k"]), new_scores],
-                               axis=-1).astype(jnp.float32) * scale  # [B,K,T*G,S+T]
-    if cfg.attn_softcap:
-      scores = cfg.attn_softcap * jnp.tanh(scores / cfg.attn_softcap)
     full = attention_mask(mask, start, positions, self.window, empty_cache)  # [B,T,W]
-    w = full.shape[-1]
-    qmask = jnp.broadcast_to(full[:, None, :, None, :], (b, 1, t, g, w)).reshape(b, 1, t * g, w)
-    scores = jnp.where(qmask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    o = jnp.einsum("bkqt,bktd->bkqd", probs[..., w - t:], v_new.astype(layer_cache["v"].dtype))
-    if not empty_cache:
-      o = o + jnp.einsum("bkqs,bksd->bkqd", probs[..., :s], layer_cache["v"])
+    o = attend(q, None if empty_cache else layer_cache["k"],
+               None if empty_cache else layer_cache["v"], k, v, full, scale=scale,
+               softcap=cfg.attn_softcap,
+               kernel=_packed(self, "wqkv") is not None)  # [B,T,K,G,D]
     # The write must come after the reads. XLA orders them only by data dependence: with none,
     # it copied every layer's K and V twice per decode step so that the read saw the old values
     # (measured: 120 full-cache copies per step). The write position is therefore made to depend
     # on the attention output, by adding (o > inf), which is 0 for every value, NaN included.
-    start = start + (o[:, 0, 0, 0] > jnp.inf).astype(start.dtype)
+    start = start + (o[:, 0, 0, 0, 0] > jnp.inf).astype(start.dtype)
     layer_cache = kv.write_layer(layer_cache, k, v, start)
     # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
     # as an einsum made XLA transpose the weight on every step.
-    o = jnp.transpose(o.reshape(b, kd, t, g, cfg.head_dim), (0, 2, 1, 3, 4))
     o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
     y = dense(o, self.wo[...].reshape(cfg.num_heads * cfg.head_dim, -1), _packed(self, "wo"))
     if cfg.out_bias:

@@ -262,7 +262,9 @@ def test_feature_heads_use_the_kernel(kind):
   lowered = [jax.jit(run).lower(md).as_text() for md in (mod, packed)]
   assert kernels.TARGET not in lowered[0] and lowered[1].count(kernels.TARGET) == 5
   (a, ca), (b, cb) = jax.jit(run)(mod), jax.jit(run)(packed)
-  np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+  # (relative to the output's scale: the packed module's attention runs on the attention kernel
+  # too, whose summation order differs from XLA's)
+  assert _rel(b, np.asarray(a, np.float64)) < 1e-5
   np.testing.assert_allclose(np.asarray(cb["k"]), np.asarray(ca["k"]), rtol=1e-5, atol=1e-5)
 
 

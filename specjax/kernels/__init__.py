@@ -10,12 +10,16 @@
                 `quantize_weight`, `quantize_activations`, `qdense`
     qdot.py     int8 activations x Q4_1 blocks with the CPU's integer dot (qdot.cc), beside
                 its JAX reference: a quantized self-draft's products
+    attention.py  decode attention over a static KV cache plus the step's new entries
+                (attention.cc through jax.ffi: only the slots a row sees, both products and the
+                softmax in one pass) beside its XLA form: `attend`
     library.py  one C++ library as Python sees it: build, load, ISA choice, FFI registration
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
 load_model packs) is specjax/packing.py; model.py calls only `dense` (blocks.dense: a packed
-copy of either kind, or none). This package re-exports the matmul's public names, so
+copy of either kind, or none) and `attention.attend` (on its kernel where the layer has a packed
+copy). This package re-exports the matmul's public names, so
 `from specjax import kernels; kernels.dense(...)` reads as before. Each kernel module's loading
 state is its `LIBRARY` (library.Library); its `_detect_isa` hook lives in the module: patch it
 there.

@@ -1,6 +1,7 @@
 """Builds specjax's C++ kernels with the system C++ compiler into a per-user cache, once.
 
-Each library in LIBRARIES (the fp32 matmul, the GGUF-blocks matmul, the Q4_1 integer dot) is one
+Each library in LIBRARIES (the fp32 matmul, the GGUF-blocks matmul, the Q4_1 integer dot, decode
+attention) is one
 source compiled once per instruction-set part and linked into its own shared library.
 
 The shared library lands in `$SPECJAX_CACHE/kernels/<key>/` (default `~/.cache/specjax`), where
@@ -43,6 +44,7 @@ LIBRARIES = {
     "qdot": ("qdot.cc", "libspecjax_qdot.so",
              {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni")},
              ("pool.h",)),
+    "attention": ("attention.cc", "libspecjax_attention.so", {}, ("pool.h",)),
 }
 
 
