@@ -181,6 +181,26 @@ def test_prompt_lookup_copies_what_verifies_nearly_free(monkeypatch):
   assert methods.build("prompt-lookup", target, ngram=4).ngram == 4
 
 
+def test_lookahead_window_verifies_nearly_free(monkeypatch):
+  """Lookahead's (window, ngram, guess): the largest shape whose one forward over 1 + (W + G)(N - 1)
+  tokens costs at most LOOKUP_FREE one-token forwards; explicit knobs win."""
+  target = tiny_model()
+  curve = {"now": {1: 1.0, 64: 1.0}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+
+  def shape(**kw):
+    m = methods.build("lookahead", target, **kw)
+    return m.window, m.ngram, m.guess
+
+  assert shape() == (4, 3, 4)  # flat: the class's own
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}
+  assert shape() == (1, 2, 1)  # steep: the smallest
+  curve["now"] = {1: 1.0, 4: 1.1, 8: 1.2}  # c(5) = 1.125, c(7) = 1.175
+  assert shape() == (2, 2, 2)
+  assert shape(window=3) == (3, 3, 4)  # a knob given: the class fills the rest
+  assert shape(ngram=2, guess=1) == (4, 2, 1)
+
+
 def _ship_medusa(monkeypatch, target, path):
   save_heads(_heads(target, "medusa", MEDUSA_HELD), str(path))
   monkeypatch.setattr(methods, "shipped", lambda kind, t: str(path) if kind == "medusa" else None)

@@ -29,43 +29,50 @@ SETS = (("spec_bench:mt_bench", 3), ("spec_bench:summarization", 2), ("humaneval
         ("spec_bench:rag", 1))
 
 
+def sweep(model, variants: dict, name: str, chosen: str, max_new: int, out: str) -> dict:
+  """Autoregressive and `variants` (label -> method) on SETS in one process (bench.run_cases);
+  writes <name>.json (per-prompt records, the cost curve, `chosen`: the registry's default here)
+  and <name>.md beside each other in `out`, and returns the data."""
+  info, t0 = bench.machine_info(), time.time()
+  cases = []
+  for spec, n in SETS:
+    ps, chat = bench.load_prompt_set(spec, n)
+    cases += [bench.Case([p], chat, spec.split(":")[-1]) for p in ps]
+  ms = {"autoregressive": sj.Autoregressive(), **variants}
+  records = bench.rescore(bench.run_cases(model, cases, ms, max_new_tokens=max_new,
+                                          progress=False))
+  summary = bench.summarize(records)
+  data = {"info": bench.finish_machine_info(info, t0), "max_new_tokens": max_new,
+          "cost_curve": calibrate.cost_curve(model), "default": chosen,
+          "summary": summary, "records": records}
+  with open(os.path.join(out, f"{name}.json"), "w") as f:
+    json.dump(data, f, indent=1, default=str)
+  groups = [s.split(":")[-1] for s, _ in SETS] + ["overall"]
+  rows = [{"method": m, **{g: f"{c[g]['speedup']:.2f}x ({c[g]['tau']:.2f})" for g in groups
+                           if g in c}} for m, c in summary.items()]
+  md = (f"{bench.machine_summary(data['info'])}\n\n`{info['command']}`\n\n"
+        f"Speedup over autoregressive (median over prompts), tau in brackets; {max_new} new "
+        f"tokens; prompts per set: {', '.join(f'{s} {n}' for s, n in SETS)}. The default on this "
+        f"machine's cost curve: {chosen}.\n\n"
+        + bench.markdown_table(rows, [("method", "method", "s")] + [(g, g, "s") for g in groups])
+        + "\n")
+  with open(os.path.join(out, f"{name}.md"), "w") as f:
+    f.write(md)
+  print(md)
+  return data
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--tokens", default="2,4,6,10", help="num_tokens values to time")
   ap.add_argument("--max-new", type=int, default=64)
   ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
   a = ap.parse_args(argv)
-  info, t0 = bench.machine_info(), time.time()
   model = sj.load_model("smollm2-135m")
   ks = [int(k) for k in a.tokens.split(",")]
-  ms = {"autoregressive": sj.Autoregressive(),
-        **{f"k={k}": sj.PromptLookup(ngram=3, num_tokens=k) for k in ks}}
-  cases = []
-  for spec, n in SETS:
-    ps, chat = bench.load_prompt_set(spec, n)
-    cases += [bench.Case([p], chat, spec.split(":")[-1]) for p in ps]
-  records = bench.rescore(bench.run_cases(model, cases, ms, max_new_tokens=a.max_new,
-                                          progress=False))
-  summary = bench.summarize(records)
   chosen = methods.build("prompt-lookup", model).num_tokens
-  data = {"info": bench.finish_machine_info(info, t0), "max_new_tokens": a.max_new,
-          "cost_curve": calibrate.cost_curve(model), "default_num_tokens": chosen,
-          "summary": summary, "records": records}
-  with open(os.path.join(a.out, "pld_sweep.json"), "w") as f:
-    json.dump(data, f, indent=1, default=str)
-  groups = [s.split(":")[-1] for s, _ in SETS] + ["overall"]
-  rows = [{"method": m, **{g: f"{c[g]['speedup']:.2f}x ({c[g]['tau']:.2f})" for g in groups
-                           if g in c}} for m, c in summary.items()]
-  md = (f"{bench.machine_summary(data['info'])}\n\n`{info['command']}`\n\n"
-        f"Speedup over autoregressive (median over prompts), tau in brackets; {a.max_new} new "
-        f"tokens; prompts per set: {', '.join(f'{s} {n}' for s, n in SETS)}. The default on this "
-        f"machine's cost curve: num_tokens = {chosen}.\n\n"
-        + bench.markdown_table(rows, [("method", "method", "s")] + [(g, g, "s") for g in groups])
-        + "\n")
-  with open(os.path.join(a.out, "pld_sweep.md"), "w") as f:
-    f.write(md)
-  print(md)
-  return data
+  return sweep(model, {f"k={k}": sj.PromptLookup(ngram=3, num_tokens=k) for k in ks},
+               "pld_sweep", f"num_tokens = {chosen}", a.max_new, a.out)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,10 @@ def _prompt_lookup(target, ngram=3, **options):
   return PromptLookup(ngram=ngram, **defaults.choose("prompt-lookup", target, ngram, options))
 
 
+def _lookahead(target, **options):
+  return Lookahead(**defaults.choose("lookahead", target, None, options))
+
+
 def _quantized(target, bits=4, **options):
   return QuantizedDraft(bits=bits, **defaults.choose("quantized", target, bits, options))
 
@@ -208,7 +212,7 @@ register(Entry("prompt-lookup", PromptLookup, _prompt_lookup,
 register(Entry("suffix", SuffixDecoding, lambda target, **o: SuffixDecoding(**o),
                "a tree of what followed earlier occurrences of the suffix, in the context and "
                "earlier outputs (SuffixDecoding, Oliaro et al. 2024)", aliases=("suffix-decoding",)))
-register(Entry("lookahead", Lookahead, lambda target, **o: Lookahead(**o),
+register(Entry("lookahead", Lookahead, _lookahead,
                "Jacobi iterations make n-grams that become drafts (Fu et al. 2024)"))
 register(Entry("draft", DraftModel, _draft,
                "a small draft model proposes gamma tokens (Leviathan et al. 2023)", trained=True,

@@ -22,8 +22,8 @@ at batch 1 a forward streams its weights once, so that ratio is its cost in targ
 
 Each function returns a Choice; `recorded` says whether tau rests on a measurement (method="auto"
 compares only those, see specjax/auto.py). Prompt lookup and lookahead record no acceptance (their
-acceptance is the text's, not a drafter's): prompt lookup's copy length is sized by the curve
-alone (`lookup_tokens`), lookahead keeps its class's defaults.
+acceptance is the text's, not a drafter's): both are sized by the curve alone, to verify for
+nearly the price of one token (`lookup_tokens`, `lookahead_shape`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ QUANTIZED_PRIOR = {4: 0.9, 8: 0.97}
 # for at most LOOKUP_FREE one-token forwards (lookup_tokens).
 LOOKUP_MAX_TOKENS = 10
 LOOKUP_FREE = 1.15
+# Lookahead's (window, ngram, guess) shapes, smallest forward first (1 + (W + G)(N - 1) tokens); the
+# last is the class's default (Fu et al.'s small setting), the first the least a step can verify.
+LOOKAHEAD_SHAPES = ((1, 2, 1), (2, 2, 1), (2, 2, 2), (2, 3, 1), (3, 3, 2), (4, 3, 4))
 QUANTIZED_COST = {("kernel", "float"): 0.3, ("kernel", "blocks"): 0.7, ("jax", "float"): 1.5,
                   ("jax", "blocks"): 3.3}
 RANK_SHARE = 0.45  # rank r+1's accuracy over rank r's where only top-1 is recorded (as the prior)
@@ -144,6 +147,23 @@ def lookup_tokens(target, ngram, cost) -> Choice:
   return Choice({"num_tokens": k}, None, None, (), f"c({k + 1}) <= {LOOKUP_FREE} c(1)", False)
 
 
+def lookahead_shape(target, _, cost) -> Choice:
+  """lookahead: (window, ngram, guess) = the largest of LOOKAHEAD_SHAPES whose step, one forward
+  over 1 + (W + G)(N - 1) tokens, costs at most LOOKUP_FREE one-token forwards (at least the
+  smallest). Lookahead's n-grams come from the text, not a trained drafter: nothing is recorded to
+  predict tau from, and most steps accept nothing on chat, so, as prompt lookup's copy, its window
+  is sized to be nearly free to verify: the class's (4, 3, 4) on a flat curve, (1, 2, 1) here.
+  experiments/training_free/lookahead_sweep.py measures the shapes on SmolLM2-135M."""
+  best = LOOKAHEAD_SHAPES[0]
+  for shape in LOOKAHEAD_SHAPES[1:]:
+    w, n, g = shape
+    if trees.interpolate_cost(cost, 1 + (w + g) * (n - 1)) <= LOOKUP_FREE * cost[1]:
+      best = shape
+  w, n, g = best
+  return Choice({"window": w, "ngram": n, "guess": g}, None, None, (),
+                f"c({1 + (w + g) * (n - 1)}) <= {LOOKUP_FREE} c(1)", False)
+
+
 def mtp_gamma(target, heads, cost) -> Choice:
   """mtp: gamma (modules that draft) = argmax tau(g) / (c(g + 1) + g m), tau(g) = 1 + sum_i
   prod_{j<=i} top1_j (module j's held-out top-1) and m = reads(one layer + fc 2E x E + head)."""
@@ -219,6 +239,7 @@ CHOOSERS = {
     "eagle": (eagle_budget, ("tree", "num_nodes", "depth", "top_k"), "heads"),
     "mtp": (mtp_gamma, ("gamma",), "heads"),
     "prompt-lookup": (lookup_tokens, ("num_tokens",), "ngram"),
+    "lookahead": (lookahead_shape, ("window", "ngram", "guess"), None),
     "quantized": (quantized_gamma, ("gamma",), "bits"),
 }
 
@@ -240,4 +261,4 @@ def choose(name: str, target, drafter, options: dict) -> dict:
 def predict(name: str, target, method, cost) -> Choice:
   """The Choice behind a built method's settings (for method="auto")."""
   fn, _, attr = CHOOSERS[name]
-  return fn(target, getattr(method, attr), cost)
+  return fn(target, getattr(method, attr) if attr else None, cost)
