@@ -1,7 +1,7 @@
 """The CPU matmul kernel (specjax.kernels) vs XLA's dot on SmolLM2-135M, batch 1 (issues 10, 25).
 
     .venv/bin/python experiments/kernels/run.py [--quick] [--reps N] [--methods] [--prompts N]
-        [--sizes 1,2,4,8,16,32,64] [--bf16]
+        [--sizes 1,2,4,8,16,32,64] [--bf16] [--attention]
     .venv/bin/python experiments/kernels/run.py --ab OLD_matmul.cc [--reps 9] [--rows 1,2,...,64]
     .venv/bin/python experiments/kernels/run.py --peak
 
@@ -12,7 +12,9 @@ reported, so load from other processes on this shared 2-core machine hits both a
 read per token / time. --methods adds end-to-end decoding with the kernel on: sj.Autoregressive()
 vs every registered method (as experiments/spec_bench builds them) on the same prompts,
 interleaved per prompt (the protocol of experiments/training_free and experiments/draft_model).
---bf16 adds the bfloat16 model (XLA and the kernel's bf16 path) to the cost curve.
+--bf16 adds the bfloat16 model (XLA and the kernel's bf16 path) to the cost curve. --attention
+adds the kernel model with XLA's attention in place of the attention kernel (specjax/kernels/
+attention.py): the same weights and products, only the attention differs.
 
 --ab: the kernel alone, before / after in one process: OLD_matmul.cc (e.g. `git show
 REV:specjax/kernels/matmul.cc > /tmp/old.cc`) is compiled with this tree's flags (and pool.h)
@@ -28,6 +30,7 @@ processes hold the core, so it measures the kernel's own work per core.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -73,8 +76,27 @@ def _timed(f) -> float:
   return time.perf_counter() - t0
 
 
-def forward_fns(model, sizes, cache_len=512, filled=256):
-  """T -> (jitted f(params, cache) -> logits [1,T,V], cache) on a cache with `filled` entries."""
+@contextlib.contextmanager
+def xla_attention():
+  """Forwards traced inside run attention on XLA (the attention kernel reports unavailable)."""
+  from specjax.kernels import attention
+  saved = attention.available
+  attention.available = lambda: False
+  try:
+    yield
+  finally:
+    attention.available = saved
+
+
+XLA_ATTENTION = "kernel, XLA attention"  # the --attention variant: dense kernel, XLA's attention
+
+
+def forward_fns(model, sizes, cache_len=512, filled=256, name=""):
+  """T -> (jitted f(params, cache) -> logits [1,T,V], cache) on a cache with `filled` entries
+  (traced with XLA's attention when name is XLA_ATTENTION)."""
+  if name == XLA_ATTENTION:
+    with xla_attention():
+      return forward_fns(model, sizes, cache_len, filled)
   fns = {}
   for t in sizes:
     cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
@@ -89,7 +111,7 @@ def forward_fns(model, sizes, cache_len=512, filled=256):
 
 def cost_curves(models: dict, sizes, reps: int) -> dict[str, dict[int, list[float]]]:
   """name -> T -> [ms per forward], the models and sizes interleaved within every rep."""
-  fns = {name: forward_fns(m, sizes) for name, m in models.items()}
+  fns = {name: forward_fns(m, sizes, name=name) for name, m in models.items()}
   times = {name: {t: [] for t in sizes} for name in models}
   for _ in range(reps):
     for name, m in models.items():
@@ -289,6 +311,8 @@ def main(argv=None):
   ap.add_argument("--categories", default="", help="comma-separated subset (default: all)")
   ap.add_argument("--sizes", default="1,2,4,8,16,32,64", help="the cost curve's T values")
   ap.add_argument("--bf16", action="store_true", help="the bfloat16 model in the curve too")
+  ap.add_argument("--attention", action="store_true", help="also the kernel model with XLA's "
+                  "attention instead of the attention kernel (specjax/kernels/attention.py)")
   ap.add_argument("--ab", metavar="OLD_MATMUL_CC", help="the kernel alone, A/B against another "
                   "matmul.cc (ctypes)")
   ap.add_argument("--rows", default="1,2,4,8,16,32,64", help="the M values of --ab")
@@ -316,6 +340,8 @@ def main(argv=None):
         + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()))
 
   models = {"xla": xla, "kernel": ker}
+  if args.attention:
+    models[XLA_ATTENTION] = ker
   if args.bf16:
     xla16 = sj.load_model("smollm2-135m", kernels=False, dtype=jnp.bfloat16)
     models.update({"xla bf16": xla16, "kernel bf16": packing.pack(xla16)})
@@ -347,6 +373,9 @@ def curve(models, sizes, reps, bw):
     if ker in models:
       print(f"| {ker} / {xla} | " + " | ".join(f"{med[ker][t] / med[xla][t]:.2f}" for t in sizes)
             + " |")
+  if XLA_ATTENTION in models:
+    print(f"| kernel / {XLA_ATTENTION} | " + " | ".join(
+        f"{med['kernel'][t] / med[XLA_ATTENTION][t]:.2f}" for t in sizes) + " |")
   if "kernel bf16" in models:
     print("| kernel bf16 / kernel | " + " | ".join(
         f"{med['kernel bf16'][t] / med['kernel'][t]:.2f}" for t in sizes) + " |")

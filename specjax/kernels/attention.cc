@@ -58,6 +58,12 @@ constexpr float kNegInf = -INFINITY;
 // The visible columns of one token: cache slots [0, hi) with their mask bits, then the T new.
 inline long last_visible(const uint8_t* m, long s) {
   long hi = s;
+  while (hi >= 8) {  // eight slots at a time through the unfilled tail of a long cache
+    uint64_t word;
+    std::memcpy(&word, m + hi - 8, 8);
+    if (word) break;
+    hi -= 8;
+  }
   while (hi > 0 && !m[hi - 1]) --hi;
   return hi;
 }
@@ -308,7 +314,8 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
   auto at = [&](long r) { r += r0; return ((bi * t + r / g) * k + h) * g * d + (r % g) * d; };
   auto mrow = [&](long r) { return c->mask + (bi * t + (r0 + r) / g) * w; };
   long hi = 0;
-  for (long r = 0; r < nrow; ++r) hi = std::max(hi, last_visible(mrow(r), s));
+  for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
+    if (r == 0 || mrow(r) != mrow(r - 1)) hi = std::max(hi, last_visible(mrow(r), s));
   const long ld = hi + t;  // a row's scores: cache [0, hi), then the t new
   for (long j0 = 0; j0 < ld; j0 += kTile) {
     const long j1 = std::min(ld, j0 + kTile);
