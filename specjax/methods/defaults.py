@@ -152,8 +152,10 @@ def lookahead_shape(target, _, cost) -> Choice:
   over 1 + (W + G)(N - 1) tokens, costs at most LOOKUP_FREE one-token forwards (at least the
   smallest). Lookahead's n-grams come from the text, not a trained drafter: nothing is recorded to
   predict tau from, and most steps accept nothing on chat, so, as prompt lookup's copy, its window
-  is sized to be nearly free to verify: the class's (4, 3, 4) on a flat curve, (1, 2, 1) here.
-  experiments/training_free/lookahead_sweep.py measures the shapes on SmolLM2-135M."""
+  is sized to be nearly free to verify: the class's (4, 3, 4) on a flat curve; (2, 2, 2) or
+  (2, 3, 1) on this project's CPU, as its measured curve falls. experiments/training_free/
+  lookahead_sweep.py on SmolLM2-135M here: shapes of 3-7 tokens 0.98-1.04x on MT-Bench, (4, 3, 4)
+  0.79x."""
   best = LOOKAHEAD_SHAPES[0]
   for shape in LOOKAHEAD_SHAPES[1:]:
     w, n, g = shape
