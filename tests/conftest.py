@@ -31,12 +31,6 @@ EIGHT_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 # from specjax.calibrate.DEFAULT_CURVE and no cost curve is measured or written to the user's
 # cache. tests/test_calibrate.py switches calibration on where it tests it.
 os.environ["SPECJAX_CALIBRATION"] = "0"
-# Under pytest-xdist (make test: two workers on this project's two cores) each worker's CPU kernels
-# run on one thread: a second kernel thread would only share a core with the other worker, and a
-# pool caller waiting on a chunk its descheduled worker claimed loses that core's time slice.
-# tests/test_kernels_attention.py::test_two_kernel_threads runs the kernels' thread pool itself.
-if "PYTEST_XDIST_WORKER" in os.environ:
-  os.environ.setdefault("SPECJAX_KERNEL_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

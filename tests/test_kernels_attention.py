@@ -154,39 +154,3 @@ def test_switched_off(monkeypatch):
   args = _case(np.random.default_rng(3), 1, 1, 2, 1, 4, 8)
   out = attention.attend(*args, scale=0.5, kernel=True)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(attention._xla(*args, 0.5, None)))
-
-
-_TWO_THREADS = """
-import numpy as np, jax, jax.numpy as jnp
-from specjax import kernels
-from specjax.kernels import attention
-assert kernels.threads() == 2 and attention.LIBRARY.threads() == 2
-rng = np.random.default_rng(5)
-q = jnp.asarray(rng.standard_normal((2, 16, 3, 3, 64)), jnp.float32)
-kc, vc = (jnp.asarray(rng.standard_normal((2, 3, 300, 64)), jnp.float32) for _ in range(2))
-kn, vn = (jnp.asarray(rng.standard_normal((2, 16, 3, 64)), jnp.float32) for _ in range(2))
-mask = jnp.asarray(rng.random((2, 16, 316)) < 0.7)
-ref = np.asarray(attention._xla(q, kc, vc, kn, vn, mask, 0.125, None))
-got = np.asarray(jax.jit(lambda *a: attention._kernel(*a, 0.125, 0.0))(q, kc, vc, kn, vn, mask))
-assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
-x = jnp.asarray(rng.standard_normal((24, 576)), jnp.float32)
-w = rng.standard_normal((576, 1536)).astype(np.float32)
-y = jax.jit(lambda x, p: kernels.dense(x, jnp.asarray(w), p))(x, jnp.asarray(kernels.pack_weight(w)))
-ref = np.asarray(x) @ w
-assert np.abs(np.asarray(y) - ref).max() / np.abs(ref).max() < 1e-5
-print("ok")
-"""
-
-
-@needs_kernel
-def test_two_kernel_threads():
-  """The kernels' thread pool splitting real calls over two threads (the suite's xdist workers run
-  their kernels on one, see conftest): attention and a dense product against their XLA forms."""
-  import os
-  import subprocess
-  import sys
-
-  env = dict(os.environ, SPECJAX_KERNEL_THREADS="2")
-  r = subprocess.run([sys.executable, "-c", _TWO_THREADS], env=env, capture_output=True,
-                     text=True, timeout=600)
-  assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
