@@ -142,7 +142,7 @@ inline void scores(const float* const* q, int nr, const float* k, long ldk,
     if (cap > 0) {
       alignas(64) float tmp[16];
       _mm512_store_ps(tmp, x);
-      for (int i = 0; i < 16; ++i) tmp[i] = cap * std::tanh(tmp[i] / cap);
+      for (int i = 0; i < 16; ++i) tmp[i] = capped(tmp[i], cap);
       x = _mm512_load_ps(tmp);
     }
     alignas(64) float out[16];
@@ -317,26 +317,29 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
   for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
     if (r == 0 || mrow(r) != mrow(r - 1)) hi = std::max(hi, last_visible(mrow(r), s));
   const long ld = hi + t;  // a row's scores: cache [0, hi), then the t new
-  for (long j0 = 0; j0 < ld; j0 += kTile) {
-    const long j1 = std::min(ld, j0 + kTile);
-    for (long rb = 0; rb < nrow; rb += kRows) {
-      const int nr = int(std::min<long>(kRows, nrow - rb));
-      const uint8_t* m[kRows];
-      const float* q[kRows];
-      for (int r = 0; r < nr; ++r) {
-        m[r] = mrow(rb + r);
-        q[r] = c->q + at(rb + r);
-      }
-      const long a0 = j0, a1 = std::min(j1, hi);  // cache columns of this tile
-      if (a1 > a0)
-        scores(q, nr, kc + a0 * d, d, m, a0, a1 - a0, d, c->scale, c->softcap,
-               sc + rb * ld + a0, ld);
-      const long b0 = std::max(j0, hi), b1 = j1;  // new entries of this tile
-      if (b1 > b0)
-        scores(q, nr, kn + (b0 - hi) * ldn, ldn, m, s + b0 - hi, b1 - b0, d, c->scale,
-               c->softcap, sc + rb * ld + b0, ld);
+  // Every (tile, row block) in order: fn(rb, nr, a0, a1, b0, b1) with the tile's cache columns
+  // [a0, a1) and its new entries' columns [b0, b1) (either range may be empty).
+  auto blocks = [&](auto&& fn) {
+    for (long j0 = 0; j0 < ld; j0 += kTile) {
+      const long j1 = std::min(ld, j0 + kTile);
+      for (long rb = 0; rb < nrow; rb += kRows)
+        fn(rb, int(std::min<long>(kRows, nrow - rb)), j0, std::min(j1, hi), std::max(j0, hi), j1);
     }
-  }
+  };
+  blocks([&](long rb, int nr, long a0, long a1, long b0, long b1) {
+    const uint8_t* m[kRows];
+    const float* q[kRows];
+    for (int r = 0; r < nr; ++r) {
+      m[r] = mrow(rb + r);
+      q[r] = c->q + at(rb + r);
+    }
+    if (a1 > a0)
+      scores(q, nr, kc + a0 * d, d, m, a0, a1 - a0, d, c->scale, c->softcap, sc + rb * ld + a0,
+             ld);
+    if (b1 > b0)
+      scores(q, nr, kn + (b0 - hi) * ldn, ldn, m, s + b0 - hi, b1 - b0, d, c->scale, c->softcap,
+             sc + rb * ld + b0, ld);
+  });
   bool blank[256];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) {
     float* sr = sc + r * ld;
@@ -352,19 +355,13 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
   }
   for (long r = 0; r < nrow; ++r)
     for (long e = 0; e < d; ++e) c->o[at(r) + e] = 0.0f;
-  for (long j0 = 0; j0 < ld; j0 += kTile) {
-    const long j1 = std::min(ld, j0 + kTile);
-    for (long rb = 0; rb < nrow; rb += kRows) {
-      const int nr = int(std::min<long>(kRows, nrow - rb));
-      float* o[kRows];
-      for (int r = 0; r < nr; ++r) o[r] = c->o + at(rb + r);
-      const long a0 = j0, a1 = std::min(j1, hi);
-      if (a1 > a0) weighted_sum(sc + rb * ld + a0, ld, nr, vc + a0 * d, d, a1 - a0, d, o);
-      const long b0 = std::max(j0, hi), b1 = j1;
-      if (b1 > b0)
-        weighted_sum(sc + rb * ld + b0, ld, nr, vn + (b0 - hi) * ldn, ldn, b1 - b0, d, o);
-    }
-  }
+  blocks([&](long rb, int nr, long a0, long a1, long b0, long b1) {
+    float* o[kRows];
+    for (int r = 0; r < nr; ++r) o[r] = c->o + at(rb + r);
+    if (a1 > a0) weighted_sum(sc + rb * ld + a0, ld, nr, vc + a0 * d, d, a1 - a0, d, o);
+    if (b1 > b0)
+      weighted_sum(sc + rb * ld + b0, ld, nr, vn + (b0 - hi) * ldn, ldn, b1 - b0, d, o);
+  });
   for (long r = 0; r < nrow; ++r)
     if (blank[r]) uniform(c, vc, d, vn, ldn, c->o + at(r));
 }
