@@ -71,7 +71,7 @@ def test_parity_with_xla(isa_path):
 def test_unseen_slots_are_never_read():
   """Slots no row sees may hold anything (NaN included): the kernel reads up to each row's last
   visible slot; masked slots before it are skipped."""
-  args = list(_case(np.random.default_rng(1), 1, 2, 4, 2, 32, 16, ))
+  args = list(_case(np.random.default_rng(1), 1, 2, 4, 2, 32, 16))
   mask = np.asarray(args[5]).copy()
   mask[0, 0, :] = True  # (every row sees something here)
   mask[:, :, 10:32] = False
