@@ -172,16 +172,21 @@ class Eagle(Method):
 
   def init(self, prog, arrays, state, hidden):
     """Fills the head cache over the prompt and keeps the last W prompt features."""
+    z = jnp.zeros((state.seq.shape[0],), jnp.int32)
+    return dict(self.head_state(prog, arrays, state, hidden, self.window), rounds=z, accepted=z,
+                depth_hist=jnp.zeros((state.seq.shape[0], self.depth + 1), jnp.int32))
+
+  def head_state(self, prog, arrays, state, hidden, window: int) -> dict:
+    """The head's state after prefill, for rounds that commit at most `window` tokens (its own
+    depth + 1; more inside a hybrid tree): the head cache run over the prompt, with room for the
+    window and the drafted frontier, and the last `window` prompt features."""
     b = state.seq.shape[0]
     c = prog.config
-    s_h = prog.max_len + self.window + self._frontier_slots()
+    s_h = prog.max_len + window + self._frontier_slots()
     cache = kv.init(1, b, s_h, c.num_kv_heads, c.head_dim, hidden.dtype)
     hidden = fuse_features(arrays["mods"][0], hidden)  # taps + final -> the fused feature
     cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
-    z = jnp.zeros((b,), jnp.int32)
-    return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, self.window),
-            "rounds": z, "accepted": z,
-            "depth_hist": jnp.zeros((b, self.depth + 1), jnp.int32)}
+    return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, window)}
 
   # ------------------------------------------------------------------ drafting
 
@@ -259,6 +264,24 @@ class Eagle(Method):
         feat[i] = h[:, j]
     return jnp.stack([tok[i] for i in range(1, t.num_nodes + 1)], axis=1), cache
 
+  def draft(self, prog, params, arrays, seq, m, lengths):
+    """One round's drafting: the catch-up over the last committed positions (m: the method
+    state, "hcache" and "feats"), then the tree. Returns (tokens [B,N] token ids, parents, depth,
+    ancestors (per row [B,N+1,...] for the dynamic tree, shared for a static one), the nodes'
+    cumulative draft log-probabilities [B,N] (None for a static tree), the head cache)."""
+    hcache, root, _ = catch_up(prog, arrays, seq, m["feats"], lengths, m["hcache"])
+    root = root[:, 0]  # [B,E] predicted feature of the pending token
+    if self.dynamic:
+      draft, parents, depth, scores, hcache = self.draft_dynamic(prog, params, arrays, hcache,
+                                                                 root, lengths)
+      anc = trees.ancestors_from_parents(parents, self.depth)  # [B,N+1,N+1]
+    else:
+      draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
+      scores = None
+      parents, depth, anc = (jnp.asarray(x) for x in (self.tree.parent, self.tree.depth,
+                                                      self.tree.ancestor))
+    return to_tokens(arrays, draft), parents, depth, anc, scores, hcache
+
   # ------------------------------------------------------------------ one step
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
@@ -270,17 +293,9 @@ class Eagle(Method):
     lengths = cache.lengths
 
     with phase(DRAFT):
-      hcache, root, _ = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"])
-      root = root[:, 0]  # [B,E] predicted feature of the pending token
-      if self.dynamic:
-        draft, parents, depth, _, hcache = self.draft_dynamic(prog, params, arrays, hcache, root,
-                                                              lengths)
-        anc = trees.ancestors_from_parents(parents, self.depth)  # [B,N+1,N+1]
-      else:
-        draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
-        parents, depth, anc = (jnp.asarray(x) for x in (self.tree.parent, self.tree.depth,
-                                                        self.tree.ancestor))
-    tokens = jnp.concatenate([state.last_token[:, None], to_tokens(arrays, draft)], axis=1)
+      draft, parents, depth, anc, _, hcache = self.draft(prog, params, arrays, state.seq, m,
+                                                         lengths)
+    tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)
 
     pos = lengths[:, None] + depth
     mask = kv.tree_mask(lengths, anc, cache.max_len, prog.config.sliding_window)
@@ -297,10 +312,9 @@ class Eagle(Method):
     cache = kv.commit(cache, keep, c)
     state = emit(state.replace(cache=cache, key=key), out, n + 1)
 
-    new = jnp.take_along_axis(hidden, keep[..., None], axis=1)  # [B,D+1,E] f_L .. f_{L+n}
-    new = fuse_features(arrays["mods"][0], new)  # (fused from the taps, for such heads)
     a = active.astype(jnp.int32)
-    upd = dict(hcache=hcache, feats=shift_in(m["feats"], new, c), rounds=m["rounds"] + a,
+    upd = dict(hcache=hcache, feats=absorb(arrays, m["feats"], hidden, keep, c),
+               rounds=m["rounds"] + a,
                accepted=m["accepted"] + a * n,
                depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
     return state.replace(method=upd)
@@ -312,6 +326,14 @@ class Eagle(Method):
   def stats(self, state) -> dict:
     return dict(depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
                 tree_nodes=self.num_nodes, tree_depth=self.depth, acceptance=self.acceptance)
+
+
+def absorb(arrays, feats, hidden, keep, c):
+  """The feature buffer after a round: the target's hidden states [B,N+1,E] at the kept block
+  offsets keep [B,D+1] (the pending token, then the accepted path) are the true features
+  f_L .. f_{L+n}; the first c [B] of them (fused from the taps, for such heads) enter feats."""
+  new = jnp.take_along_axis(hidden, keep[..., None], axis=1)
+  return shift_in(feats, fuse_features(arrays["mods"][0], new), c)
 
 
 def expand_tree(logp0: jax.Array, expand, carry, depth: int, k: int, n: int):
