@@ -138,6 +138,36 @@ def fitted(memoryless):
                 steps=250, lr=3e-3)
 
 
+def test_hybrid_tree_with_fitted_heads(memoryless, fitted):
+  """EAGLE-2 beside prompt lookup in one hybrid tree (methods/hybrid.py). From the same states,
+  one round: the hybrid's head state (a wider catch-up window, for the longer copied chain)
+  drafts the same tree as EAGLE alone, so it accepts at least what either drafter does. Over
+  many rounds, some commit a copied chain longer than EAGLE's depth, and EAGLE's feature buffer
+  stays right through them: identical output, and the heads' candidates still accepted."""
+  heads, _ = fitted
+  start = random_prompts(1, memoryless.config.vocab_size, seed=3, lo=6, hi=7)[0]
+  text = start + sj.generate(memoryless, [start], max_new_tokens=40, stop_at_eos=False).tokens[0]
+  states = [text[:i] for i in range(6, 46, 4)]  # mixed lengths; the text repeats itself
+  lookup = sj.PromptLookup(ngram=2, num_tokens=5)
+  eagle = Eagle(heads, depth=2, top_k=3, num_nodes=6)
+  hybrid = sj.Hybrid([lookup, eagle])
+  assert hybrid.num_nodes == lookup.num_tokens + eagle.num_nodes  # every candidate kept
+  got = {}
+  for name, method in (("lookup", lookup), ("eagle", eagle), ("hybrid", hybrid)):
+    out = sj.generate(memoryless, states, method, max_new_tokens=2, stop_at_eos=False)
+    assert out.stats["steps"] == 2  # the prefill and exactly one round
+    got[name] = out.stats["accepted_tokens"]
+  assert got["hybrid"] >= max(got["lookup"], got["eagle"]) > 0, got
+  orbit = text[5:16]  # the model's own text: each token is the greedy successor of the last
+  assert len(set(orbit)) == len(orbit), "the test needs a stretch without repeats"
+  ps = [orbit + orbit[:2], orbit[4:] + [1, 2] + orbit[4:6], states[3]]  # (copies of 5 fit)
+  ref = sj.generate(memoryless, ps, max_new_tokens=24, stop_at_eos=False)
+  out = sj.generate(memoryless, ps, hybrid, max_new_tokens=24, stop_at_eos=False)
+  assert out.tokens == ref.tokens
+  assert sum(out.stats["accepted_depth_hist"][eagle.depth + 1:]) > 0, "no copy past the depth"
+  assert out.stats["accepted_by"]["1:eagle"] > 0, out.stats["accepted_by"]
+
+
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_fitted_heads_are_accepted_and_identical(memoryless, fitted, tree):
   heads, _ = fitted

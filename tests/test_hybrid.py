@@ -148,10 +148,12 @@ def test_suffix_search_prefers_long_matches_then_the_context():
 
 def test_bad_arguments_raise():
   heads = init_heads(tiny_model(seed=0), "medusa", num_heads=2, seed=0)
+  eagle = init_heads(tiny_model(seed=0), "eagle", seed=0)
   for bad, match in [(dict(drafters=[]), "empty"), (dict(drafters=sj.PromptLookup()), "list"),
                      (dict(drafters=[sj.Autoregressive()]), "cannot feed"),
                      (dict(drafters=[sj.PromptLookup(num_tokens=3)], num_nodes=4), "num_nodes"),
-                     (dict(drafters=[sj.Medusa(heads)], acceptance="typical"), "acceptance")]:
+                     (dict(drafters=[sj.Medusa(heads)], acceptance="typical"), "acceptance"),
+                     (dict(drafters=[sj.Medusa(heads), sj.Eagle(eagle)]), "at most one")]:
     with pytest.raises(sj.InputError, match=match):
       sj.Hybrid(**bad)
   with pytest.raises(sj.InputError, match="num_nodes"):
@@ -170,4 +172,11 @@ def test_registry_defaults():
   h = methods.build("hybrid", target, heads=heads)
   assert [type(d).__name__ for d in h.drafters] == ["PromptLookup", "Medusa"]
   assert h.num_nodes == h.drafters[1].tree.num_nodes  # the heads' budget from the cost curve
+  h = methods.build("hybrid", target, heads=init_heads(target, "eagle", seed=0))
+  assert [type(d).__name__ for d in h.drafters] == ["PromptLookup", "Eagle"]
+  assert h.num_nodes == h.drafters[1].num_nodes  # EAGLE's chosen budget
+  assert h.drafters[0].num_tokens == min(10, h.num_nodes)
+  with pytest.raises(sj.InputError, match="does not fit|vocab|hidden|target"):  # another model's
+    sj.generate(target, [[1, 2, 3]], sj.Hybrid([sj.PromptLookup(), sj.Eagle(
+        init_heads(tiny_model(seed=0, hidden_size=48), "eagle", seed=0))]), max_new_tokens=2)
   assert methods.get("suffix-decoding").cls is sj.SuffixDecoding

@@ -190,7 +190,8 @@ SAMPLING_METHODS += [
 
 # ---- methods/suffix.py, methods/hybrid.py (issue 29): suffix decoding's merged tree of earlier
 # continuations; one hybrid tree from prompt lookup, suffix matches and random Medusa heads, cut to
-# fewer nodes than its drafters list (so the merge's selection and masked slots are exercised).
+# fewer nodes than its drafters list (so the merge's selection and masked slots are exercised);
+# prompt lookup beside EAGLE heads (fitted; random with fused features for the distribution).
 
 
 def _hybrid(target):
@@ -201,15 +202,28 @@ def _hybrid(target):
                     sj.Medusa(heads, tree=_MEDUSA_TREE)], num_nodes=10)
 
 
+def _hybrid_eagle(fitted, taps=False):
+  """Prompt lookup beside EAGLE-2 heads in one tree; the copied chain (4) runs deeper than the
+  heads' tree (2), so a round can commit more tokens than EAGLE alone would."""
+  def make(target):
+    heads = (_feature_heads("eagle", False, taps=(1,)) if taps else
+             _feature_heads("eagle", fitted))(target)
+    return sj.Hybrid([sj.PromptLookup(ngram=2, num_tokens=4),
+                      sj.Eagle(heads, depth=2, top_k=3, num_nodes=6)], num_nodes=8)
+  return make
+
+
 GREEDY_METHODS += [
     ("suffix", lambda target: sj.SuffixDecoding(num_nodes=6, max_depth=4, occurrences=3,
                                                 max_match=4)),
     ("hybrid", _hybrid),
+    ("hybrid/eagle-fitted", _hybrid_eagle(True)),
 ]
 SAMPLING_METHODS += [
     ("suffix", lambda target: sj.SuffixDecoding(num_nodes=6, max_depth=3, occurrences=3,
                                                 max_match=3)),
     ("hybrid", _hybrid),
+    ("hybrid/eagle-taps", _hybrid_eagle(False, taps=True)),
 ]
 
 

@@ -4,8 +4,9 @@
 
 In one process, per prompt set (copy-heavy: Spec-Bench summarization and RAG; chat: MT-Bench) and
 per prompt, every method runs once to compile and warm up and then once timed, interleaved per
-prompt: autoregressive, prompt lookup, suffix decoding, Medusa (the shipped heads, tree from the
-cost curve) and the registry's hybrid (prompt lookup + those heads in one tree). Reports per set
+prompt: autoregressive, prompt lookup, suffix decoding, Medusa and EAGLE (the shipped heads, trees
+from the cost curve), the registry's hybrid (prompt lookup + the EAGLE heads in one tree) and
+prompt lookup + the Medusa heads (`hybrid-medusa`). Reports per set
 the median speedup over autoregressive (same prompt, same process), tau (tokens per target call)
 and the tokens the hybrid accepted from each drafter; writes results.json beside this file (after each set) with
 the command and the machine's load average before and after (the machine may be shared).
@@ -26,16 +27,18 @@ from specjax import methods as sj_methods  # noqa: E402
 from specjax import prompts as sj_prompts  # noqa: E402
 
 SETS = ["spec_bench:summarization", "spec_bench:rag", "mt_bench"]
-METHODS = ["autoregressive", "prompt-lookup", "suffix", "medusa", "hybrid"]
+METHODS = ["autoregressive", "prompt-lookup", "suffix", "medusa", "eagle", "hybrid",
+           "hybrid-medusa"]
 
 
 def run(args) -> dict:
   model = sj.load_model("smollm2-135m")
-  built = {m: sj_methods.build(m, model) for m in METHODS}
-  h = built["hybrid"]
+  built = {m: sj_methods.build(m, model) for m in METHODS if m != "hybrid-medusa"}
+  built["hybrid-medusa"] = sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa",
+                                                                                      model))
   out = {"command": "python experiments/hybrid/run.py " + " ".join(sys.argv[1:]),
-         "load_before": os.getloadavg(), "hybrid": repr(h.drafters[1].tree) + f", N={h.num_nodes}",
-         "medusa_tree": repr(built["medusa"].tree), "sets": {}}
+         "load_before": os.getloadavg(), "methods": {m: repr(built[m]) for m in METHODS},
+         "sets": {}}
   for kind in SETS:
     ps = sj_prompts.load(kind, args.prompts)
     rows = {m: [] for m in METHODS}
@@ -60,8 +63,9 @@ def run(args) -> dict:
       speed = [a["wall"] / r["wall"] for a, r in zip(rows["autoregressive"], rows[m])]
       summary[m] = dict(speedup=round(statistics.median(speed), 2),
                         tau=round(statistics.median(r["tau"] for r in rows[m]), 2))
-    by = [r["by"] for r in rows["hybrid"]]
-    summary["hybrid"]["accepted_by"] = {k: sum(b[k] for b in by) for k in by[0]}
+    for h in ("hybrid", "hybrid-medusa"):
+      by = [r["by"] for r in rows[h]]
+      summary[h]["accepted_by"] = {k: sum(b[k] for b in by) for k in by[0]}
     out["sets"][kind] = summary
     out["load_after"] = os.getloadavg()
     save(out)

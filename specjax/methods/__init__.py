@@ -197,6 +197,12 @@ def _quantized(target, bits=4, **options):
   return QuantizedDraft(bits=bits, **defaults.choose("quantized", target, bits, options))
 
 
+def _hybrid_heads(target):
+  """The hybrid's predicting drafter: the target's shipped EAGLE heads, else its Medusa heads
+  (None: the hybrid copies only)."""
+  return shipped("eagle", target) or shipped("medusa", target)
+
+
 def _layer_skip(target, exit_layer=None, **options):
   k = exit_layer or max(1, target.config.num_layers // 4)
   return SelfSpeculative(exit_layer=k, **defaults.choose("layer-skip", target, k, options))
@@ -233,9 +239,9 @@ register(Entry("eagle", Eagle, _with_heads(Eagle, "eagle"),
                "tree=paths gives EAGLE-1)", trained=True, requires=_needs_shipped("eagle", "heads"),
                aliases=("eagle2", "eagle-2")))
 register(Entry("hybrid", Hybrid, lambda target, heads=None, **o: Hybrid.default(
-               target, shipped("medusa", target) if heads is None else heads, **o),
-               "copied (prompt lookup / suffix) and predicted (Medusa) candidates in one tree",
-               aliases=("hybrid-tree",)))
+               target, _hybrid_heads(target) if heads is None else heads, **o),
+               "copied (prompt lookup / suffix) and predicted (EAGLE, else Medusa) candidates in "
+               "one tree", aliases=("hybrid-tree",)))
 register(Entry("mtp", MTP, _with_heads(MTP, "mtp"),
                "multi-token-prediction modules draft a chain (DeepSeek-V3)", trained=True,
                requires=_needs_shipped("mtp", "heads")))
