@@ -340,8 +340,12 @@ def _next_pow2(n: int, minimum: int) -> int:
 
 
 def bucket_prompt_len(n: int) -> int:
-  """Prompt lengths are padded to a power of two (>= 16): lengths in a bucket share a program."""
-  return _next_pow2(n, 16)
+  """The padded prompt length P: lengths in a bucket share a program. Powers of two (>= 16) up to
+  256; past that also three quarters of one (384, 768, 1536, ...). The prefill computes all P
+  rows, so a long prompt pays for its padding: with these buckets at most a third of it is
+  padding (a 750-token prompt: 768 rows, not 1024)."""
+  p = _next_pow2(n, 16)
+  return 3 * p // 4 if p > 256 and n <= 3 * p // 4 else p
 
 
 def _encode(model, prompts, chat: bool) -> list[list[int]]:
