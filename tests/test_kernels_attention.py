@@ -68,6 +68,36 @@ def test_parity_with_xla(isa_path):
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+def test_prefill_without_a_cache(isa_path):
+  """A prompt's prefill: no cache (attend with kc=None goes to the kernel as 0 slots), a causal
+  block over T = 150 new entries (several row chunks, each reading the entries up to its last
+  token), two prompts of different lengths (the shorter one's padded entries are seen by no row
+  and hold NaN: never read; its padded rows see the first entry only), GQA groups and Gemma 2's
+  cap. XLA's form would turn the NaN into NaN outputs, so finite outputs also show the kernel
+  ran."""
+  rng = np.random.default_rng(2)
+  for b, k, t, g, d, cap in ((2, 3, 150, 3, 64, 0.0), (1, 2, 37, 1, 20, 30.0)):
+    q = jnp.asarray(rng.standard_normal((b, t, k, g, d)).astype(np.float32))
+    kn, vn = (rng.standard_normal((b, t, k, d)).astype(np.float32) for _ in range(2))
+    mask = np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, t, t)).copy()
+    mask[-1, :, t - 10:] = False  # the last prompt is 10 shorter: its padded entries unseen
+    mask[-1, t - 10:, :] = np.eye(t, dtype=bool)[t - 10:]  # (its padded rows: themselves only)
+    mask[-1, t - 10:, t - 10:] = False
+    mask[-1, t - 10:, 0] = True
+    kn[-1, t - 10:], vn[-1, t - 10:] = np.nan, np.nan  # ... so they may hold anything
+    args = (q, jnp.asarray(kn), jnp.asarray(vn), jnp.asarray(mask))
+    got = np.asarray(jax.jit(lambda q, kn, vn, m: attention.attend(
+        q, None, None, kn, vn, m, scale=0.125, softcap=cap, kernel=True))(*args))
+    ok = np.nan_to_num(np.asarray(args[1])), np.nan_to_num(np.asarray(args[2]))
+    ref = np.asarray(attention._xla(q, None, None, jnp.asarray(ok[0]), jnp.asarray(ok[1]),
+                                    args[3], 0.125, cap))
+    assert np.isfinite(got).all()
+    rel = np.abs(got - ref).max() / np.abs(ref).max()
+    assert rel < 1e-5, (isa_path, (b, k, t, g, d, cap), rel)
+
+
+@needs_kernel
 def test_unseen_slots_are_never_read():
   """Slots no row sees may hold anything (NaN included): the kernel reads up to each row's last
   visible slot; masked slots before it are skipped."""

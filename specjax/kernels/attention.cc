@@ -55,7 +55,7 @@ namespace {
 
 constexpr float kNegInf = -INFINITY;
 
-// The visible columns of one token: cache slots [0, hi) with their mask bits, then the T new.
+// One past the last visible column among the first s of a token's mask row (0: none visible).
 inline long last_visible(const uint8_t* m, long s) {
   long hi = s;
   while (hi >= 8) {  // eight slots at a time through the unfilled tail of a long cache
@@ -300,7 +300,9 @@ namespace {
 // Rows r0..r1: scores for all of them, a tile of kTile keys at a time (so that a tile of K, then
 // of V, stays in L1 while every row block of kRows uses it), then each row's mask, max and
 // normalised exps, then the weighted sums tile by tile. sc holds (r1 - r0) rows of S + T scores.
-// The chunk reads the cache up to the last slot any of its rows sees.
+// The chunk reads the cache up to the last slot any of its rows sees, and the new entries up to
+// the last one any of its rows sees (a causal block, e.g. a prompt's prefill with an empty cache:
+// the chunk of its first tokens reads only those).
 constexpr long kTile = 64;
 
 void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
@@ -313,10 +315,13 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
   // row r of this head is token r / g, query head r % g: q[bi, r / g, h, r % g, :] (o alike)
   auto at = [&](long r) { r += r0; return ((bi * t + r / g) * k + h) * g * d + (r % g) * d; };
   auto mrow = [&](long r) { return c->mask + (bi * t + (r0 + r) / g) * w; };
-  long hi = 0;
+  long hi = 0, tn = 0;
   for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
-    if (r == 0 || mrow(r) != mrow(r - 1)) hi = std::max(hi, last_visible(mrow(r), s));
-  const long ld = hi + t;  // a row's scores: cache [0, hi), then the t new
+    if (r == 0 || mrow(r) != mrow(r - 1)) {
+      hi = std::max(hi, last_visible(mrow(r), s));
+      tn = std::max(tn, last_visible(mrow(r) + s, t));
+    }
+  const long ld = hi + tn;  // a row's scores: cache [0, hi), then the new [0, tn)
   // Every (tile, row block) in order: fn(rb, nr, a0, a1, b0, b1) with the tile's cache columns
   // [a0, a1) and its new entries' columns [b0, b1) (either range may be empty).
   auto blocks = [&](auto&& fn) {
@@ -344,7 +349,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
   for (long r = 0; r < nrow; ++r) {
     float* sr = sc + r * ld;
     const uint8_t* m = mrow(r);
-    const float mx = std::max(mask_max(sr, m, hi), mask_max(sr + hi, m + s, t));
+    const float mx = std::max(mask_max(sr, m, hi), mask_max(sr + hi, m + s, tn));
     blank[r] = mx == kNegInf;
     if (blank[r]) {
       for (long j = 0; j < ld; ++j) sr[j] = 0.0f;

@@ -10,10 +10,12 @@ runs its two products as separate dot operations over every cache slot, filled o
 transposes, a concatenation and a masked softmax around them: about a third of a T = 8 forward of
 SmolLM2-135M with 256 of 512 slots filled (experiments/kernels/README.md, "attention"). The kernel
 reads only the slots a row can see (up to its last visible one) and does the softmax and both
-products in one pass per row, on the thread pool.
+products in one pass per row, on the thread pool. A prompt's prefill (no cache, T = the prompt
+bucket) runs on it too: XLA's form computes the whole T x T block there, the kernel per chunk of
+rows only the new entries up to the chunk's last token.
 
 `attend` is the one definition of the attention arithmetic (the model's Attention calls it): the
-kernel where `kernel=True` and the operands are float32 with a cache to read, else `_xla`, which is
+kernel where `kernel=True` and the operands are float32, else `_xla`, which is
 also what the kernel is tested against (equal up to fp32 summation order and exp's last bit) and
 the rule every gradient uses (a custom_vjp). The switch is the model's: a layer whose dense
 weights have a packed copy (the matmul or blocks kernel: packed at load on one CPU device; or a
@@ -120,8 +122,14 @@ def attend(q, kc, vc, kn, vn, mask, *, scale: float, softcap: float | None = Non
            kernel: bool = False):
   """Attention of q over the cache (kc, vc; None for an empty cache) and the new entries (kn, vn)
   under mask; see `_xla` for the shapes. kernel: run attention.cc where it applies (float32
-  operands, a cache, the library available), else XLA."""
-  if (kernel and kc is not None and q.dtype == kc.dtype == vc.dtype == kn.dtype == vn.dtype
-          == jnp.float32 and mask.dtype == jnp.bool_ and available()):
+  operands, the library available), else XLA. An empty cache (a prompt's prefill) goes to the
+  kernel as one of 0 slots: it reads, per chunk of rows, the new entries up to the last one a row
+  of the chunk sees (about half of a causal block's)."""
+  cache_ok = kc is None or kc.dtype == vc.dtype == jnp.float32
+  if (kernel and cache_ok and q.dtype == kn.dtype == vn.dtype == jnp.float32
+          and mask.dtype == jnp.bool_ and available()):
+    if kc is None:
+      b, _, kd, _, d = q.shape
+      kc = vc = jnp.zeros((b, kd, 0, d), jnp.float32)
     return _kernel(q, kc, vc, kn, vn, mask, float(scale), float(softcap or 0.0))
   return _xla(q, kc, vc, kn, vn, mask, scale, softcap)
