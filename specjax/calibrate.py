@@ -2,7 +2,9 @@
 
 c(T) = the time of one T-token forward of the target / the time of a one-token forward: batch 1,
 a cache of 512 slots with 256 filled, the jitted `model.apply`, medians of interleaved runs (every
-size once per round, so a load that comes and goes on a shared machine touches all sizes alike).
+size once per round, so a load that comes and goes on a shared machine touches all sizes alike),
+made non-decreasing in T (`envelope`: a median that a disturbance pushed above a larger size's
+is lowered to it, so one slow one-token sample cannot shrink the whole curve).
 It is what the methods' default settings are chosen from (specjax/methods/defaults.py: a bigger
 tree or a longer chain pays c(N + 1) per step) and what `method="auto"` predicts with.
 
@@ -48,7 +50,7 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 QUICK_SIZES = (1, 2, 4, 8, 16)
 REPS, QUICK_REPS = 7, 3
 CACHE_LEN, FILLED = 512, 256
-FORMAT = 1
+FORMAT = 2  # 2: the curve from the envelope of the seconds
 
 # The curve used when calibration is switched off: SmolLM2-135M in float32 with the CPU kernel on
 # the 2-core CPU this project benchmarks on, the mean of two quiet runs (docs/performance.md,
@@ -91,11 +93,26 @@ def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: i
   return {t: float(statistics.median(v)) for t, v in times.items()}
 
 
+def envelope(secs: dict[int, float]) -> dict[int, float]:
+  """{T: min over T' >= T of secs[T']}: the seconds made non-decreasing in T. A forward over more
+  tokens does not cost less; where a median says so, the smaller size's was disturbed."""
+  out, low = {}, float("inf")
+  for t in sorted(secs, reverse=True):
+    low = min(low, secs[t])
+    out[t] = low
+  return dict(sorted(out.items()))
+
+
+def curve_of(secs: dict[int, float]) -> dict[int, float]:
+  """c(T) = envelope(secs)[T] / envelope(secs)[1]."""
+  env = envelope(secs)
+  return {t: s / env[1] for t, s in env.items()}
+
+
 def measure(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
             reps: int = REPS) -> dict[int, float]:
-  """c(T) = seconds(T) / seconds(1), as measured now (no cache)."""
-  secs = measure_seconds(model, sizes, cache_len=cache_len, filled=filled, reps=reps)
-  return {t: s / secs[1] for t, s in secs.items()}
+  """c(T) as measured now (no cache): `curve_of` the medians."""
+  return curve_of(measure_seconds(model, sizes, cache_len=cache_len, filled=filled, reps=reps))
 
 
 def cache_key(model, quick: bool = False) -> dict:
@@ -173,9 +190,7 @@ def calibration(model) -> dict:
   print(f"specjax: measuring the cost curve of {model.name or 'the model'} on {key['device']} once "
         f"(kept in {folder()}; {ENV}=0 uses a default curve)", file=sys.stderr, flush=True)
   secs = measure_seconds(model, key["sizes"], cache_len=CACHE_LEN, filled=FILLED, reps=key["reps"])
-  curve = {t: s / secs[1] for t, s in secs.items()}
-  curve[1] = 1.0
-  rec = {"key": key, "curve": curve, "seconds": secs, "measured_at": time.time()}
+  rec = {"key": key, "curve": curve_of(secs), "seconds": secs, "measured_at": time.time()}
   try:
     write(path, rec)
   except OSError:  # a read-only cache folder: use the curve, measure again next time

@@ -90,6 +90,20 @@ def test_the_off_switch_gives_the_default_curve(monkeypatch, tmp_path):
   assert not (tmp_path / "calibration").exists()
 
 
+def test_a_disturbed_median_is_lowered_to_the_larger_sizes():
+  """The curve is the envelope of the medians: a one-token median that a disturbance pushed
+  above the two-token one would scale every c(T) down (and so every default up); it is lowered
+  to the larger size's, and the curve never decreases."""
+  secs = {1: 27.0, 2: 23.8, 4: 26.0, 8: 27.5, 16: 40.2, 32: 38.0, 64: 124.0}
+  assert calibrate.envelope(secs) == {1: 23.8, 2: 23.8, 4: 26.0, 8: 27.5, 16: 38.0, 32: 38.0,
+                                      64: 124.0}
+  c = calibrate.curve_of(secs)
+  assert c[1] == c[2] == 1.0 and c[8] == pytest.approx(27.5 / 23.8)
+  assert all(c[a] <= c[b] for a, b in zip(sorted(c), sorted(c)[1:]))
+  clean = {t: 1.0 + 0.1 * t for t in (1, 2, 4, 8)}
+  assert calibrate.envelope(clean) == clean  # an increasing curve is kept as measured
+
+
 def test_a_real_quick_measurement():
   c = calibrate.measure(tiny_model(), (2, 4), reps=2)
   assert sorted(c) == [1, 2, 4] and c[1] == 1.0 and all(v > 0 for v in c.values())
