@@ -4,8 +4,9 @@
 
 In one process, per prompt set (copy-heavy: Spec-Bench summarization and RAG; chat: MT-Bench) and
 per prompt, every method runs once to compile and warm up and then once timed, interleaved per
-prompt: autoregressive, prompt lookup, suffix decoding, Medusa and EAGLE (the shipped heads, trees
-from the cost curve), the registry's hybrid (prompt lookup + the EAGLE heads in one tree) and
+prompt: autoregressive, prompt lookup, EAGLE (the shipped heads, tree from the cost curve), the
+registry's hybrid (prompt lookup + the EAGLE heads in one tree, copies scored by their measured
+acceptance), the same with copies always first (`hybrid-copies-first`, measured=False) and
 prompt lookup + the Medusa heads (`hybrid-medusa`). Reports per set
 the median speedup over autoregressive (same prompt, same process), tau (tokens per target call)
 and the tokens the hybrid accepted from each drafter; writes results.json beside this file (after each set) with
@@ -27,13 +28,15 @@ from specjax import methods as sj_methods  # noqa: E402
 from specjax import prompts as sj_prompts  # noqa: E402
 
 SETS = ["spec_bench:summarization", "spec_bench:rag", "mt_bench"]
-METHODS = ["autoregressive", "prompt-lookup", "suffix", "medusa", "eagle", "hybrid",
+METHODS = ["autoregressive", "prompt-lookup", "eagle", "hybrid", "hybrid-copies-first",
            "hybrid-medusa"]
+HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa")
 
 
 def run(args) -> dict:
   model = sj.load_model("smollm2-135m")
-  built = {m: sj_methods.build(m, model) for m in METHODS if m != "hybrid-medusa"}
+  built = {m: sj_methods.build(m, model) for m in METHODS if m not in HYBRIDS[1:]}
+  built["hybrid-copies-first"] = sj_methods.build("hybrid", model, measured=False)
   built["hybrid-medusa"] = sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa",
                                                                                       model))
   out = {"command": "python experiments/hybrid/run.py " + " ".join(sys.argv[1:]),
@@ -63,7 +66,7 @@ def run(args) -> dict:
       speed = [a["wall"] / r["wall"] for a, r in zip(rows["autoregressive"], rows[m])]
       summary[m] = dict(speedup=round(statistics.median(speed), 2),
                         tau=round(statistics.median(r["tau"] for r in rows[m]), 2))
-    for h in ("hybrid", "hybrid-medusa"):
+    for h in HYBRIDS:
       by = [r["by"] for r in rows[h]]
       summary[h]["accepted_by"] = {k: sum(b[k] for b in by) for k in by[0]}
     out["sets"][kind] = summary
