@@ -266,21 +266,19 @@ class Eagle(Method):
 
   def draft(self, prog, params, arrays, seq, m, lengths):
     """One round's drafting: the catch-up over the last committed positions (m: the method
-    state, "hcache" and "feats"), then the tree. Returns (tokens [B,N] token ids, parents, depth,
-    ancestors (per row [B,N+1,...] for the dynamic tree, shared for a static one), the nodes'
-    cumulative draft log-probabilities [B,N] (None for a static tree), the head cache)."""
+    state, "hcache" and "feats"), then the tree. Returns (tokens [B,N] token ids, parents and depth
+    (per row [B,N+1] for the dynamic tree, the static tree's own [N+1]), the nodes' cumulative
+    draft log-probabilities [B,N] (None for a static tree), the head cache)."""
     hcache, root, _ = catch_up(prog, arrays, seq, m["feats"], lengths, m["hcache"])
     root = root[:, 0]  # [B,E] predicted feature of the pending token
     if self.dynamic:
       draft, parents, depth, scores, hcache = self.draft_dynamic(prog, params, arrays, hcache,
                                                                  root, lengths)
-      anc = trees.ancestors_from_parents(parents, self.depth)  # [B,N+1,N+1]
     else:
       draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
       scores = None
-      parents, depth, anc = (jnp.asarray(x) for x in (self.tree.parent, self.tree.depth,
-                                                      self.tree.ancestor))
-    return to_tokens(arrays, draft), parents, depth, anc, scores, hcache
+      parents, depth = jnp.asarray(self.tree.parent), jnp.asarray(self.tree.depth)
+    return to_tokens(arrays, draft), parents, depth, scores, hcache
 
   # ------------------------------------------------------------------ one step
 
@@ -293,8 +291,9 @@ class Eagle(Method):
     lengths = cache.lengths
 
     with phase(DRAFT):
-      draft, parents, depth, anc, _, hcache = self.draft(prog, params, arrays, state.seq, m,
-                                                         lengths)
+      draft, parents, depth, _, hcache = self.draft(prog, params, arrays, state.seq, m, lengths)
+      anc = (trees.ancestors_from_parents(parents, self.depth) if self.dynamic  # [B,N+1,N+1]
+             else jnp.asarray(self.tree.ancestor))
     tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)
 
     pos = lengths[:, None] + depth

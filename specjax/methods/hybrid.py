@@ -243,7 +243,7 @@ class Hybrid(Method):
       return (jnp.maximum(draft, 0), j - 1, j[None, :] < n_draft[:, None],
               score.astype(jnp.float32), None)
     if isinstance(d, Eagle):
-      tok, parents, _, _, logp, hcache = d.draft(prog, params, arrays, state.seq,
+      tok, parents, _, logp, hcache = d.draft(prog, params, arrays, state.seq,
                                                  state.method["eagle"], state.cache.lengths)
       score = jnp.broadcast_to(jnp.asarray(path_probability(d)), tok.shape) if logp is None \
           else jnp.exp(logp)
