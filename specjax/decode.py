@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import cache as kv
+from specjax import compile_options
 from specjax import malloc
 from specjax import sampling
 from specjax import sharding
@@ -417,7 +418,7 @@ class _CompileCache:
     if len(self.programs) >= self.max_programs:
       self.clear()
     t0 = time.perf_counter()
-    compiled = _run_jit.lower(prog, *args).compile()
+    compiled = _run_jit.lower(prog, *args).compile(compile_options.for_weights(args[0]))
     self.count += 1
     self.programs[key] = compiled
     return compiled, time.perf_counter() - t0

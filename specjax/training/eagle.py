@@ -22,11 +22,13 @@ loss_fn(params, batch, rng, frozen) -> (loss, metrics).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from specjax import cache as kv
+from specjax import compile_options
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, feature_module, fuse_features, module_arrays
 from specjax.training.features import (frozen_arrays, target_features,  # noqa: F401 (re-exported)
@@ -200,7 +202,7 @@ def fit(target, heads: Heads, tokens, *, steps: int = 200, lr: float = 3e-3, see
   params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), heads.params)
   state = opt.init(params)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=compile_options.for_weights(target.params))
   def update(params, state, frozen, rng):
     (loss, _), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, frozen)
     upd, state = opt.update(g, state, params)

@@ -18,10 +18,13 @@ columns). The shared optax/orbax loop lives in specjax/training/trainer.py.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import compile_options
 from specjax.heads import HeadsConfig, medusa_hidden
 from specjax.model import head_rows
 from specjax.training.features import features_jit, target_features
@@ -139,7 +142,7 @@ def fit(target, heads, tokens, *, steps: int = 200, lr: float = 1e-2, batch_size
   params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), heads.params)
   state = opt.init(params)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=compile_options.for_weights(target.params))
   def update(params, state, idx):
     def loss_fn(p):
       return medusa_loss(p, heads.config, hidden[idx], tokens[idx], head, vocab)[0]

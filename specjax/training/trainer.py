@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import compile_options
 from specjax.errors import InputError, check_int
 
 LOG_FILE, PLOT_FILE, CONFIG_FILE, CKPT_DIR = "log.jsonl", "train.png", "config.json", "ckpt"
@@ -331,8 +332,9 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   run.opt_state = opt.init(run.params)
   key = jax.random.key(config.seed)
   run.resume(log)
-  update = jax.jit(_update_step(loss_fn, opt, key, config))
-  evaluate = jax.jit(eval_fn or loss_fn)
+  options = compile_options.for_weights(run.params, run.extra)
+  update = jax.jit(_update_step(loss_fn, opt, key, config), compiler_options=options)
+  evaluate = jax.jit(eval_fn or loss_fn, compiler_options=options)
   eval_key = jax.random.fold_in(key, 2**32 - 1)  # never a training step
 
   def held_out_metrics():
