@@ -18,6 +18,26 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "") and _
                              f" --xla_backend_optimization_level={_OPT}"
                              " --xla_llvm_disable_expensive_passes=true").strip()
 
+
+
+def _one_thread_per_worker() -> None:
+  """Under pytest-xdist with as many workers as cores or more (make test: two on two), each
+  worker, and every process it starts (notebook kernels, the 8-device child, CLI runs), computes
+  on one thread: the CPU kernel's pool (SPECJAX_KERNEL_THREADS) and XLA's Eigen pool. Otherwise
+  each sizes its pools for every core, two workers run four busy threads on two cores, and a
+  kernel call's threads wait on each other (three test files: 173 -> 155 s). The kernel's
+  threaded path keeps a test of its own (test_kernels.py::test_threads_split_the_work_not_the_numbers)."""
+  count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+  if not (os.environ.get("PYTEST_XDIST_WORKER") and count) or int(count) < (os.cpu_count() or 1):
+    return
+  os.environ.setdefault("SPECJAX_KERNEL_THREADS", "1")
+  if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_cpu_multi_thread_eigen=false").strip()
+
+
+_one_thread_per_worker()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -466,3 +466,39 @@ def test_bf16_fallbacks(monkeypatch, target_bf16):
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     assert not packing.is_packed(packing.maybe_pack(target_bf16, None))
+
+
+# ----------------------------------------------------------------------------- threads
+
+THREADED = ["test_kernels.py::test_parity_random_shapes",
+            "test_kernels.py::test_every_row_count_and_rows_independent",
+            "test_kernels_blocks.py::test_parity_with_gguf",
+            "test_kernels_blocks.py::test_rows_do_not_depend_on_the_batch",
+            "test_kernels_attention.py::test_parity_with_xla",
+            "test_kernels_attention.py::test_prefill_without_a_cache",
+            "test_kernels_qdot.py::test_parity_with_numpy",
+            "test_kernels_qdot.py::test_rows_do_not_depend_on_the_batch"]
+
+
+@needs_kernel
+def test_threads_split_the_work_not_the_numbers():
+  """The kernels' parity and row-independence tests (threaded sizes included) in a child process
+  whose kernel pool has two threads. `make test` runs each worker's kernels on one thread
+  (conftest), so this is where their threaded paths are tested there."""
+  import subprocess
+  import sys
+
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+  env["SPECJAX_KERNEL_THREADS"] = "2"
+  check = ("from specjax import kernels; from specjax.kernels import blocks, qdot; "
+           "print(kernels.load().specjax_kernel_threads(), blocks.load().specjax_blocks_threads(), "
+           "qdot.load().specjax_qdot_threads())")
+  r = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert r.stdout.split() == ["2", "2", "2"], r.stdout + r.stderr[-2000:]
+  r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      *[os.path.join(here, t) for t in THREADED]],
+                     env=env, cwd=os.path.dirname(here), capture_output=True, text=True,
+                     timeout=900)
+  assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
