@@ -319,7 +319,8 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   frozen: a pytree of tensors the losses read but do not train (e.g. the target's params); when
     given, loss_fn and eval_fn are called as f(params, batch, rng, frozen). Large frozen tensors
     belong here rather than in a closure: jit bakes closed-over arrays into the program as
-    constants (slow to compile, a second copy in memory).
+    constants (slow to compile, a second copy in memory), and the compiler options follow the
+    size of params and frozen alone (specjax/compile_options.py).
   callback(step, params, metrics): called after each step (and its checkpoint); raising from it
     stops training, after saving a checkpoint at that step.
   Returns TrainResult(params, step, held_out metrics at the end, resumed_from, out_dir).
