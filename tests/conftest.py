@@ -19,7 +19,6 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "") and _
                              " --xla_llvm_disable_expensive_passes=true").strip()
 
 
-
 def _one_thread_per_worker() -> None:
   """Under pytest-xdist with as many workers as cores or more (make test: two on two), each
   worker, and every process it starts (notebook kernels, the 8-device child, CLI runs), computes

@@ -244,7 +244,7 @@ class Hybrid(Method):
               score.astype(jnp.float32), None)
     if isinstance(d, Eagle):
       tok, parents, _, logp, hcache = d.draft(prog, params, arrays, state.seq,
-                                                 state.method["eagle"], state.cache.lengths)
+                                              state.method["eagle"], state.cache.lengths)
       score = jnp.broadcast_to(jnp.asarray(path_probability(d)), tok.shape) if logp is None \
           else jnp.exp(logp)
       par = jnp.broadcast_to(parents[..., 1:] - 1, tok.shape)  # (node 0, the root: -1)
