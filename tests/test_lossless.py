@@ -98,9 +98,20 @@ def _medusa_random_heads(target):
 _FITTED: dict = {}
 
 
+def _weights_key(target, kind):
+  """Fitted heads are keyed by the target's weights, not id(target): test_sharding builds equal
+  targets afresh per call, and each would otherwise fit its heads again."""
+  import hashlib
+  h = hashlib.sha1()
+  for leaf in jax.tree_util.tree_leaves(target.params):
+    h.update(np.asarray(leaf).tobytes())
+  return (target.config, kind, h.hexdigest())
+
+
 def _medusa_fitted_heads(target):
   """Heads fitted (plain Adam, ~2 s) to text the target generated itself."""
-  if id(target) not in _FITTED:
+  key = _weights_key(target, "medusa")
+  if key not in _FITTED:
     from specjax.heads import init_heads
     from specjax.training.medusa import fit
     v = target.config.vocab_size
@@ -109,8 +120,8 @@ def _medusa_fitted_heads(target):
     toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
     heads, _ = fit(target, init_heads(target, "medusa", num_heads=3, seed=0), toks, steps=150,
                    lr=3e-2)
-    _FITTED[id(target)] = (target, heads)  # keeps target alive so its id is not reused
-  return _FITTED[id(target)][1]
+    _FITTED[key] = heads
+  return _FITTED[key]
 
 
 def _medusa(heads_fn, **kw):
@@ -144,10 +155,7 @@ def _feature_heads(kind, fitted, **kw):
     from specjax.heads import init_heads
     if not fitted:
       return init_heads(target, kind, seed=4, scale=0.3, **kw)
-    # Keyed by the weights, not id(target): test_sharding builds equal targets afresh per call.
-    import hashlib
-    leaf = np.asarray(jax.tree_util.tree_leaves(target.params)[0])
-    key = (target.config, kind, hashlib.sha1(leaf.tobytes()).hexdigest())
+    key = _weights_key(target, kind)
     if key not in _FEATURE_FITTED:
       from specjax.training import eagle as te, mtp as tm
       v = target.config.vocab_size
@@ -156,8 +164,8 @@ def _feature_heads(kind, fitted, **kw):
       toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
       fit = te.fit if kind == "eagle" else tm.fit
       heads, _ = fit(target, init_heads(target, kind, seed=0, **kw), toks, steps=150, lr=3e-3)
-      _FEATURE_FITTED[key] = (target, heads)
-    return _FEATURE_FITTED[key][1]
+      _FEATURE_FITTED[key] = heads
+    return _FEATURE_FITTED[key]
   return make
 
 
