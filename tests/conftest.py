@@ -27,7 +27,9 @@ def _one_thread_per_worker() -> None:
   kernel call's threads wait on each other (three test files: 173 -> 155 s). The kernel's
   threaded path keeps a test of its own (test_kernels.py::test_threads_split_the_work_not_the_numbers)."""
   count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-  if not (os.environ.get("PYTEST_XDIST_WORKER") and count) or int(count) < (os.cpu_count() or 1):
+  # The cores this process may run on, as the kernel's pool counts them (its affinity mask).
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  if not (os.environ.get("PYTEST_XDIST_WORKER") and count) or int(count) < (cores or 1):
     return
   os.environ.setdefault("SPECJAX_KERNEL_THREADS", "1")
   if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):

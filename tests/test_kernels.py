@@ -491,12 +491,14 @@ def test_threads_split_the_work_not_the_numbers():
   here = os.path.dirname(os.path.abspath(__file__))
   env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
   env["SPECJAX_KERNEL_THREADS"] = "2"
-  check = ("from specjax import kernels; from specjax.kernels import blocks, qdot; "
+  # Each library has its own pool: every one of them must see two threads.
+  check = ("from specjax import kernels; from specjax.kernels import attention, blocks, qdot; "
            "print(kernels.load().specjax_kernel_threads(), blocks.load().specjax_blocks_threads(), "
-           "qdot.load().specjax_qdot_threads())")
+           "qdot.load().specjax_qdot_threads(), "
+           "attention.LIBRARY.load().specjax_attention_threads())")
   r = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
                      timeout=300)
-  assert r.stdout.split() == ["2", "2", "2"], r.stdout + r.stderr[-2000:]
+  assert r.stdout.split() == ["2", "2", "2", "2"], r.stdout + r.stderr[-2000:]
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                       *[os.path.join(here, t) for t in THREADED]],
                      env=env, cwd=os.path.dirname(here), capture_output=True, text=True,
