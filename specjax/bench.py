@@ -31,6 +31,19 @@ def median(xs: Sequence[float]) -> float:
   return float(statistics.median(xs)) if len(xs) else float("nan")
 
 
+def agreement(rows: Sequence[Sequence[int]], ref: Sequence[Sequence[int]]) -> tuple[float, float]:
+  """How closely token rows follow reference rows (greedy output of an inexact configuration
+  against exact decoding's): (the share of rows identical to their reference, the share of the
+  reference's tokens that come before each row's first difference)."""
+  if len(rows) != len(ref) or not len(ref):
+    raise ValueError(f"agreement needs as many rows as references (>= 1): {len(rows)} vs {len(ref)}")
+  same = total = whole = 0
+  for a, b in zip(rows, ref):
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    same, total, whole = same + n, total + len(b), whole + (list(a) == list(b))
+  return whole / len(ref), same / max(total, 1)
+
+
 def time_call(fn: Callable[[], object], repeats: int) -> list[float]:
   out = []
   for _ in range(repeats):

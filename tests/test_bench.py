@@ -196,6 +196,16 @@ def test_prompts_load_errors_and_fallback(monkeypatch, tmp_path):
   assert stand_in.source == "builtin (standing in for humaneval: not found)"
 
 
+def test_agreement_counts_rows_and_tokens_before_the_first_difference():
+  ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]]
+  rows = [[1, 2, 3, 4], [5, 6, 0, 8], [9]]  # identical; differs at 2; stops early after 1
+  whole, share = bench.agreement(rows, ref)
+  assert whole == pytest.approx(1 / 3) and share == pytest.approx((4 + 2 + 1) / 10)
+  assert bench.agreement(ref, ref) == (1.0, 1.0)
+  with pytest.raises(ValueError, match="as many rows"):
+    bench.agreement(rows[:2], ref)
+
+
 def test_markdown_table():
   md = bench.markdown_table([{"a": "x", "b": 1.234, "c": True}, {"a": "y", "b": None, "c": False}],
                             [("a", "A", "s"), ("b", "B", ".2f"), ("c", "C", "")])

@@ -98,15 +98,6 @@ def configurations(fp32, blocks, llama_threads: int | None):
   return out
 
 
-def same_prefix(rows, ref) -> float:
-  """Share of tokens equal to the reference's up to each row's first difference."""
-  same = total = 0
-  for a, b in zip(rows, ref):
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    same, total = same + n, total + len(b)
-  return same / total
-
-
 def time_cell(configs, prompts, chat, batch, temperature, n_new, repeats) -> list[dict]:
   """One (prompt set, batch, temperature) cell: every configuration, alternating, fastest run."""
   groups = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
@@ -133,11 +124,11 @@ def time_cell(configs, prompts, chat, batch, temperature, n_new, repeats) -> lis
   out = []
   for label in labels:
     s, v = stats[label], bench.median(best[label])
+    same = bench.agreement(tokens[label], tokens[labels[0]])[1] if temperature == 0 else None
     out.append({"config": label, "tok_s": v, "ratio": v / base, "ratio_blocks": v / blocks_ar,
                 "alpha": s.get("alpha"), "tau": s.get("mean_accepted"),
                 "acceptance_by_position": s.get("acceptance_by_position"),
-                "same_as_ar": same_prefix(tokens[label], tokens[labels[0]]) if temperature == 0
-                else None,
+                "same_as_ar": same,
                 **{k: s[k] for k in s if k.startswith("llama_cpp")}})
   return out
 

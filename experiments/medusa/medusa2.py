@@ -39,15 +39,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "..", "..", "specjax", "assets", "corpus", "smollm2-135m")
 
 
-def first_difference_share(a: list, b: list) -> tuple[float, float]:
-  """(fraction of rows identical, share of tokens before each row's first difference)."""
-  same = total = whole = 0
-  for x, y in zip(a, b):
-    n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-    same, total, whole = same + n, total + len(y), whole + (list(x) == list(y))
-  return whole / len(a), same / total
-
-
 def _pair(p) -> str:
   return "-" if p is None else f"{p[0]:.3f} / {p[1]:.3f}"
 
@@ -77,7 +68,7 @@ def main():
     kw = dict(max_new_tokens=a.new, chat=chat, stop_at_eos=False)
     ref = sj.generate(original, list(ps), **kw).tokens
     out = sj.generate(adapted, list(ps), **kw).tokens
-    whole, share = first_difference_share(out, ref)
+    whole, share = bench.agreement(out, ref)
     rows.append({"prompts": spec, "n": len(ref), "identical": whole, "tokens_before_diff": share})
     print(rows[-1], flush=True)
   k = heads.config.num_heads
