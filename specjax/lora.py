@@ -132,10 +132,11 @@ def read_adapters(path: str) -> tuple[dict, dict]:
   return unflat(arrays), header
 
 
-def adapted_model(path: str, target):
+def adapted_model(path: str, target, *, asset: tuple[dict, dict] | None = None):
   """`target` (the original Model) with a Medusa-2 asset's adapters merged in; InputError if
-  they were trained for another target (a site or shape that differs)."""
-  adapters, header = read_adapters(path)
+  they were trained for another target (a site or shape that differs). asset: what
+  `read_adapters(path)` returned already (the file is then not read again)."""
+  adapters, header = asset if asset is not None else read_adapters(path)
   want = site_shapes(target.params, header["lora"]["sites"])
   got = {n: (a["a"].shape[0], a["b"].shape[1]) for n, a in adapters.items()}
   if got != want:

@@ -129,7 +129,8 @@ def load_medusa2(path: str, target=None):
   from specjax.heads import load_heads
   from specjax.weights import load_model
 
+  asset = lora.read_adapters(path)
   if target is None:
-    target = load_model(lora.read_adapters(path)[1].get("target") or "smollm2-135m")
-  model = lora.adapted_model(path, target)
+    target = load_model(asset[1].get("target") or "smollm2-135m")
+  model = lora.adapted_model(path, target, asset=asset)
   return model, load_heads(path, model)
