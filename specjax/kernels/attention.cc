@@ -510,22 +510,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttentionF32, AttentionF32,
                                   .Attr<float>("scale")
                                   .Attr<float>("softcap"));
 
-#define SJ_EXPORT __attribute__((visibility("default")))
-
 extern "C" {
 
-// The instruction set in use: 0 scalar, 1 avx2+fma, 2 avx512f.
-SJ_EXPORT int specjax_attention_isa() { return g_isa.load(); }
-
-SJ_EXPORT int specjax_attention_detected_isa() { return detect_isa(); }
-
-// Forces a path (tests run every path on one machine); refuses one the CPU lacks.
-SJ_EXPORT int specjax_attention_set_isa(int isa) {
-  if (isa >= kScalar && isa <= detect_isa()) g_isa.store(isa);
-  return g_isa.load();
-}
-
-SJ_EXPORT int specjax_attention_threads() { return sj_pool::pool().threads; }
+// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512f (detect_isa).
+SJ_LIBRARY_EXPORTS(specjax_attention)
 
 }  // extern "C"
 

@@ -721,24 +721,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxBlocksF32, BlocksF32,
 
 // ----------------------------------------------------------------------------- ctypes API
 
-#define SJ_EXPORT __attribute__((visibility("default")))
-
 extern "C" {
 
-// The instruction set in use: 0 scalar, 1 avx2+fma+f16c, 2 avx512f.
-SJ_EXPORT int specjax_blocks_isa() { return g_isa.load(); }
-
-// The best instruction set this CPU supports (what specjax_blocks_isa starts as).
-SJ_EXPORT int specjax_blocks_detected_isa() { return detect_isa(); }
-
-// Forces a path (tests run every path on one machine); refuses one the CPU lacks. Returns the
-// path in use afterwards.
-SJ_EXPORT int specjax_blocks_set_isa(int isa) {
-  if (isa >= kScalar && isa <= detect_isa()) g_isa.store(isa);
-  return g_isa.load();
-}
-
-SJ_EXPORT int specjax_blocks_threads() { return sj_pool::pool().threads; }
+// The isa codes: 0 scalar, 1 avx2+fma+f16c, 2 avx512f (detect_isa).
+SJ_LIBRARY_EXPORTS(specjax_blocks)
 
 // y = x @ dequant(w)^T on host pointers, outside XLA (benchmarks without a jit in between).
 SJ_EXPORT void specjax_blocks_f32(int qtype, const float* x, const uint8_t* w, float* y, long m,

@@ -1,10 +1,10 @@
 """One C++ kernel library as Python sees it: built on first use (build.py), loaded once per
 process through ctypes, its instruction-set path chosen at run time, its FFI target registered.
 
-Each kernel module (matmul.py, blocks.py, qdot.py) holds one `Library` and exposes its `load`,
-`available`, `isa`, `set_isa` and `threads`. The C++ side of every library exports
+Each kernel module (matmul.py, blocks.py, qdot.py, attention.py) holds one `Library` and exposes
+at least its `available`, `isa` and `set_isa`. The C++ side of every library exports
 `<prefix>_isa`, `<prefix>_detected_isa`, `<prefix>_set_isa(int)` and `<prefix>_threads` beside
-its XLA FFI handler.
+its XLA FFI handler (pool.h's SJ_LIBRARY_EXPORTS).
 
 Environment: SPECJAX_KERNELS=0 (all kernels off), SPECJAX_KERNELS_ISA=avx512|avx2|scalar (force a
 path; an error if the CPU lacks it).

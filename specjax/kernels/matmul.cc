@@ -485,27 +485,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxDenseBF16, DenseBF16,
 
 // ----------------------------------------------------------------------------- ctypes API
 
-#define SJ_EXPORT __attribute__((visibility("default")))
-
 extern "C" {
 
-// The instruction set in use: 0 scalar, 1 avx2+fma, 2 avx512f.
-SJ_EXPORT int specjax_kernel_isa() { return g_isa.load(); }
-
-// The best instruction set this CPU supports (what specjax_kernel_isa starts as).
-SJ_EXPORT int specjax_kernel_detected_isa() { return detect_isa(); }
-
-// Forces a path (tests run every path on one machine); refuses one the CPU lacks. Returns the
-// path in use afterwards.
-SJ_EXPORT int specjax_kernel_set_isa(int isa) {
-  if (isa >= kScalar && isa <= detect_isa()) g_isa.store(isa);
-  return g_isa.load();
-}
+// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512f (detect_isa).
+SJ_LIBRARY_EXPORTS(specjax_kernel)
 
 // Whether this CPU runs the bf16 path (AVX-512 F/BW/VL and BF16).
 SJ_EXPORT int specjax_kernel_detected_bf16() { return detect_bf16(); }
-
-SJ_EXPORT int specjax_kernel_threads() { return sj_pool::pool().threads; }
 
 // How long idle workers spin before sleeping (tuning; default 200 or $SPECJAX_KERNEL_SPIN_US).
 SJ_EXPORT void specjax_kernel_set_spin_us(long us) { sj_pool::pool().spin_us = us; }

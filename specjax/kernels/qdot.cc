@@ -481,24 +481,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQdotF32, QdotF32,
 
 // ----------------------------------------------------------------------------- ctypes API
 
-#define SJ_EXPORT __attribute__((visibility("default")))
-
 extern "C" {
 
-// The instruction set in use: 0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni.
-SJ_EXPORT int specjax_qdot_isa() { return g_isa.load(); }
-
-// The best instruction set this CPU supports (what specjax_qdot_isa starts as).
-SJ_EXPORT int specjax_qdot_detected_isa() { return detect_isa(); }
-
-// Forces a path (tests run every path on one machine); refuses one the CPU lacks. Returns the
-// path in use afterwards.
-SJ_EXPORT int specjax_qdot_set_isa(int isa) {
-  if (isa >= kScalar && isa <= detect_isa()) g_isa.store(isa);
-  return g_isa.load();
-}
-
-SJ_EXPORT int specjax_qdot_threads() { return sj_pool::pool().threads; }
+// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni (detect_isa).
+SJ_LIBRARY_EXPORTS(specjax_qdot)
 
 // The activation quantization alone (tests): x[m][k] -> xq[m][k], dx[m][k/32], dxs[m][k/32].
 SJ_EXPORT void specjax_qdot_quantize(const float* x, long m, long k, int8_t* xq, float* dx,
