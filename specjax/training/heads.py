@@ -147,9 +147,9 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
                                log)
     valid = response_valid(mask)
-    heads_by, vocab = (_from_inits(inits, target, taps, init, log) if inits else _fresh_heads(
-        target, kinds, per_kind, tok, mask, vocab_size=vocab_size, num_layers=num_layers,
-        seed=seed, taps=taps, log=log))
+    heads_by, vocab = _starting_heads(inits, init, target, kinds, per_kind, tok, mask,
+                                      vocab_size=vocab_size, num_layers=num_layers, seed=seed,
+                                      taps=taps, log=log)
     # One frozen set for every kind: the target's params and the LM-head rows the heads score.
     frozen = frozen_arrays(target, heads_by[kinds[0]])
 
@@ -214,9 +214,9 @@ def train_medusa2(target="smollm2-135m", corpus=None, *, out_dir: str = "runs/me
     tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
                                log)
     valid = response_valid(mask)
-    heads_by, _ = (_from_inits(inits, target, (), init, log) if inits else _fresh_heads(
-        target, ("medusa",), per_kind, tok, mask, vocab_size=vocab_size, num_layers=num_layers,
-        seed=seed, taps=(), log=log))
+    heads_by, _ = _starting_heads(inits, init, target, ("medusa",), per_kind, tok, mask,
+                                  vocab_size=vocab_size, num_layers=num_layers, seed=seed,
+                                  taps=(), log=log)
     heads = heads_by["medusa"]
     num_heads = heads.config.num_heads
     frozen = frozen_arrays(target, heads)
@@ -346,6 +346,16 @@ def _windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_wind
     held = [tuple(jnp.asarray(a[i:i + batch_size]) for a in (vtok, vvalid, vmask))
             for i in range(0, len(vtok), batch_size)]
   return tok, mask, held
+
+
+def _starting_heads(inits: dict, init, target, kinds: tuple, per_kind: dict, tok, mask, *,
+                    vocab_size: int, num_layers: int, seed: int, taps: tuple, log):
+  """The heads training starts from: the loaded `inits` (trained heads named by `init`) if any,
+  else fresh ones. Returns (kind -> Heads, their vocabulary subset or None)."""
+  if inits:
+    return _from_inits(inits, target, taps, init, log)
+  return _fresh_heads(target, kinds, per_kind, tok, mask, vocab_size=vocab_size,
+                      num_layers=num_layers, seed=seed, taps=taps, log=log)
 
 
 def _from_inits(inits: dict, target, taps: tuple, init, log):
