@@ -11,12 +11,19 @@ import os
 # presumably an elementwise function compiled differently for different shapes), a difference the
 # lossless suite exists to catch. LLVM's expensive passes are off too (compiles of the embedded
 # model's programs ~10-20% faster; LLVM's passes keep floating-point semantics, and the lossless
-# suite runs under the same flags). SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own defaults.
+# suite runs under the same flags). XLA's elemental emitters too (specjax/compile_options.py):
+# the tiny models' programs compile faster with them (-n 2: tests/test_lossless.py and
+# test_tree.py 246 -> 220 s; test_model.py, test_weights_blocks.py and test_medusa.py 163 -> 143 s),
+# and the real models' decoding and training programs, compiled with compile_options, keep the
+# fusion emitters. SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own defaults.
 _OPT = os.environ.get("SPECJAX_TEST_XLA_OPT", "1")
+ELEMENTAL = "--xla_cpu_use_fusion_emitters=false"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "") and _OPT != "2":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_backend_optimization_level={_OPT}"
-                             " --xla_llvm_disable_expensive_passes=true").strip()
+                             " --xla_llvm_disable_expensive_passes=true" +
+                             ("" if "xla_cpu_use_fusion_emitters" in os.environ.get("XLA_FLAGS", "")
+                              else " " + ELEMENTAL)).strip()
 
 
 def _one_thread_per_worker() -> None:

@@ -102,6 +102,20 @@ def test_compile_cache_is_bounded(tiny):
     cache.max_programs = old
 
 
+def test_compile_options_follow_the_weights_size():
+  """Programs over small weights get the elemental emitters, those over large ones the fusion
+  emitters, stated either way (the suite turns the fusion emitters off process-wide)."""
+  from specjax import compile_options
+
+  bound = compile_options.SMALL_WEIGHTS_BYTES
+  small = np.zeros(bound // 4 - 1, np.float32)
+  large = np.zeros(bound // 4, np.float32)
+  assert compile_options.for_weights(small) == {"xla_cpu_use_fusion_emitters": False}
+  assert compile_options.for_weights(large) == {"xla_cpu_use_fusion_emitters": True}
+  assert compile_options.for_weights({"a": small}, [small]) == {
+      "xla_cpu_use_fusion_emitters": True}  # the trees' bytes add up
+
+
 # ----------------------------------------------------------------------------- the state's layout
 
 
