@@ -152,6 +152,43 @@ def test_greedy_identical_to_autoregressive(bits, cache, adaptive, target, promp
   assert s["accepted_by_position"] == sorted(s["accepted_by_position"], reverse=True)
 
 
+def test_vocabulary_subset_greedy_identical_and_its_head_alone(target, prompts, reference):
+  """vocab=ids: the draft proposes over a subset (every other token, so the target's tokens
+  outside it are never drafted), its head being the subset's rows quantized alone; batch 4 token
+  for token with autoregressive decoding."""
+  from specjax.methods import quantized
+
+  v = target.config.vocab_size
+  ids = np.arange(0, v, 2)
+  method = sj.QuantizedDraft(gamma=3, vocab=ids)
+  arrays = method.arrays(target)
+  assert arrays["head"].n == len(ids) and arrays["head"].k == target.config.hidden_size
+  # The subset head's logits are the full draft's at those ids, to the int8 activations' rounding.
+  h = np.random.default_rng(0).normal(size=(2, target.config.hidden_size)).astype(np.float32)
+  full = np.asarray(quantized.quantized_weights(target, 4)[-1].product(h))
+  np.testing.assert_allclose(np.asarray(arrays["head"].product(h)), full[:, ids], rtol=0.05,
+                             atol=0.05 * np.abs(full).max())
+  out = sj.generate(target, prompts, method, max_new_tokens=20)
+  assert out.tokens == reference
+  assert out.stats["accepted_tokens"] > 0
+  # The reference holds tokens the draft cannot propose: verification alone emits those.
+  assert any(t % 2 for row in reference for t in row)
+  assert sj.QuantizedDraft(gamma=3).key != method.key  # programs differ by the subset's size
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.0, top_k=5)], ids=["t1-k5"])
+def test_vocabulary_subset_sampling_distribution(settings):
+  """Exactness at temperature > 0 with q zero outside the subset: the target's joint
+  distribution of the first two tokens (the lossless suite's check)."""
+  from test_lossless import small_target, tv_check
+
+  model = small_target()
+  v = model.config.vocab_size
+  method = sj.QuantizedDraft(gamma=2, vocab=np.arange(v - 3))  # three tokens never drafted
+  tv, expected = tv_check(model, method, dict(dict(top_k=0, top_p=1.0), **settings))
+  assert tv < 2 * expected, f"TV {tv:.4f} vs expected sampling error {expected:.4f}"
+
+
 def _repetitive(vocab_size, n=4, seed=11):
   """Prompts that repeat a random phrase (prompt lookup finds copies in them)."""
   rng = np.random.default_rng(seed)
@@ -210,10 +247,18 @@ def test_weights_cast_once_per_model(target):
     (dict(lookup=-1), r"lookup=-1 is invalid"),
     (dict(lookup=2, cache="own"), r"lookup=2 \(multi-level drafting\) needs cache='shared'"),
     (dict(lookup=2, threshold=0.5), r"needs cache='shared' and threshold=0"),
+    (dict(vocab=[1, 1, 2]), r"vocab must be distinct token ids"),
+    (dict(vocab=[1, 2], lookup=2), r"vocab .* applies to one-level drafting; got lookup=2"),
 ])
 def test_bad_arguments(kw, match):
   with pytest.raises(sj.InputError, match=match):
     sj.QuantizedDraft(**kw)
+
+
+def test_vocabulary_subset_out_of_range_fails_before_compiling(target, prompts):
+  v = target.config.vocab_size
+  with pytest.raises(sj.InputError, match=rf"vocab must be distinct token ids in \[0, {v}\)"):
+    sj.generate(target, prompts, sj.QuantizedDraft(vocab=[0, v]), max_new_tokens=4)
 
 
 def test_registry_entry(target):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -50,9 +51,9 @@ from specjax import packing
 from specjax.decode import DecodeState
 from specjax.errors import InputError, check_int
 from specjax.kernels import quant
-from specjax.methods.draft import _Speculative
+from specjax.methods.draft import _check_vocab, _Speculative
 from specjax.methods.prompt_lookup import ngram_search
-from specjax.model import forward_sequence
+from specjax.model import forward_sequence, head_rows
 
 CACHES = ("shared", "own")
 
@@ -102,6 +103,10 @@ class QuantizedDraft(_Speculative):
   cache   "shared" (the target's cache) or "own" (a separate draft cache); see the module docstring
   lookup  k > 0: multi-level, the quantized draft is drafted by prompt lookup (k copied tokens per
           draft forward, suffixes of up to `ngram` tokens); 0: one token per draft forward
+  vocab   token ids [Vs] the draft proposes over (FR-Spec style, as DraftModel's `vocab`): its
+          LM head is then the quantized rows of those tokens alone, so a draft forward reads
+          Vs / V of the head's bytes (a tied 49152-token head is a fifth of SmolLM2's); None:
+          the whole vocabulary. Exact either way (q is zero outside the subset).
   gamma, adaptive, min_gamma, threshold: as for every chain method (methods/draft.py).
   """
   bits: int = 4
@@ -112,6 +117,8 @@ class QuantizedDraft(_Speculative):
   cache: str = "shared"
   lookup: int = 0
   ngram: int = 3
+  vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
+  key: Any = dataclasses.field(default=None, init=False, repr=False)
 
   name = "quantized"
 
@@ -128,6 +135,17 @@ class QuantizedDraft(_Speculative):
     if self.lookup and (self.cache != "shared" or self.threshold > 0):
       raise InputError(f"lookup={self.lookup} (multi-level drafting) needs cache='shared' and "
                        f"threshold=0; got cache={self.cache!r}, threshold={self.threshold}")
+    vocab = _check_vocab(self.vocab)
+    if vocab is not None and self.lookup:
+      raise InputError(f"vocab (a draft vocabulary subset) applies to one-level drafting; got "
+                       f"lookup={self.lookup}")
+    object.__setattr__(self, "vocab", vocab)
+    # Programs differ by the subset's size, not by its ids (they are an argument).
+    object.__setattr__(self, "key", None if vocab is None else vocab.size)
+
+  def validate(self, model) -> None:
+    if self.vocab is not None:
+      _check_vocab(self.vocab, model.config.vocab_size)
 
   @property
   def extra_slots(self) -> int:
@@ -142,6 +160,9 @@ class QuantizedDraft(_Speculative):
     """The quantized weights; with cache="own" also the target's params (the same buffers), which
     `init` needs to prefill the draft's cache (a method's init sees its arrays, not params)."""
     out = {"quantized": quantized_weights(model, self.bits)}
+    if self.vocab is not None:  # the subset's head rows [Vs,E], quantized as [E,Vs]
+      rows = head_rows(model.config, model.params, jnp.asarray(self.vocab))
+      out.update(vocab=jnp.asarray(self.vocab), head=quant.quantize_weight(rows.T, self.bits))
     return out if self.cache == "shared" else dict(out, params=model.params)
 
   def init(self, prog, arrays, state, hidden):
@@ -175,8 +196,10 @@ class QuantizedDraft(_Speculative):
     dcache = kv.rollback(dcache, start)
     pos = start[:, None] + jnp.arange(t)[None, :]
     module = draft_module(prog.graphdef, params, arrays["quantized"])
-    logits, _, dcache = module(tokens, pos, dcache, prog.causal_mask(start, t),
-                               logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    logits, hidden, dcache = module(tokens, pos, dcache, prog.causal_mask(start, t),
+                                    logits_at=jnp.full((b, 1), t - 1, jnp.int32))
+    if "head" in arrays:  # the subset's head; the whole vocabulary's logits are compiled away
+      return arrays["head"].product(hidden[:, -1]), dcache
     return logits[:, 0], dcache
 
   # --- multi-level drafting --------------------------------------------------------------------
