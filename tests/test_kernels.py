@@ -20,7 +20,7 @@ import specjax as sj
 from specjax import cache as kv
 from specjax import kernels, packing
 
-from conftest import random_prompts, tiny_config, tiny_model
+from conftest import isa_fixture, isa_paths, random_prompts, tiny_config, tiny_model
 from test_lossless import GREEDY_METHODS
 
 _USER_CACHE = os.environ.get("SPECJAX_CACHE")
@@ -28,20 +28,7 @@ needs_kernel = pytest.mark.skipif(not kernels.available(),
                                   reason="specjax.kernels unavailable here (see its warning)")
 
 
-def _paths():
-  """Every instruction-set path this CPU can run (forced one at a time)."""
-  if not kernels.available():
-    return []
-  best = kernels.ISAS[kernels.isa()]
-  return [name for name, v in kernels.ISAS.items() if v <= best]
-
-
-@pytest.fixture
-def isa_path(request):
-  before = kernels.isa()
-  assert kernels.set_isa(request.param) == request.param
-  yield request.param
-  kernels.set_isa(before)
+isa_path = isa_fixture(kernels)
 
 
 def _rel(a, ref):
@@ -54,7 +41,7 @@ ROWS = (1, 2, 3, 5, 8, 13, 16, 24, 31, 33, 47, 64)
 
 
 @needs_kernel
-@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+@pytest.mark.parametrize("isa_path", isa_paths(kernels), indirect=True)
 def test_parity_random_shapes(isa_path):
   """M from 1 to 64 with odd K and N (column tails in the last block), every block width, plain
   and transposed weights, threaded and single-threaded sizes: within 1e-5 of the exact product."""
@@ -91,7 +78,7 @@ def _host_dense(x, packed, n, bf16=False):
 
 
 @needs_kernel
-@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+@pytest.mark.parametrize("isa_path", isa_paths(kernels), indirect=True)
 def test_every_row_count_and_rows_independent(isa_path):
   """Every M from 1 to 64 (each row tiling: 1-8-row tiles, balanced splits, two 64-row groups
   at 65 and 130), through the host entry: within 1e-5 of the exact product, and each row the

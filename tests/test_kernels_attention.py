@@ -16,25 +16,13 @@ import specjax as sj
 from specjax import kernels, packing
 from specjax.kernels import attention
 
-from conftest import tiny_model
+from conftest import isa_fixture, isa_paths, tiny_model
 
 needs_kernel = pytest.mark.skipif(not attention.available(),
                                   reason="specjax.kernels.attention unavailable here")
 
 
-def _paths():
-  if not attention.available():
-    return []
-  best = attention.ISAS[attention.isa()]
-  return [name for name, v in attention.ISAS.items() if v <= best]
-
-
-@pytest.fixture
-def isa_path(request):
-  before = attention.isa()
-  assert attention.set_isa(request.param) == request.param
-  yield request.param
-  attention.set_isa(before)
+isa_path = isa_fixture(attention)
 
 
 def _case(rng, b, k, t, g, s, d):
@@ -54,7 +42,7 @@ SHAPES = ((1, 3, 8, 3, 64, 64, 0.0), (2, 2, 5, 1, 37, 20, 0.0), (1, 1, 1, 4, 16,
 
 
 @needs_kernel
-@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+@pytest.mark.parametrize("isa_path", isa_paths(attention), indirect=True)
 def test_parity_with_xla(isa_path):
   rng = np.random.default_rng(0)
   for b, k, t, g, s, d, cap in SHAPES:
@@ -68,7 +56,7 @@ def test_parity_with_xla(isa_path):
 
 
 @needs_kernel
-@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+@pytest.mark.parametrize("isa_path", isa_paths(attention), indirect=True)
 def test_prefill_without_a_cache(isa_path):
   """A prompt's prefill: no cache (attend with kc=None goes to the kernel as 0 slots), a causal
   block over T = 150 new entries (several row chunks, each reading the entries up to its last

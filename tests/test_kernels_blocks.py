@@ -18,25 +18,14 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from specjax.kernels import blocks
 
+from conftest import isa_fixture, isa_paths
+
 TYPES = sorted(blocks.QTYPES)
 needs_kernel = pytest.mark.skipif(not blocks.available(),
                                   reason="specjax.kernels.blocks unavailable (see its warning)")
 
 
-def _paths():
-  """Every instruction-set path this CPU can run (forced one at a time)."""
-  if not blocks.available():
-    return []
-  best = blocks.ISAS[blocks.isa()]
-  return [name for name, v in blocks.ISAS.items() if v <= best]
-
-
-@pytest.fixture
-def isa_path(request):
-  before = blocks.isa()
-  assert blocks.set_isa(request.param) == request.param
-  yield request.param
-  blocks.set_isa(before)
+isa_path = isa_fixture(blocks)
 
 
 def random_raw(rng, n: int, k: int, qtype: str) -> np.ndarray:
@@ -74,7 +63,7 @@ SHAPES = [(1, 1, 1), (3, 17, 3), (16, 45, 5), (33, 301, 19), (64, 1001, 49)]
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+@pytest.mark.parametrize("isa_path", isa_paths(blocks), indirect=True)
 def test_parity_with_gguf(isa_path, qtype):
   """M in {1, 3, 16, 33, 64}, odd N, K an odd number of blocks, the largest above the threaded
   size: within 1e-5 of the exact product with gguf's dequantised weight, the bar numpy's fp32

@@ -15,24 +15,13 @@ import pytest
 
 from specjax.kernels import qdot
 
+from conftest import isa_fixture, isa_paths
+
 needs_kernel = pytest.mark.skipif(not qdot.available(),
                                   reason="specjax.kernels.qdot unavailable (see its warning)")
 
 
-def _paths():
-  """Every instruction-set path this CPU can run (forced one at a time)."""
-  if not qdot.available():
-    return []
-  best = qdot.ISAS[qdot.isa()]
-  return [name for name, v in qdot.ISAS.items() if v <= best]
-
-
-@pytest.fixture
-def isa_path(request):
-  before = qdot.isa()
-  assert qdot.set_isa(request.param) == request.param
-  yield request.param
-  qdot.set_isa(before)
+isa_path = isa_fixture(qdot)
 
 
 def random_q41(rng, n: int, k: int):
@@ -82,7 +71,7 @@ SHAPES = [(1, 1, 32), (3, 17, 96), (8, 45, 160), (17, 301, 608), (64, 203, 576)]
 
 
 @needs_kernel
-@pytest.mark.parametrize("isa_path", _paths(), indirect=True)
+@pytest.mark.parametrize("isa_path", isa_paths(qdot), indirect=True)
 def test_parity_with_numpy(isa_path):
   """M in {1, 3, 8, 17, 64}, odd N, K an odd number of blocks, zero rows and blocks: within 1e-5
   of the sum of |terms| of the numpy math, and the activations quantized exactly as numpy does."""
@@ -116,7 +105,7 @@ def test_activations_round_half_to_even():
   want[1, 32:] = np.rint(x[1, 32:] * np.float32(127)).astype(np.int8)
   before = qdot.isa()
   try:
-    for name in _paths():
+    for name in isa_paths(qdot):
       qdot.set_isa(name)
       xq, dx = qdot.quantize_rows(x)
       np.testing.assert_array_equal(xq, want, err_msg=name)
@@ -155,7 +144,7 @@ def test_paths_give_the_same_bits():
   before = qdot.isa()
   try:
     outs = {}
-    for name in _paths():
+    for name in isa_paths(qdot):
       qdot.set_isa(name)
       outs[name] = np.asarray(qdot.dense(x, packed, n, k))
   finally:
