@@ -98,30 +98,27 @@ def _medusa_random_heads(target):
 _FITTED: dict = {}
 
 
-def _weights_key(target, kind):
-  """Fitted heads are keyed by the target's weights, not id(target): test_sharding builds equal
-  targets afresh per call, and each would otherwise fit its heads again."""
+def _fitted_heads(target, kind: str, fit, lr: float, **kw):
+  """Heads of `kind` (init_heads' settings kw) fitted with `fit` (plain Adam, 150 steps, ~2 s)
+  to text the target generated itself. Kept per target weights, not per id(target): test_sharding
+  builds equal targets afresh per call, and each would otherwise fit its heads again."""
   import hashlib
   h = hashlib.sha1()
   for leaf in jax.tree_util.tree_leaves(target.params):
     h.update(np.asarray(leaf).tobytes())
-  return (target.config, kind, h.hexdigest())
+  key = (target.config, kind, tuple(sorted(kw.items())), h.hexdigest())
+  if key not in _FITTED:
+    from specjax.heads import init_heads
+    ps = random_prompts(32, target.config.vocab_size, seed=11, lo=3, hi=8)
+    gen = sj.generate(target, ps, max_new_tokens=32, stop_at_eos=False).tokens
+    toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
+    _FITTED[key], _ = fit(target, init_heads(target, kind, seed=0, **kw), toks, steps=150, lr=lr)
+  return _FITTED[key]
 
 
 def _medusa_fitted_heads(target):
-  """Heads fitted (plain Adam, ~2 s) to text the target generated itself."""
-  key = _weights_key(target, "medusa")
-  if key not in _FITTED:
-    from specjax.heads import init_heads
-    from specjax.training.medusa import fit
-    v = target.config.vocab_size
-    ps = random_prompts(32, v, seed=11, lo=3, hi=8)
-    gen = sj.generate(target, ps, max_new_tokens=32, stop_at_eos=False).tokens
-    toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
-    heads, _ = fit(target, init_heads(target, "medusa", num_heads=3, seed=0), toks, steps=150,
-                   lr=3e-2)
-    _FITTED[key] = heads
-  return _FITTED[key]
+  from specjax.training.medusa import fit
+  return _fitted_heads(target, "medusa", fit, 3e-2, num_heads=3)
 
 
 def _medusa(heads_fn, **kw):
@@ -147,7 +144,6 @@ SAMPLING_METHODS += [
 # accepted) and heads fitted to the target's own greedy text.
 
 _EAGLE_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
-_FEATURE_FITTED: dict = {}
 
 
 def _feature_heads(kind, fitted, **kw):
@@ -155,17 +151,8 @@ def _feature_heads(kind, fitted, **kw):
     from specjax.heads import init_heads
     if not fitted:
       return init_heads(target, kind, seed=4, scale=0.3, **kw)
-    key = _weights_key(target, kind)
-    if key not in _FEATURE_FITTED:
-      from specjax.training import eagle as te, mtp as tm
-      v = target.config.vocab_size
-      ps = random_prompts(32, v, seed=11, lo=3, hi=8)
-      gen = sj.generate(target, ps, max_new_tokens=32, stop_at_eos=False).tokens
-      toks = np.array([(p + g)[:32] for p, g in zip(ps, gen)])
-      fit = te.fit if kind == "eagle" else tm.fit
-      heads, _ = fit(target, init_heads(target, kind, seed=0, **kw), toks, steps=150, lr=3e-3)
-      _FEATURE_FITTED[key] = heads
-    return _FEATURE_FITTED[key]
+    from specjax.training import eagle as te, mtp as tm
+    return _fitted_heads(target, kind, te.fit if kind == "eagle" else tm.fit, 3e-3, **kw)
   return make
 
 
