@@ -17,13 +17,19 @@ import os
 # and the real models' decoding and training programs, compiled with compile_options, keep the
 # fusion emitters. SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own defaults.
 _OPT = os.environ.get("SPECJAX_TEST_XLA_OPT", "1")
-ELEMENTAL = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _add_xla_flag(flag: str) -> None:
+  """Appends --name=value to XLA_FLAGS unless the user's XLA_FLAGS set that name already."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if flag.split("=")[0] not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+
+
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "") and _OPT != "2":
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_backend_optimization_level={_OPT}"
-                             " --xla_llvm_disable_expensive_passes=true" +
-                             ("" if "xla_cpu_use_fusion_emitters" in os.environ.get("XLA_FLAGS", "")
-                              else " " + ELEMENTAL)).strip()
+  _add_xla_flag(f"--xla_backend_optimization_level={_OPT}")
+  _add_xla_flag("--xla_llvm_disable_expensive_passes=true")
+  _add_xla_flag("--xla_cpu_use_fusion_emitters=false")
 
 
 def _one_thread_per_worker() -> None:
@@ -39,9 +45,7 @@ def _one_thread_per_worker() -> None:
   if not (os.environ.get("PYTEST_XDIST_WORKER") and count) or int(count) < (cores or 1):
     return
   os.environ.setdefault("SPECJAX_KERNEL_THREADS", "1")
-  if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false").strip()
+  _add_xla_flag("--xla_cpu_multi_thread_eigen=false")
 
 
 _one_thread_per_worker()
