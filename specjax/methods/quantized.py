@@ -161,8 +161,9 @@ class QuantizedDraft(_Speculative):
     `init` needs to prefill the draft's cache (a method's init sees its arrays, not params)."""
     out = {"quantized": quantized_weights(model, self.bits)}
     if self.vocab is not None:  # the subset's head rows [Vs,E], quantized as [E,Vs]
-      rows = head_rows(model.config, model.params, jnp.asarray(self.vocab))
-      out.update(vocab=jnp.asarray(self.vocab), head=quant.quantize_weight(rows.T, self.bits))
+      ids = jnp.asarray(self.vocab)
+      rows = head_rows(model.config, model.params, ids)
+      out.update(vocab=ids, head=quant.quantize_weight(rows.T, self.bits))
     return out if self.cache == "shared" else dict(out, params=model.params)
 
   def init(self, prog, arrays, state, hidden):
