@@ -66,10 +66,14 @@ def llama_cpp_runner(model, threads: int):
                         n_threads_batch=threads, verbose=False)
 
   def run(group, chat, temperature, n_new, seed):
-    rows, eval_s, evals = [], 0.0, 0
+    rows, eval_s, evals, prompt_s = [], 0.0, 0, 0.0
     for p in group:
       ids = sj.decode._encode(model, [p], chat)[0]  # the ids sj.generate feeds
       llm.set_seed(seed)
+      # Every call evaluates its whole prompt, as sj.generate does. Without this, llama-cpp-python
+      # keeps the previous call's KV cache and re-evaluates only the prompt's last token when the
+      # prompt matches it, so every timed repeat of a prompt would skip llama.cpp's prefill.
+      llm.reset()
       llama_cpp.llama_perf_context_reset(llm.ctx)
       sample = dict(top_k=1, temp=0.0) if temperature == 0 else \
           dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
@@ -80,8 +84,10 @@ def llama_cpp_runner(model, threads: int):
           break
       perf = llama_cpp.llama_perf_context(llm.ctx)
       eval_s, evals = eval_s + perf.t_eval_ms / 1e3, evals + perf.n_eval
+      prompt_s += perf.t_p_eval_ms / 1e3
       rows.append(new)
-    return rows, {"llama_cpp_eval_tok_s": evals / eval_s if eval_s else None,
+    # llama.cpp's own timers: the prompt's evaluation, and the decoding after the first token.
+    return rows, {"first_token_s": prompt_s, "decode_tok_s": evals / eval_s if eval_s else None,
                   "llama_cpp_version": llama_cpp.__version__}
   run.close = llm.close  # freed before the interpreter exits (its finaliser fails at exit)
   return run
@@ -98,14 +104,23 @@ def configurations(fp32, blocks, llama_threads: int | None):
   return out
 
 
+# Configurations whose first token is also timed alone (a one-token call: tokenising, prefill,
+# the first sample), so that their decoding rate after it can stand beside llama.cpp's own.
+FIRST_TOKEN = ("float32 autoregressive", "blocks autoregressive")
+
+
 def time_cell(configs, prompts, chat, batch, temperature, n_new, repeats) -> list[dict]:
   """One (prompt set, batch, temperature) cell: every configuration, alternating, fastest run."""
   groups = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
   labels = [label for label, _ in configs if batch == 1 or not label.startswith("llama.cpp")]
   best = {label: [] for label in labels}
+  first = {label: [] for label in labels}  # seconds to the first token, per group
+  decode = {label: [] for label in labels}  # tok/s after the first token, per group
   stats, tokens = {}, {label: [] for label in labels}
   for group in groups:
     times = {label: float("inf") for label in labels}
+    t_first = {label: float("inf") for label in labels}
+    fastest = {}
     for r in range(repeats + 1):  # the first round compiles and warms: not timed
       for label, run in configs:
         if label not in times:
@@ -113,19 +128,33 @@ def time_cell(configs, prompts, chat, batch, temperature, n_new, repeats) -> lis
         t0 = time.perf_counter()
         rows, st = run(group, chat, temperature, n_new, r)
         dt = time.perf_counter() - t0
-        if r:
-          times[label] = min(times[label], dt)
-          stats[label] = st
+        if label in FIRST_TOKEN:
+          t1 = time.perf_counter()
+          run(group, chat, temperature, 1, r)
+          if r:
+            t_first[label] = min(t_first[label], time.perf_counter() - t1)
+        if r and dt < times[label]:
+          times[label], fastest[label] = dt, st
         if r == 1:
           tokens[label] += rows
     for label in times:
       best[label].append(batch * n_new / times[label])
+      st = fastest[label]
+      stats[label] = st
+      if label in FIRST_TOKEN:
+        first[label].append(t_first[label])
+        decode[label].append(batch * (n_new - 1) / (times[label] - t_first[label]))
+      elif st.get("decode_tok_s") is not None:  # llama.cpp's own timers
+        first[label].append(st["first_token_s"])
+        decode[label].append(st["decode_tok_s"])
   base, blocks_ar = bench.median(best[labels[0]]), bench.median(best[labels[1]])
   out = []
   for label in labels:
     s, v = stats[label], bench.median(best[label])
     same = bench.agreement(tokens[label], tokens[labels[0]])[1] if temperature == 0 else None
     out.append({"config": label, "tok_s": v, "ratio": v / base, "ratio_blocks": v / blocks_ar,
+                "first_token_ms": 1e3 * bench.median(first[label]) if first[label] else None,
+                "decode_tok_s": bench.median(decode[label]) if decode[label] else None,
                 "alpha": s.get("alpha"), "tau": s.get("mean_accepted"),
                 "acceptance_by_position": s.get("acceptance_by_position"),
                 "same_as_ar": same,
@@ -167,6 +196,8 @@ def main():
   cols = [("prompts", "prompts", "s"), ("batch", "batch", "d"), ("temperature", "T", ".1f"),
           ("config", "configuration", "s"), ("tok_s", "tok/s", ".1f"),
           ("ratio", "x float32 AR", ".2f"), ("ratio_blocks", "x blocks AR", ".2f"),
+          ("first_token_ms", "first token (ms)", ".0f"),
+          ("decode_tok_s", "tok/s after the first", ".1f"),
           ("alpha", "draft acceptance", ".3f"), ("tau", "tokens per target call", ".2f"),
           ("same_as_ar", "same as AR (greedy)", ".2f")]
   md = f"{bench.machine_summary(info)}\n\n`{info['command']}`\n\n" + bench.markdown_table(results, cols)
