@@ -14,7 +14,7 @@ import pytest
 import specjax as sj
 from specjax import decode
 
-from conftest import random_prompts, shared_prompts, tiny_model
+from conftest import assert_greedy, random_prompts, shared_prompts, tiny_model
 
 
 def test_same_bucket_does_not_recompile(tiny):
@@ -28,6 +28,37 @@ def test_same_bucket_does_not_recompile(tiny):
   assert decode.compile_cache.count == before
   sj.generate(tiny, [list(range(1, 30))], max_new_tokens=8)  # bucket 32: a new program
   assert decode.compile_cache.count == before + 1
+
+
+def test_long_prompts_prefill_in_chunks(monkeypatch):
+  """On a CPU, past 64 rows, the prefill runs in chunks and stops after the longest row's last
+  prompt token (decode.prefill_chunk): a 300- and a 270-token prompt (bucket 384; chunks of 64
+  alone, of 32 as a batch of two) decode exactly as greedy autoregressive decoding of the model
+  does, alone and batched, with a sliding window shorter than a chunk too, and as with the
+  prefill in one forward; a method that reads the prefill's hidden states (EAGLE's head state)
+  stays exact."""
+  from specjax.heads import init_heads
+
+  assert jax.default_backend() == "cpu"
+  chunks = {(p, b): decode.prefill_chunk(p, b)
+            for p, b in ((16, 1), (64, 1), (128, 1), (384, 1), (384, 2), (384, 4), (384, 8))}
+  assert list(chunks.values()) == [16, 64, 32, 64, 32, 16, 384]
+  prompts = random_prompts(2, 61, seed=4, lo=270, hi=271)
+  prompts[0] = prompts[0] + prompts[1][:30]  # 300 tokens
+  for window in (0, 20):
+    model = tiny_model(seed=2, sliding_window=window)
+    batched = sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens
+    alone = [sj.generate(model, [p], max_new_tokens=6, stop_at_eos=False).tokens[0]
+             for p in prompts]
+    assert batched == alone
+    assert_greedy(model, list(zip(prompts, batched)), 6)
+    with monkeypatch.context() as m:
+      m.setattr(decode, "prefill_chunk", lambda p, b: p)  # one forward over all 384 rows
+      decode.compile_cache.clear()  # (compiled programs do not know the chunk size)
+      assert sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens == batched
+    decode.compile_cache.clear()
+  eagle = sj.Eagle(init_heads(model, "eagle", seed=0), depth=2, top_k=2, num_nodes=4)
+  assert sj.generate(model, prompts, eagle, max_new_tokens=6, stop_at_eos=False).tokens == batched
 
 
 def test_eos_stops_row_and_is_included():
