@@ -282,6 +282,7 @@ def prefill(prog: Program, params, prompt, prompt_len, max_new, sp, key, eos, ma
   slots (sharded, and kept for decoding, where training drops a T-slot one), each row's prompt
   length (rows are right-padded), logits at each row's last prompt token only, empty_cache (no
   [S]-wide read of the empty cache), and the Program's forward, which adds the method's taps.
+  On a CPU a long prompt runs in chunks instead (prefill_chunk, _prefill_chunks).
   """
   b, p = prompt.shape
   s = prog.max_len
@@ -315,7 +316,7 @@ def prefill_chunk(p: int, batch: int) -> int:
   that holds the longest row's last prompt token, so the bucket's padding (up to half of P) costs
   at most a chunk; every chunk reads the weights once more, which a CPU's products at 16-64 rows
   hide behind their arithmetic. Measured on SmolLM2-135M, one prompt, 2 cores: 65 tokens (bucket
-  128) 192-216 -> 151-152 ms; 520 tokens (bucket 768) 1179 -> 958-968 ms; 1000 tokens (bucket
+  128) 192-216 -> 151-152 ms; 520 tokens (bucket 768) 1179 -> 968 ms; 1000 tokens (bucket
   1024, little padding) 1845-1867 -> 1835-1984 ms. Accelerators keep one forward: large
   products are what they do best."""
   rows = kernels.MAX_ROWS // batch
