@@ -23,7 +23,10 @@ llama.cpp runs the same GGUF file through llama-cpp-python with 2 threads (`--th
 same token ids (the chat template applied by the model's own tokenizer), generating exactly as
 many tokens (no EOS stop), greedy (top-k 1) or at T with top-k / top-p / min-p off. It computes
 with 8-bit activations (Q4_1 x Q8_1), so it is not the float32 model and its greedy tokens may
-differ. Install it with
+differ. Every llama.cpp call evaluates its whole prompt, as every sj.generate call does (its
+cache is reset first). Beside tok/s, the autoregressive configurations and llama.cpp report the
+first token's time and the rate after it (specjax: a one-token call timed beside the full one;
+llama.cpp: its own timers). Install it with
 
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python    # builds llama.cpp from source
 
