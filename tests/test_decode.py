@@ -34,8 +34,8 @@ def test_long_prompts_prefill_in_chunks(monkeypatch):
   """On a CPU, past 64 rows, the prefill runs in chunks and stops after the longest row's last
   prompt token (decode.prefill_chunk): a 300- and a 270-token prompt (bucket 384; chunks of 64
   alone, of 32 as a batch of two) decode exactly as greedy autoregressive decoding of the model
-  does, alone and batched, with a sliding window shorter than a chunk too, and as with the
-  prefill in one forward; a method that reads the prefill's hidden states (EAGLE's head state)
+  does, alone and batched, with a sliding window shorter than a chunk, and as with the prefill
+  in one forward; a method that reads the prefill's hidden states (EAGLE's head state)
   stays exact."""
   from specjax.heads import init_heads
 
@@ -45,18 +45,17 @@ def test_long_prompts_prefill_in_chunks(monkeypatch):
   assert list(chunks.values()) == [16, 64, 32, 64, 32, 16, 384]
   prompts = random_prompts(2, 61, seed=4, lo=270, hi=271)
   prompts[0] = prompts[0] + prompts[1][:30]  # 300 tokens
-  for window in (0, 20):
-    model = tiny_model(seed=2, sliding_window=window)
-    batched = sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens
-    alone = [sj.generate(model, [p], max_new_tokens=6, stop_at_eos=False).tokens[0]
-             for p in prompts]
-    assert batched == alone
-    assert_greedy(model, list(zip(prompts, batched)), 6)
-    with monkeypatch.context() as m:
-      m.setattr(decode, "prefill_chunk", lambda p, b: p)  # one forward over all 384 rows
-      decode.compile_cache.clear()  # (compiled programs do not know the chunk size)
-      assert sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens == batched
-    decode.compile_cache.clear()
+  model = tiny_model(seed=2, sliding_window=20)
+  batched = sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens
+  alone = [sj.generate(model, [p], max_new_tokens=6, stop_at_eos=False).tokens[0]
+           for p in prompts]
+  assert batched == alone
+  assert_greedy(model, list(zip(prompts, batched)), 6)
+  with monkeypatch.context() as m:
+    m.setattr(decode, "prefill_chunk", lambda p, b: p)  # one forward over all 384 rows
+    decode.compile_cache.clear()  # (compiled programs do not know the chunk size)
+    assert sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens == batched
+  decode.compile_cache.clear()
   eagle = sj.Eagle(init_heads(model, "eagle", seed=0), depth=2, top_k=2, num_nodes=4)
   assert sj.generate(model, prompts, eagle, max_new_tokens=6, stop_at_eos=False).tokens == batched
 
