@@ -1,20 +1,22 @@
 """Hybrid trees and suffix decoding on SmolLM2-135M, this CPU, batch 1, greedy (issue 29).
 
     .venv/bin/python experiments/hybrid/run.py [--prompts N] [--max-new-tokens T] [--repeats R]
+                                               [--sets A,B] [--out results.json]
 
-In one process, per prompt set (copy-heavy: Spec-Bench summarization and RAG; chat: MT-Bench) and
-per prompt, every method runs once to compile and warm up and then R times timed (the fastest
-kept), interleaved per prompt: autoregressive, prompt lookup, EAGLE (the shipped heads, tree from
-the cost curve), the registry's hybrid (prompt lookup + the EAGLE heads in one tree, copies scored
-by their measured acceptance), the same with copies always first (`hybrid-copies-first`,
-measured=False) and prompt lookup + the Medusa heads (`hybrid-medusa`).
+In one process, per prompt set (copy-heavy: Spec-Bench summarization and RAG, and code edits
+built from HumanEval (`EDIT`); chat: MT-Bench) and per prompt, every method runs once to compile
+and warm up and then R times timed (the fastest kept), interleaved per prompt: autoregressive,
+prompt lookup, EAGLE (the shipped heads, tree from the cost curve), the registry's hybrid (prompt
+lookup + the EAGLE heads in one tree, copies scored by their measured acceptance), the same with
+copies always first (`hybrid-copies-first`, measured=False) and prompt lookup + the Medusa heads
+(`hybrid-medusa`).
 
 Reports per set the median over prompts of the speedup over autoregressive (same prompt, same
 process), the same after the first token (each call's time less that of a one-token
 autoregressive call on the prompt: the prefill, which every method pays once and which these
 sets' long prompts make a large share of a 128-token call), tau (tokens per target call) and the
-tokens the hybrid accepted from each drafter. Writes results.json beside this file (after each
-set) with the command and the machine's load average before and after (it may be shared).
+tokens the hybrid accepted from each drafter. Writes --out beside this file (after each set) with
+the command and the machine's load average before and after (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -31,7 +33,21 @@ import specjax as sj  # noqa: E402
 from specjax import methods as sj_methods  # noqa: E402
 from specjax import prompts as sj_prompts  # noqa: E402
 
-SETS = ["spec_bench:summarization", "spec_bench:rag", "mt_bench"]
+SETS = ["spec_bench:summarization", "spec_bench:rag", "code_edit", "mt_bench"]
+# A code edit (issue 29's other copy-heavy kind; no such set ships with the shared prompts): a
+# HumanEval function with its reference body, and an instruction to return it with one change,
+# so that the answer copies most of its prompt.
+EDIT = ("Rename the function `{name}` to `solution` in the following Python code, and change "
+        "nothing else. Reply with the whole code.\n\n```python\n{code}```")
+
+
+def load_set(kind: str, n: int) -> list[str]:
+  """The first n prompts of a set; "code_edit" is built from HumanEval's first n functions."""
+  if kind != "code_edit":
+    return list(sj_prompts.load(kind, n))
+  rows = sj_prompts.read_jsonl(sj_prompts.set_path("humaneval"))[:n]
+  return [EDIT.format(name=r["entry_point"], code=r["prompt"] + r["canonical_solution"])
+          for r in rows]
 METHODS = ["autoregressive", "prompt-lookup", "eagle", "hybrid", "hybrid-copies-first",
            "hybrid-medusa"]
 HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa")
@@ -46,8 +62,8 @@ def run(args) -> dict:
   out = {"command": "python experiments/hybrid/run.py " + " ".join(sys.argv[1:]),
          "load_before": os.getloadavg(), "methods": {m: repr(built[m]) for m in METHODS},
          "sets": {}}
-  for kind in SETS:
-    ps = sj_prompts.load(kind, args.prompts)
+  for kind in args.sets.split(","):
+    ps = load_set(kind, args.prompts)
     rows = {m: [] for m in METHODS}
     firsts = []
     for p in ps:
@@ -95,19 +111,21 @@ def run(args) -> dict:
         "autoregressive_s": round(statistics.median(r["wall"] for r in rows["autoregressive"]), 3),
         "methods": summary}
     out["load_after"] = os.getloadavg()
-    save(out)
+    save(out, args.out)
     print(kind, json.dumps(summary), flush=True)
   return out
 
 
-def save(res: dict) -> None:
-  with open(os.path.join(os.path.dirname(__file__), "results.json"), "w") as f:
+def save(res: dict, name: str) -> None:
+  with open(os.path.join(os.path.dirname(__file__), name), "w") as f:
     json.dump(res, f, indent=1)
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--prompts", type=int, default=3)
+  ap.add_argument("--sets", default=",".join(SETS), help="comma-separated prompt sets")
+  ap.add_argument("--out", default="results.json", help="results file, beside this script")
   ap.add_argument("--max-new-tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt "
                   "(the fastest is kept)")
