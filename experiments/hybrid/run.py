@@ -34,6 +34,9 @@ from specjax import methods as sj_methods  # noqa: E402
 from specjax import prompts as sj_prompts  # noqa: E402
 
 SETS = ["spec_bench:summarization", "spec_bench:rag", "code_edit", "mt_bench"]
+METHODS = ["autoregressive", "prompt-lookup", "eagle", "hybrid", "hybrid-copies-first",
+           "hybrid-medusa"]
+HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa")
 # A code edit (issue 29's other copy-heavy kind; no such set ships with the shared prompts): a
 # HumanEval function with its reference body, and an instruction to return it with one change,
 # so that the answer copies most of its prompt.
@@ -48,9 +51,6 @@ def load_set(kind: str, n: int) -> list[str]:
   rows = sj_prompts.read_jsonl(sj_prompts.set_path("humaneval"))[:n]
   return [EDIT.format(name=r["entry_point"], code=r["prompt"] + r["canonical_solution"])
           for r in rows]
-METHODS = ["autoregressive", "prompt-lookup", "eagle", "hybrid", "hybrid-copies-first",
-           "hybrid-medusa"]
-HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa")
 
 
 def run(args) -> dict:
