@@ -26,10 +26,10 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import specjax as sj  # noqa: E402
+from specjax import bench  # noqa: E402
 from specjax import methods as sj_methods  # noqa: E402
 from specjax import prompts as sj_prompts  # noqa: E402
 
@@ -71,12 +71,8 @@ def run(args) -> dict:
       for m in METHODS:
         gen = lambda: sj.generate(model, [p], built[m], max_new_tokens=args.max_new_tokens,  # noqa
                                   chat=True, stop_at_eos=False)
-        gen()
-        wall = float("inf")
-        for _ in range(args.repeats):  # the fastest timed run: the least disturbed
-          t0 = time.perf_counter()
-          o = gen()
-          wall = min(wall, time.perf_counter() - t0)
+        o = gen()  # compiles and warms; greedy, so every run gives these tokens and stats
+        wall = min(bench.time_call(gen, args.repeats))  # the least disturbed run
         if ref is None:
           ref = o.tokens
         assert o.tokens == ref, f"{m} differs from autoregressive on {kind}"
@@ -87,12 +83,7 @@ def run(args) -> dict:
       first = lambda: sj.generate(model, [p], built["autoregressive"], max_new_tokens=1,  # noqa
                                   chat=True, stop_at_eos=False)
       first()
-      t_first = float("inf")
-      for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        first()
-        t_first = min(t_first, time.perf_counter() - t0)
-      firsts.append(t_first)
+      firsts.append(min(bench.time_call(first, args.repeats)))
       print(kind, {m: round(rows["autoregressive"][-1]["wall"] / rows[m][-1]["wall"], 2)
                    for m in METHODS}, f"first token {firsts[-1]:.2f} s", flush=True)
     summary = {}
