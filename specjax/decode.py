@@ -320,7 +320,7 @@ def prefill_chunk(p: int, batch: int) -> int:
   1024, little padding) 1845-1867 -> 1835-1984 ms. Accelerators keep one forward: large
   products are what they do best."""
   rows = kernels.MAX_ROWS // batch
-  if p <= 64 or rows < 16 or jax.default_backend() != "cpu":
+  if p <= kernels.MAX_ROWS or rows < 16 or jax.default_backend() != "cpu":
     return p
   chunk = min(p // 4, rows)
   return chunk if p % chunk == 0 else p
