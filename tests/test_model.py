@@ -154,3 +154,19 @@ def test_smollm2_greedy_matches_transformers_generate(smollm2, torch_smollm2):
       ref = torch_smollm2.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                                    max_new_tokens=64, do_sample=False)
     assert ours.tokens[i] == ref[0, len(p):].tolist(), f"prompt {i} diverged from transformers"
+
+
+def test_rope_tables_computed_once_per_forward(smollm2):
+  """The compiled forward evaluates cos and sin once (model._once). XLA's CPU compiler otherwise
+  fused them into each of SmolLM2's 30 layers' query and key rotations (60 evaluations, ~2 ms of
+  a 16-token forward); the tiny test models do not show it, so this compiles the real one."""
+  import jax
+
+  t, s = 4, 64
+  mask = kv.causal_mask(jnp.zeros((1,), jnp.int32), t, s)
+
+  def forward(p, pos):
+    return smollm2.apply(p, jnp.ones((1, t), jnp.int32), pos, smollm2.init_cache(1, s), mask)[0]
+
+  hlo = jax.jit(forward).lower(smollm2.params, jnp.arange(t)[None]).compile().as_text()
+  assert hlo.count("cosine(") == 1, hlo.count("cosine(")
