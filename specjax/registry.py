@@ -98,11 +98,12 @@ def _flat_name(key: tuple) -> str:
 
 
 def own_params(draft: Model) -> dict:
-  """name -> array for the draft's own (trainable, stored) tensors; shared ones excluded."""
+  """name -> array for the draft's own (trainable, stored) tensors; shared ones and packed copies
+  for the kernel (derived at load, specjax/packing.py) excluded."""
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(draft.params):
     key = path_key(path)
-    if key not in draft.shared:
+    if key not in draft.shared and not str(key[-1]).startswith("packed_"):
       out[_flat_name(key)] = leaf
   return out
 

@@ -706,8 +706,20 @@ def _draft_on_target(name: str, target, mesh, place):
     raise InputError("load_model: a draft built on target= lives where the target does; "
                      "pass mesh= / place= when loading the target")
   if name not in registry.DRAFTERS:
-    return registry.load_draft_asset(name, target, name=os.path.basename(name))
-  return registry.build(name, target)
+    draft = registry.load_draft_asset(name, target, name=os.path.basename(name))
+  else:
+    draft = registry.build(name, target)
+  from specjax.packing import on_kernel
+
+  return _pack_draft(draft, on_kernel(target))  # on the kernel where its target is
+
+
+def _pack_draft(draft, kernels_on: bool | None):
+  """A draft built from a target's tensors, packed for the kernel as load_model packs a model
+  (specjax/packing.py): its LM head too unless it scores a vocabulary subset."""
+  from specjax.packing import maybe_pack
+
+  return maybe_pack(draft, kernels_on, head=getattr(draft, "vocab_subset", None) is None)
 
 
 def _mesh_placer(mesh, place, rules):
@@ -729,8 +741,12 @@ def load_named_draft(name: str, **kw):
   loading the target by name (kw as for load_model). The draft borrows only the target's
   embeddings, and a draft built from a target's tensors has no packed copies (see
   specjax/packing.py): packing this private target copy would be wasted work."""
+  kernels_on = kw.get("kernels")
   kw = dict(kw, kernels=False)
   if name not in registry.DRAFTERS:  # an asset file: its header names the target
     target = load_model(registry.read_draft_header(name)["target"], **kw)
-    return registry.load_draft_asset(name, target, name=os.path.basename(name))
-  return registry.build(name, load_model(registry.get(name).target, **kw))
+    draft = registry.load_draft_asset(name, target, name=os.path.basename(name))
+  else:
+    draft = registry.build(name, load_model(registry.get(name).target, **kw))
+  return draft if kw.get("mesh") is not None or kw.get("place") is not None else \
+      _pack_draft(draft, kernels_on)

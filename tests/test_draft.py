@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import decode
+from specjax import decode, kernels
 from specjax.methods.draft import DraftModel, SelfSpeculative, leviathan_speedup, measure_cost_ratio
 
 from conftest import random_prompts, tiny_model
@@ -155,10 +157,23 @@ def test_named_draft_on_a_target_checks_its_arguments():
 @pytest.mark.slow
 def test_named_draft_shares_the_loaded_target(smollm2):
   """load_model(draft, target=) borrows the loaded target's embeddings (the same array, no second
-  copy) and drafts exactly like the draft loaded on its own."""
+  copy), is packed for the kernel where its target is (its layers; not the whole LM head, since it
+  scores a vocabulary subset), and drafts exactly like the draft loaded on its own on XLA; the
+  packed copies are not among the tensors an export writes."""
+  from specjax import packing, registry
+
   d = sj.load_model("smollm2-135m-draft", target=smollm2)
   assert d.params["embed"][...] is smollm2.params["embed"][...]
-  alone = sj.load_model("smollm2-135m-draft", tokenizer=False)
+  assert packing.on_kernel(d) == packing.on_kernel(smollm2) == kernels.available()
+  packed = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(d.params)
+            if packing.PREFIX in jax.tree_util.keystr(p)]
+  assert d.vocab_subset is not None and "packed_head" not in " ".join(packed)
+  assert len(packed) == (4 * d.config.num_layers if kernels.available() else 0), packed
+  alone = sj.load_model("smollm2-135m-draft", tokenizer=False, kernels=False)
+  assert not packing.is_packed(alone)
+  own, own_alone = registry.own_params(d), registry.own_params(alone)
+  assert sorted(own) == sorted(own_alone)
+  assert all(np.array_equal(np.asarray(own[k]), np.asarray(own_alone[k])) for k in own)
   prompts = ["def fibonacci(n):"]
   a = sj.generate(smollm2, prompts, sj.DraftModel(d, gamma=3), max_new_tokens=24)
   b = sj.generate(smollm2, prompts, sj.DraftModel(alone, gamma=3), max_new_tokens=24)
