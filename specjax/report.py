@@ -11,10 +11,12 @@ wrote it (a file made before runs recorded their command says so instead). Every
 README quotes about speed therefore comes from a file this script reads, and a test runs
 `--check` on the real README, so a hand edit fails CI.
 
-Today's sources are the quick Spec-Bench run (experiments/spec_bench): the one run that times every
-method on the same prompts in one process, so its rows compare with each other; and the same run
-on the Medusa-2 model (the target with the shipped adapters merged in: a different model, so its
-Medusa row is against that model's own autoregressive decoding, in its own process).
+Today's sources, each a run of experiments/spec_bench that times every method on the same prompts
+in one process, so a table's rows compare with each other: the chat and code run (MT-Bench and
+HumanEval, 10 prompts each, 128 new tokens: the prompts and lengths speed goals are judged on);
+the quick run over all six Spec-Bench sets and HumanEval (2 prompts each, 64 tokens); and the
+quick run on the Medusa-2 model (the target with the shipped adapters merged in: a different
+model, so its Medusa row is against that model's own autoregressive decoding, in its own process).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import textwrap
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 # Relative to the repository root.
-SOURCES = ("experiments/spec_bench/results_quick.json",
+SOURCES = ("experiments/spec_bench/chat_code/results.json",
+           "experiments/spec_bench/results_quick.json",
            "experiments/spec_bench/medusa2/results_quick.json")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
