@@ -739,8 +739,8 @@ def _mesh_placer(mesh, place, rules):
 def load_named_draft(name: str, **kw):
   """Builds a shipped drafter (specjax.registry.DRAFTERS) around its target's shared tensors,
   loading the target by name (kw as for load_model). The draft borrows only the target's
-  embeddings, and a draft built from a target's tensors has no packed copies (see
-  specjax/packing.py): packing this private target copy would be wasted work."""
+  embeddings, so this private target copy is loaded unpacked (packing it would be wasted work);
+  the draft itself is packed by load_model's policy (`kernels`, one CPU device: _pack_draft)."""
   kernels_on = kw.get("kernels")
   kw = dict(kw, kernels=False)
   if name not in registry.DRAFTERS:  # an asset file: its header names the target
