@@ -18,7 +18,7 @@ from specjax.drafters import export_heads, head_logits
 from specjax.errors import InputError, WeightsError
 from specjax.model import forward_sequence
 
-from conftest import random_prompts, tiny_config
+from conftest import assert_greedy, random_prompts, tiny_config
 from tinyhf import torch_decoder_layer
 
 torch = pytest.importorskip("torch")
@@ -44,16 +44,13 @@ def _config(d, **fields):
     json.dump(fields, f)
 
 
-RUNS = []  # (prompt, generated tokens) of every method run here, checked at the end at once
-
-
 def _check_lossless(target, method, batches=(1, 4)):
-  """Runs `method` at batch 1 and 4; test_greedy_identity checks every output against the
-  target's greedy choice at each position (what autoregressive decoding emits), in one forward."""
+  """Runs `method` at batch 1 and 4; every output must be what autoregressive greedy decoding
+  emits (the target's argmax at each position, from one teacher-forced forward)."""
   for b in batches:
     prompts = random_prompts(b, target.config.vocab_size, seed=b)
     out = sj.generate(target, prompts, method, max_new_tokens=12)
-    RUNS.extend((type(method).__name__, p, t) for p, t in zip(prompts, out.tokens))
+    assert_greedy(target, list(zip(prompts, out.tokens)), 12)
 
 
 # ----------------------------------------------------------------------------- Medusa-1
@@ -223,21 +220,6 @@ def test_eagle_logits_match_reference(tiny, eagle):
   assert got.shape == (len(TOKENS) - 1, 61)
   np.testing.assert_allclose(got, _eagle_reference(sd, cfg, tiny), atol=1e-4, rtol=1e-4)
   _check_lossless(tiny, sj.Eagle(heads, acceptance="greedy", depth=3, top_k=2, num_nodes=6))
-
-
-def test_greedy_identity(tiny):
-  """Every output above is what autoregressive greedy decoding emits: at each position the
-  target's argmax given the prompt and the tokens before it (one teacher-forced forward over all
-  rows, right-padded; causal, so the padding changes nothing before it)."""
-  assert {m for m, _, _ in RUNS} == {"Medusa", "Eagle"} and len(RUNS) == 14
-  width = max(len(p) + len(t) for _, p, t in RUNS)
-  seqs = np.zeros((len(RUNS), width), np.int32)
-  for i, (_, p, t) in enumerate(RUNS):
-    seqs[i, :len(p) + len(t)] = p + t
-  logits, _ = _forward(tiny, tiny.params, seqs)
-  greedy = np.asarray(logits).argmax(-1)  # [N,width]: the next token after each position
-  for i, (m, p, t) in enumerate(RUNS):
-    assert len(t) == 12 and t == greedy[i, len(p) - 1:len(p) + len(t) - 1].tolist(), (m, p)
 
 
 # ----------------------------------------------------------------------------- export
