@@ -208,3 +208,34 @@ def test_eagle_taps_ablation(tiny):
                                 np.asarray(heads.params["fuse_w"][0, 32:]))
   assert np.abs(np.asarray(heads.params["fuse_w"][0, :32])).max() > 0  # the original is intact
   assert mod.held_out_top1(tiny, zeroed, toks, mask, unroll=2) != got
+
+
+def _copy_oracle_reference(prompt, out, limit):
+  """A second, plain reading of the copying oracle: every run of the context, every length."""
+  i = steps = 0
+  while i < len(out):
+    ctx, best = prompt + out[:i], 0
+    for j in range(len(ctx)):
+      for n in range(1, len(out) - i + 1):
+        if (limit is None or n <= limit) and j + n <= len(ctx) and ctx[j:j + n] == out[i:i + n]:
+          best = max(best, n)
+    i, steps = i + best + 1, steps + 1
+  return len(out) / steps
+
+
+def test_copy_bound_oracle():
+  """experiments/hybrid/copy_bound.py's oracle: hand cases, then random ones against the
+  reference above (small vocabularies, so that runs repeat)."""
+  mod = load_script("hybrid", "copy_bound.py")
+  # Step 1 copies 2 3 4 5 from the prompt and the target adds 9; step 2 copies that 9 and the
+  # target adds 5. With two copies at most: 2 3 +4, then 5 +9, then 9 +5.
+  assert mod.oracle_tau([1, 2, 3, 4, 5], [2, 3, 4, 5, 9, 9, 5], None) == 7 / 2
+  assert mod.oracle_tau([1, 2, 3, 4, 5], [2, 3, 4, 5, 9, 9, 5], 2) == 7 / 3
+  assert mod.oracle_tau([1], [2, 3], None) == 1.0
+  assert mod.needed_tau(4.0, 1.0) == 3.0 and mod.needed_tau(4.0, 2.5) == float("inf")
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    prompt = rng.integers(0, 4, rng.integers(1, 12)).tolist()
+    out = rng.integers(0, 4, rng.integers(1, 12)).tolist()
+    for limit in (1, 3, None):
+      assert mod.oracle_tau(prompt, out, limit) == _copy_oracle_reference(prompt, out, limit)
