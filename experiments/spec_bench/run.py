@@ -156,9 +156,8 @@ def _describe(method, source: str | None, n: str) -> str:
 
   shown = {f.name: getattr(method, f.name) for f in dataclasses.fields(method)
            if f.name not in ("name", "lossless") and type(getattr(method, f.name)) in (int, float, str)}
-  vocab = getattr(method, "vocab", None)
-  extra = f", the draft's {len(vocab)}-token vocabulary" if vocab is not None and n == "layer-skip" \
-      else ""
+  vocab = getattr(method, "vocab", None)  # a drafter proposing over a vocabulary subset
+  extra = f", the draft's {len(vocab)}-token vocabulary" if vocab is not None else ""
   text = f"{type(method).__name__}({', '.join(f'{k}={v}' for k, v in shown.items())}{extra})"
   return f"{text}: {source or sj_methods.REGISTRY[n].description}"
 
