@@ -8,8 +8,11 @@ built from HumanEval (`EDIT`); chat: MT-Bench) and per prompt, every method runs
 and warm up and then R times timed (the fastest kept), interleaved per prompt: autoregressive,
 prompt lookup, EAGLE (the shipped heads, tree from the cost curve), the registry's hybrid (prompt
 lookup + the EAGLE heads in one tree, copies scored by their measured acceptance), the same with
-copies always first (`hybrid-copies-first`, measured=False) and prompt lookup + the Medusa heads
-(`hybrid-medusa`).
+copies always first (`hybrid-copies-first`, measured=False), prompt lookup + the Medusa heads
+(`hybrid-medusa`) and the registry's hybrid with suffix decoding beside its two drafters in a
+tree of the same size (`hybrid-suffix`; the suffix store holds this call's prompt and output
+only, remember=False, so that a warm-up run cannot teach it the answer). --methods picks a
+subset (autoregressive always runs: it is the reference).
 
 Reports per set the median over prompts of the speedup over autoregressive (same prompt, same
 process), the same after the first token (each call's time less that of a one-token
@@ -35,8 +38,8 @@ from specjax import prompts as sj_prompts  # noqa: E402
 
 SETS = ["spec_bench:summarization", "spec_bench:rag", "code_edit", "mt_bench"]
 METHODS = ["autoregressive", "prompt-lookup", "eagle", "hybrid", "hybrid-copies-first",
-           "hybrid-medusa"]
-HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa")
+           "hybrid-medusa", "hybrid-suffix"]
+HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa", "hybrid-suffix")
 # A code edit (issue 29's other copy-heavy kind; no such set ships with the shared prompts): a
 # HumanEval function with its reference body, and an instruction to return it with one change,
 # so that the answer copies most of its prompt.
@@ -53,22 +56,39 @@ def load_set(kind: str, n: int) -> list[str]:
           for r in rows]
 
 
+def build(model, names: list[str]) -> dict:
+  """The methods `names` (of METHODS) for `model`, by name."""
+  def one(m):
+    if m == "hybrid-copies-first":
+      return sj_methods.build("hybrid", model, measured=False)
+    if m == "hybrid-medusa":
+      return sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa", model))
+    if m == "hybrid-suffix":
+      base = sj_methods.build("hybrid", model)
+      pl, pred = base.drafters
+      return sj.Hybrid([pl, sj.SuffixDecoding(num_nodes=base.num_nodes, remember=False), pred],
+                       num_nodes=base.num_nodes)
+    return sj_methods.build(m, model)
+  return {m: one(m) for m in names}
+
+
 def run(args) -> dict:
   model = sj.load_model("smollm2-135m")
-  built = {m: sj_methods.build(m, model) for m in METHODS if m not in HYBRIDS[1:]}
-  built["hybrid-copies-first"] = sj_methods.build("hybrid", model, measured=False)
-  built["hybrid-medusa"] = sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa",
-                                                                                      model))
+  names = ["autoregressive"] + [m for m in args.methods.split(",") if m != "autoregressive"]
+  unknown = sorted(set(names) - set(METHODS))
+  if unknown:
+    raise SystemExit(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
+  built = build(model, names)
   out = {"command": "python experiments/hybrid/run.py " + " ".join(sys.argv[1:]),
-         "load_before": os.getloadavg(), "methods": {m: repr(built[m]) for m in METHODS},
+         "load_before": os.getloadavg(), "methods": {m: repr(built[m]) for m in names},
          "sets": {}}
   for kind in args.sets.split(","):
     ps = load_set(kind, args.prompts)
-    rows = {m: [] for m in METHODS}
+    rows = {m: [] for m in names}
     firsts = []
     for p in ps:
       ref = None
-      for m in METHODS:
+      for m in names:
         gen = lambda: sj.generate(model, [p], built[m], max_new_tokens=args.max_new_tokens,  # noqa
                                   chat=True, stop_at_eos=False)
         o = gen()  # compiles and warms; greedy, so every run gives these tokens and stats
@@ -85,16 +105,16 @@ def run(args) -> dict:
       first()
       firsts.append(min(bench.time_call(first, args.repeats)))
       print(kind, {m: round(rows["autoregressive"][-1]["wall"] / rows[m][-1]["wall"], 2)
-                   for m in METHODS}, f"first token {firsts[-1]:.2f} s", flush=True)
+                   for m in names}, f"first token {firsts[-1]:.2f} s", flush=True)
     summary = {}
-    for m in METHODS:
+    for m in names:
       speed = [a["wall"] / r["wall"] for a, r in zip(rows["autoregressive"], rows[m])]
       after = [(a["wall"] - f) / (r["wall"] - f)
                for a, r, f in zip(rows["autoregressive"], rows[m], firsts)]
       summary[m] = dict(speedup=round(statistics.median(speed), 2),
                         speedup_after_first=round(statistics.median(after), 2),
                         tau=round(statistics.median(r["tau"] for r in rows[m]), 2))
-    for h in HYBRIDS:
+    for h in (h for h in HYBRIDS if h in names):
       by = [r["by"] for r in rows[h]]
       summary[h]["accepted_by"] = {k: sum(b[k] for b in by) for k in by[0]}
     out["sets"][kind] = {
@@ -116,6 +136,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--prompts", type=int, default=3)
   ap.add_argument("--sets", default=",".join(SETS), help="comma-separated prompt sets")
+  ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
   ap.add_argument("--out", default="results.json", help="results file, beside this script")
   ap.add_argument("--max-new-tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt "
