@@ -95,10 +95,14 @@ def _rebuild(model, module):
   return new
 
 
+def is_packed_path(path) -> bool:
+  """Whether a params leaf's key path (jax.tree_util) names a packed copy."""
+  return PREFIX in jax.tree_util.keystr(path)
+
+
 def is_packed(model) -> bool:
   """Whether the model's params carry packed copies."""
-  return any(PREFIX in jax.tree_util.keystr(p)
-             for p, _ in jax.tree_util.tree_leaves_with_path(model.params))
+  return any(is_packed_path(p) for p, _ in jax.tree_util.tree_leaves_with_path(model.params))
 
 
 def on_kernel(model) -> bool:

@@ -100,12 +100,12 @@ def _flat_name(key: tuple) -> str:
 def own_params(draft: Model) -> dict:
   """name -> array for the draft's own (trainable, stored) tensors; shared ones and packed copies
   for the kernel (derived at load, specjax/packing.py) excluded."""
-  from specjax.packing import PREFIX
+  from specjax.packing import is_packed_path
 
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(draft.params):
     key = path_key(path)
-    if key not in draft.shared and not str(key[-1]).startswith(PREFIX):
+    if key not in draft.shared and not is_packed_path(path):
       out[_flat_name(key)] = leaf
   return out
 

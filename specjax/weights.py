@@ -705,20 +705,21 @@ def _draft_on_target(name: str, target, mesh, place):
   if mesh is not None or place is not None:
     raise InputError("load_model: a draft built on target= lives where the target does; "
                      "pass mesh= / place= when loading the target")
+  from specjax.packing import on_kernel
+
+  return _build_draft(name, target, on_kernel(target))  # on the kernel where its target is
+
+
+def _build_draft(name: str, target, kernels_on: bool | None):
+  """The shipped drafter or draft asset `name` built from `target`'s tensors, packed for the
+  kernel as load_model packs a model (`kernels_on`, specjax/packing.py): its LM head too unless
+  it scores a vocabulary subset."""
+  from specjax.packing import maybe_pack
+
   if name not in registry.DRAFTERS:
     draft = registry.load_draft_asset(name, target, name=os.path.basename(name))
   else:
     draft = registry.build(name, target)
-  from specjax.packing import on_kernel
-
-  return _pack_draft(draft, on_kernel(target))  # on the kernel where its target is
-
-
-def _pack_draft(draft, kernels_on: bool | None):
-  """A draft built from a target's tensors, packed for the kernel as load_model packs a model
-  (specjax/packing.py): its LM head too unless it scores a vocabulary subset."""
-  from specjax.packing import maybe_pack
-
   return maybe_pack(draft, kernels_on, head=getattr(draft, "vocab_subset", None) is None)
 
 
@@ -740,13 +741,13 @@ def load_named_draft(name: str, **kw):
   """Builds a shipped drafter (specjax.registry.DRAFTERS) around its target's shared tensors,
   loading the target by name (kw as for load_model). The draft borrows only the target's
   embeddings, so this private target copy is loaded unpacked (packing it would be wasted work);
-  the draft itself is packed by load_model's policy (`kernels`, one CPU device: _pack_draft)."""
-  kernels_on = kw.get("kernels")
+  the draft itself is packed by load_model's policy (`kernels`, one CPU device: _build_draft),
+  except on a mesh or placement, where it stays as XLA runs it."""
+  placed = kw.get("mesh") is not None or kw.get("place") is not None
+  kernels_on = False if placed else kw.get("kernels")
   kw = dict(kw, kernels=False)
   if name not in registry.DRAFTERS:  # an asset file: its header names the target
-    target = load_model(registry.read_draft_header(name)["target"], **kw)
-    draft = registry.load_draft_asset(name, target, name=os.path.basename(name))
+    target = registry.read_draft_header(name)["target"]
   else:
-    draft = registry.build(name, load_model(registry.get(name).target, **kw))
-  return draft if kw.get("mesh") is not None or kw.get("place") is not None else \
-      _pack_draft(draft, kernels_on)
+    target = registry.get(name).target
+  return _build_draft(name, load_model(target, **kw), kernels_on)

@@ -166,7 +166,7 @@ def test_named_draft_shares_the_loaded_target(smollm2):
   assert d.params["embed"][...] is smollm2.params["embed"][...]
   assert packing.on_kernel(d) == packing.on_kernel(smollm2) == kernels.available()
   packed = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(d.params)
-            if packing.PREFIX in jax.tree_util.keystr(p)]
+            if packing.is_packed_path(p)]
   assert d.vocab_subset is not None and "packed_head" not in " ".join(packed)
   assert len(packed) == (4 * d.config.num_layers if kernels.available() else 0), packed
   alone = sj.load_model("smollm2-135m-draft", tokenizer=False, kernels=False)
