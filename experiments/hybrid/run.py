@@ -58,18 +58,20 @@ def load_set(kind: str, n: int) -> list[str]:
 
 def build(model, names: list[str]) -> dict:
   """The methods `names` (of METHODS) for `model`, by name."""
-  def one(m):
+  built = {}
+  for m in names:
     if m == "hybrid-copies-first":
-      return sj_methods.build("hybrid", model, measured=False)
-    if m == "hybrid-medusa":
-      return sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa", model))
-    if m == "hybrid-suffix":
-      base = sj_methods.build("hybrid", model)
+      built[m] = sj_methods.build("hybrid", model, measured=False)
+    elif m == "hybrid-medusa":
+      built[m] = sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa", model))
+    elif m == "hybrid-suffix":  # the registry's hybrid (built once), suffix decoding added
+      base = built.get("hybrid") or sj_methods.build("hybrid", model)
       pl, pred = base.drafters
-      return sj.Hybrid([pl, sj.SuffixDecoding(num_nodes=base.num_nodes, remember=False), pred],
-                       num_nodes=base.num_nodes)
-    return sj_methods.build(m, model)
-  return {m: one(m) for m in names}
+      built[m] = sj.Hybrid([pl, sj.SuffixDecoding(num_nodes=base.num_nodes, remember=False),
+                            pred], num_nodes=base.num_nodes)
+    else:
+      built[m] = sj_methods.build(m, model)
+  return built
 
 
 def run(args) -> dict:
