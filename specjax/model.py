@@ -34,6 +34,7 @@ from specjax import cache as kv
 from specjax.config import ModelConfig
 from specjax.kernels import dense
 from specjax.kernels.attention import attend
+from specjax.kernels.reduce import fixed_mean
 
 
 def _packed(module, name):
@@ -95,9 +96,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 def rms_unit(x: jax.Array, eps: float) -> jax.Array:
   """x / rms(x) over the last axis, no scale, in float32 (callers cast back): the core of RMSNorm
-  and LayerNorm (`Norm`), of MTP's norms and of fused EAGLE features' taps."""
+  and LayerNorm (`Norm`), of MTP's norms and of fused EAGLE features' taps. The mean of squares
+  is summed in a fixed order (kernels/reduce.py), so a row's norm does not depend on how many
+  rows share the call."""
   h = x.astype(jnp.float32)
-  return h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+  return h * jax.lax.rsqrt(fixed_mean(h * h, keepdims=True) + eps)
 
 
 def _param(rngs, shape, dtype, scale=0.02):
@@ -118,7 +121,7 @@ class Norm(nnx.Module):
   def __call__(self, x):  # [..., size]
     if self.kind == "layer":
       h = x.astype(jnp.float32)
-      h = rms_unit(h - jnp.mean(h, axis=-1, keepdims=True), self.eps)
+      h = rms_unit(h - fixed_mean(h, keepdims=True), self.eps)
       return (h.astype(x.dtype) * self.scale[...] + self.bias[...]).astype(x.dtype)
     return self.scale[...] * rms_unit(x, self.eps).astype(x.dtype)
 

@@ -11,7 +11,10 @@
 // The arithmetic is the model's XLA attention (specjax/model.py, Attention) up to fp32 summation
 // order: s = (q.k) * scale, optionally cap * tanh(s / cap); masked columns out; p = exp(s - max) /
 // sum; o = sum p v. A row that sees no column averages every column's v uniformly, as the XLA
-// path's softmax over equal "minimum" scores does.
+// path's softmax over equal "minimum" scores does. Its order of operations is defined below ("the
+// arithmetic") by the keys a row sees alone, so a row's result is the same whatever T is, however
+// the block is shaped (a chain, a tree) and whichever other rows share the call: batch
+// invariance, which makes a speculative verification give the bits of autoregressive steps.
 //
 // Why: XLA's CPU attention for T > 1 runs the two products as separate dot operations over the
 // whole cache (every slot, filled or not), with transposes, concatenations and a masked softmax
@@ -20,10 +23,11 @@
 // only: a cache slot past the last one any row of the block sees is never read.
 //
 // Like matmul.cc, this file is compiled once per part (SJ_PART = main, avx512, avx2, scalar) with
-// its own -m flags and the path is chosen at run time. avx2 and scalar share the portable code
-// (the compiler vectorises what it can under their flags); avx512 has its own dot, exp and
-// accumulation. Part `main` holds the XLA FFI handler, the ISA choice and the split of one call's
-// rows over the thread pool (pool.h).
+// its own -m flags and the path is chosen at run time. The arithmetic is written once over an
+// 8-lane vector type (V8): AVX2 registers on the avx2 and avx512 parts, eight floats with std::fma
+// on the scalar part, compiled with -ffp-contract=off, so every path gives the same bits. Part
+// `main` holds the XLA FFI handler, the ISA choice and the split of one call's rows over the
+// thread pool (pool.h).
 
 #include <algorithm>
 #include <cmath>
@@ -48,12 +52,11 @@ struct Call {
   float scale, softcap;
 };
 
-// Rows r0..r1 of kv head h of batch bi; scratch holds at least (r1 - r0) * (S + T) floats.
-typedef void RowsFn(const Call* c, long bi, long h, long r0, long r1, float* scratch);
+// Rows r0..r1 of kv head h of batch bi; prob and col hold at least (r1 - r0) * (S + T + 8)
+// floats and int32s.
+typedef void RowsFn(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t* col);
 
 namespace {
-
-constexpr float kNegInf = -INFINITY;
 
 // One past the last visible column among the first s of a token's mask row (0: none visible).
 inline long last_visible(const uint8_t* m, long s) {
@@ -68,225 +71,100 @@ inline long last_visible(const uint8_t* m, long s) {
   return hi;
 }
 
-inline float capped(float x, float cap) { return cap > 0 ? cap * std::tanh(x / cap) : x; }
-
-// A row that sees nothing: the uniform average of every column's v (the XLA path's result).
-inline void uniform(const Call* c, const float* vc, long ldc, const float* vn, long ldn, float* o) {
-  const long d = c->d, n = c->s + c->t;
-  const float p = 1.0f / float(n);
-  for (long e = 0; e < d; ++e) o[e] = 0.0f;
-  for (long j = 0; j < c->s; ++j)
-    for (long e = 0; e < d; ++e) o[e] += p * vc[j * ldc + e];
-  for (long j = 0; j < c->t; ++j)
-    for (long e = 0; e < d; ++e) o[e] += p * vn[j * ldn + e];
-}
-
 }  // namespace
 
-#if SJ_PART == SJ_AVX512
+// ----------------------------------------------------------------------------- 8-lane vectors
+//
+// The arithmetic is written once, below, over V8: eight fp32 lanes with load, fma, add, mul,
+// max. On the avx2 and avx512 parts V8 is one ymm register (AVX-512 CPUs run the AVX2 code, so
+// those two paths are the same instructions); on the scalar part it is eight floats and fma is
+// std::fma (the file is compiled with -ffp-contract=off, so nothing else fuses). Each operation
+// is one IEEE operation, rounded once, on every path: the paths give the same bits.
+
+#if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
 #include <immintrin.h>
 
 namespace {
 
-inline __mmask16 tail(long n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-
-// Lane i of the result = the sum of v[i]'s 16 lanes: a transposing add tree (45 instructions for
-// 16 sums where 16 separate horizontal reductions take ~100).
-inline __m512 sum16(__m512 v[16]) {
-  __m512 w[8], x[4];
-  for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
-    x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+struct V8 {
+  __m256 v;
+};
+inline V8 v_zero() { return {_mm256_setzero_ps()}; }
+inline V8 v_set(float x) { return {_mm256_set1_ps(x)}; }
+inline V8 v_load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void v_store(float* p, V8 a) { _mm256_storeu_ps(p, a.v); }
+inline V8 v_fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline V8 v_add(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline V8 v_mul(V8 a, V8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline V8 v_max(V8 a, V8 b) { return {_mm256_max_ps(a.v, b.v)}; }  // a > b ? a : b
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+inline float v_hsum(V8 a) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
-
-constexpr int kRows = 4;  // query rows that share each key's and value's loads
-
-// s[r][j] = scale * q[r].k[j] (capped) for rows r < nr and the n keys of k (key j at k + j * ldk);
-// keys no row sees (vis[r][off + j]) are skipped (their scores are set by the caller's mask
-// pass). Four keys x four rows per step: 16 accumulators, summed by sum16.
-inline void scores(const float* const* q, int nr, const float* k, long ldk,
-                   const uint8_t* const* vis, long off, long n, long d, float scale, float cap,
-                   float* s, long lds) {
-  const __m512 sv = _mm512_set1_ps(scale);
-  for (long j0 = 0; j0 < n; j0 += 4) {
-    const int nk = int(std::min<long>(4, n - j0));
-    bool any = false;
-    for (int r = 0; r < nr && !any; ++r)
-      for (int i = 0; i < nk; ++i) any |= vis[r][off + j0 + i] != 0;
-    if (!any) continue;
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    const float* kb = k + j0 * ldk;
-    for (long e = 0; e < d; e += 16) {
-      const __mmask16 m = tail(d - e);
-      __m512 kv[4], qv[kRows];
-      for (int i = 0; i < 4; ++i)
-        kv[i] = _mm512_maskz_loadu_ps(i < nk ? m : 0, kb + i * ldk + e);
-      for (int r = 0; r < kRows; ++r)
-        qv[r] = _mm512_maskz_loadu_ps(r < nr ? m : 0, q[r < nr ? r : 0] + e);
-      for (int r = 0; r < kRows; ++r)
-        for (int i = 0; i < 4; ++i) acc[4 * r + i] = _mm512_fmadd_ps(qv[r], kv[i], acc[4 * r + i]);
-    }
-    __m512 x = _mm512_mul_ps(sum16(acc), sv);  // lane 4 r + i: row r, key j0 + i
-    if (cap > 0) {
-      alignas(64) float tmp[16];
-      _mm512_store_ps(tmp, x);
-      for (int i = 0; i < 16; ++i) tmp[i] = capped(tmp[i], cap);
-      x = _mm512_load_ps(tmp);
-    }
-    alignas(64) float out[16];
-    _mm512_store_ps(out, x);
-    for (int r = 0; r < nr; ++r)
-      for (int i = 0; i < nk; ++i) s[r * lds + j0 + i] = out[4 * r + i];
-  }
+inline float v_hmax(V8 a) {
+  const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
 }
-
-// Masked columns of one row's scores [n] to -inf; returns the row's largest score.
-inline float mask_max(float* s, const uint8_t* vis, long n) {
-  const __m512 ninf = _mm512_set1_ps(kNegInf);
-  __m512 mx = ninf;
-  for (long j = 0; j < n; j += 16) {
-    const long nk = std::min<long>(16, n - j);
-    __mmask16 seen = 0;
-    for (long i = 0; i < nk; ++i) seen |= __mmask16(vis[j + i] != 0) << i;
-    const __m512 x = _mm512_mask_loadu_ps(ninf, seen, s + j);
-    _mm512_mask_storeu_ps(s + j, tail(nk), x);
-    mx = _mm512_max_ps(mx, x);
-  }
-  return _mm512_reduce_max_ps(mx);
+inline V8 v_round(V8 a) {  // to nearest, ties to even
+  return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
-
-// exp(x) for x <= 0 (Cody-Waite reduction, degree-6 polynomial: ~1 ulp); x < -87.3 gives 0.
-inline __m512 exp_le0(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(~zero, _mm512_scalef_ps(p, n));
+inline V8 v_pow2(V8 n) {  // 2^n for integral n in [-126, 127]
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
 }
-
-// o[r][0:d] += sum_j p[r][j] * v[j] for rows r < nr (p stride ldp) over the n values of v (value j
-// at v + j * ldv), skipping a j with every p[r][j] == 0. 64 columns at a time: 4 rows x 4
-// vectors of accumulators, each v[j] loaded once for the four rows.
-inline void weighted_sum(const float* p, long ldp, int nr, const float* v, long ldv, long n,
-                         long d, float* const* o) {
-  for (long e0 = 0; e0 < d; e0 += 64) {
-    const long w = std::min<long>(64, d - e0);
-    __m512 acc[kRows][4];
-    __mmask16 m[4];
-    for (int c = 0; c < 4; ++c) {
-      m[c] = 16 * c < w ? tail(w - 16 * c) : 0;
-      for (int r = 0; r < kRows; ++r) acc[r][c] = _mm512_setzero_ps();
-    }
-    for (long j = 0; j < n; ++j) {
-      float pj[kRows];
-      bool any = false;
-      for (int r = 0; r < kRows; ++r) {
-        pj[r] = r < nr ? p[r * ldp + j] : 0.0f;
-        any |= pj[r] != 0.0f;
-      }
-      if (!any) continue;
-      const float* vj = v + j * ldv + e0;
-      __m512 vv[4];
-      for (int c = 0; c < 4; ++c) vv[c] = _mm512_maskz_loadu_ps(m[c], vj + 16 * c);
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 pr = _mm512_set1_ps(pj[r]);
-        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);
-      }
-    }
-    for (int r = 0; r < nr; ++r)
-      for (int c = 0; c < 4; ++c) {
-        float* dst = o[r] + e0 + 16 * c;
-        _mm512_mask_storeu_ps(dst, m[c], _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], dst),
-                                                       acc[r][c]));
-      }
-  }
-}
-
-// p[j] = exp(s[j] - mx) over n scores (-inf: 0); returns the sum.
-inline float exps(float* s, long n, float mx) {
-  const __m512 m = _mm512_set1_ps(mx);
-  __m512 acc = _mm512_setzero_ps();
-  for (long j = 0; j < n; j += 16) {
-    const __mmask16 k = tail(n - j);
-    const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), k, s + j);
-    const __m512 p = exp_le0(_mm512_sub_ps(x, m));
-    _mm512_mask_storeu_ps(s + j, k, p);
-    acc = _mm512_add_ps(acc, p);
-  }
-  return _mm512_reduce_add_ps(acc);
+inline V8 v_zero_below(V8 a, V8 x, float lo) {  // a where x >= lo, else 0
+  return {_mm256_and_ps(a.v, _mm256_cmp_ps(x.v, _mm256_set1_ps(lo), _CMP_GE_OQ))};
 }
 
 }  // namespace
 
-#else  // portable: avx2 and scalar
+#elif SJ_PART == SJ_SCALAR
 
 namespace {
 
-inline float dot(const float* a, const float* b, long d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  long e = 0;
-  for (; e + 8 <= d; e += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[e + l] * b[e + l];
-  float sum = 0.0f;
-  for (int l = 0; l < 8; ++l) sum += acc[l];
-  for (; e < d; ++e) sum += a[e] * b[e];
-  return sum;
+struct V8 {
+  float v[8];
+};
+inline V8 v_zero() { return {{0, 0, 0, 0, 0, 0, 0, 0}}; }
+inline V8 v_set(float x) { return {{x, x, x, x, x, x, x, x}}; }
+inline V8 v_load(const float* p) {
+  V8 r;
+  for (int l = 0; l < 8; ++l) r.v[l] = p[l];
+  return r;
 }
-
-constexpr int kRows = 1;
-
-inline void scores(const float* const* q, int, const float* k, long ldk,
-                   const uint8_t* const* vis, long off, long n, long d, float scale, float cap,
-                   float* s, long) {
-  for (long j = 0; j < n; ++j)
-    if (vis[0][off + j]) s[j] = capped(dot(q[0], k + j * ldk, d) * scale, cap);
+inline void v_store(float* p, V8 a) {
+  for (int l = 0; l < 8; ++l) p[l] = a.v[l];
 }
-
-inline float mask_max(float* s, const uint8_t* vis, long n) {
-  float mx = kNegInf;
-  for (long j = 0; j < n; ++j) {
-    if (!vis[j]) s[j] = kNegInf;
-    mx = s[j] > mx ? s[j] : mx;
+#define SJ_LANES(expr) \
+  V8 r;                \
+  for (int l = 0; l < 8; ++l) r.v[l] = expr; \
+  return r
+inline V8 v_fma(V8 a, V8 b, V8 c) { SJ_LANES(std::fma(a.v[l], b.v[l], c.v[l])); }
+inline V8 v_add(V8 a, V8 b) { SJ_LANES(a.v[l] + b.v[l]); }
+inline V8 v_mul(V8 a, V8 b) { SJ_LANES(a.v[l] * b.v[l]); }
+inline V8 v_max(V8 a, V8 b) { SJ_LANES(a.v[l] > b.v[l] ? a.v[l] : b.v[l]); }
+inline V8 v_round(V8 a) { SJ_LANES(std::nearbyint(a.v[l])); }
+inline V8 v_pow2(V8 n) {
+  V8 r;
+  for (int l = 0; l < 8; ++l) {
+    const uint32_t bits = uint32_t(int32_t(n.v[l]) + 127) << 23;
+    std::memcpy(&r.v[l], &bits, 4);
   }
-  return mx;
+  return r;
 }
-
-inline void weighted_sum(const float* p, long, int, const float* v, long ldv, long n, long d,
-                         float* const* o) {
-  for (long j = 0; j < n; ++j)
-    if (p[j] != 0.0f)
-      for (long e = 0; e < d; ++e) o[0][e] += p[j] * v[j * ldv + e];
+inline V8 v_zero_below(V8 a, V8 x, float lo) { SJ_LANES(x.v[l] >= lo ? a.v[l] : 0.0f); }
+#undef SJ_LANES
+inline float v_hsum(V8 a) {
+  const float* x = a.v;
+  return ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
 }
-
-inline float exps(float* s, long n, float mx) {
-  float sum = 0.0f;
-  for (long j = 0; j < n; ++j) {
-    s[j] = s[j] == kNegInf ? 0.0f : std::exp(s[j] - mx);
-    sum += s[j];
-  }
-  return sum;
+inline float v_hmax(V8 a) {
+  float m = a.v[0];
+  for (int l = 1; l < 8; ++l) m = m > a.v[l] ? m : a.v[l];
+  return m;
 }
 
 }  // namespace
@@ -297,16 +175,99 @@ inline float exps(float* s, long n, float mx) {
 
 namespace {
 
-// Rows r0..r1: scores for all of them, a tile of kTile keys at a time (so that a tile of K, then
-// of V, stays in L1 while every row block of kRows uses it), then each row's mask, max and
-// normalised exps, then the weighted sums tile by tile. sc holds (r1 - r0) rows of S + T scores.
-// The chunk reads the cache up to the last slot any of its rows sees, and the new entries up to
-// the last one any of its rows sees (a causal block, e.g. a prompt's prefill with an empty cache:
-// the chunk of its first tokens reads only those).
+// ----------------------------------------------------------------------------- the arithmetic
+//
+// Per query row, over the columns it sees (its visible cache slots, then its visible new entries,
+// each in order; the "visible list"):
+//   s_j = capped(dot(q, k_j) * scale)      dot: lane l sums q[e] * k_j[e] for e = l mod 8 with
+//                                           fmas in order of e, then v_hsum's fixed tree
+//   p_j = exp(s_j - max_j s_j)              exp_le0 below, the same polynomial on every path
+//   sum = lanes by rank in the visible list (p of rank i into lane i mod 8), then v_hsum
+//   o   = sum over the visible list, in order, of fma(p_j / sum, v_j, o)
+// Every quantity is fixed by the row's visible list alone: where its columns sit in the call
+// (after how many other tokens, in a chain or a tree, beside which other rows) changes nothing,
+// so row r of a T-token call has the bits of the one-token call that sees the same keys.
+
+// q[0, d) . k[0, d); past a multiple of 8, the lanes read zeros.
+inline float dot(const float* q, const float* k, long d) {
+  V8 acc = v_zero();
+  long e = 0;
+  for (; e + 8 <= d; e += 8) acc = v_fma(v_load(q + e), v_load(k + e), acc);
+  if (e < d) {
+    alignas(32) float a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (long i = e; i < d; ++i) a[i - e] = q[i], b[i - e] = k[i];
+    acc = v_fma(v_load(a), v_load(b), acc);
+  }
+  return v_hsum(acc);
+}
+
+// exp(x) for x <= 0 (Cody-Waite reduction, degree-6 polynomial: ~1 ulp); x < -87.3 gives 0.
+inline V8 exp_le0(V8 x) {
+  const float lo = -87.3f;
+  const V8 xc = v_max(x, v_set(lo));
+  const V8 n = v_round(v_mul(xc, v_set(1.44269504088896341f)));
+  const V8 nn = v_mul(n, v_set(-1.0f));
+  V8 r = v_fma(nn, v_set(0.693359375f), xc);
+  r = v_fma(nn, v_set(-2.12194440e-4f), r);
+  V8 p = v_set(1.9875691500e-4f);
+  p = v_fma(p, r, v_set(1.3981999507e-3f));
+  p = v_fma(p, r, v_set(8.3334519073e-3f));
+  p = v_fma(p, r, v_set(4.1665795894e-2f));
+  p = v_fma(p, r, v_set(1.6666665459e-1f));
+  p = v_fma(p, r, v_set(5.0000001201e-1f));
+  p = v_fma(p, v_mul(r, r), v_add(r, v_set(1.0f)));
+  return v_zero_below(v_mul(p, v_pow2(n)), x, lo);
+}
+
+// The visible list's scores p[0, n) -> exp(p - max) in place, divided by their sum.
+inline void softmax(float* p, long n) {
+  V8 mx = v_set(-INFINITY);
+  long i = 0;
+  for (; i + 8 <= n; i += 8) mx = v_max(v_load(p + i), mx);
+  float m = v_hmax(mx);
+  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
+  const long n8 = (n + 7) / 8 * 8;
+  for (long j = n; j < n8; ++j) p[j] = -INFINITY;  // exp gives 0: lanes past n add nothing
+  V8 sum = v_zero();
+  for (i = 0; i < n8; i += 8) {
+    const V8 e = exp_le0(v_add(v_load(p + i), v_set(-m)));
+    v_store(p + i, e);
+    sum = v_add(sum, e);
+  }
+  const V8 inv = v_set(1.0f / v_hsum(sum));
+  for (i = 0; i < n8; i += 8) v_store(p + i, v_mul(v_load(p + i), inv));
+}
+
+// o[0, d) = fma(p, v[0, d), o) (the tail past a multiple of 8 lane by lane: the same fma).
+inline void axpy(float p, const float* v, long d, float* o) {
+  const V8 pv = v_set(p);
+  long e = 0;
+  for (; e + 8 <= d; e += 8) v_store(o + e, v_fma(pv, v_load(v + e), v_load(o + e)));
+  for (; e < d; ++e) o[e] = std::fma(p, v[e], o[e]);
+}
+
+inline float capped(float x, float cap) { return cap > 0 ? cap * std::tanh(x / cap) : x; }
+
+// A row that sees nothing: the uniform average of every column's v (the XLA path's result).
+inline void uniform(const Call* c, const float* vc, long ldc, const float* vn, long ldn, float* o) {
+  const long d = c->d, n = c->s + c->t;
+  const float p = 1.0f / float(n);
+  for (long e = 0; e < d; ++e) o[e] = 0.0f;
+  for (long j = 0; j < c->s; ++j) axpy(p, vc + j * ldc, d, o);
+  for (long j = 0; j < c->t; ++j) axpy(p, vn + j * ldn, d, o);
+}
+
+// Rows r0..r1 of kv head h of batch bi. Keys are taken a tile of kTile columns at a time (a tile
+// of K, then of V, stays in L1 while every row of the chunk uses it), and the chunk reads the
+// cache up to the last slot any of its rows sees and the new entries up to the last one any of
+// its rows sees (a causal block, e.g. a prompt's prefill with an empty cache: the chunk of its
+// first tokens reads only those). scratch: (r1 - r0) * (S + T + 8) floats for the visible
+// lists' probabilities and as many int32 for their columns.
 constexpr long kTile = 64;
 
-void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
+void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t* col) {
   const long d = c->d, s = c->s, t = c->t, w = s + t, nrow = r1 - r0, g = c->g, k = c->k;
+  const long ld = w + 8;
   const float* kc = c->kc + (bi * k + h) * s * d;
   const float* vc = c->vc + (bi * k + h) * s * d;
   const float* kn = c->kn + (bi * t * k + h) * d;  // new entry j at kn + j * k * d
@@ -315,78 +276,72 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* sc) {
   // row r of this head is token r / g, query head r % g: q[bi, r / g, h, r % g, :] (o alike)
   auto at = [&](long r) { r += r0; return ((bi * t + r / g) * k + h) * g * d + (r % g) * d; };
   auto mrow = [&](long r) { return c->mask + (bi * t + (r0 + r) / g) * w; };
+  auto key = [&](long j) { return j < s ? kc + j * d : kn + (j - s) * ldn; };
+  auto val = [&](long j) { return j < s ? vc + j * d : vn + (j - s) * ldn; };
   long hi = 0, tn = 0;
   for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
     if (r == 0 || mrow(r) != mrow(r - 1)) {
       hi = std::max(hi, last_visible(mrow(r), s));
       tn = std::max(tn, last_visible(mrow(r) + s, t));
     }
-  const long ld = hi + tn;  // a row's scores: cache [0, hi), then the new [0, tn)
-  // Every (tile, row block) in order: fn(rb, nr, a0, a1, b0, b1) with the tile's cache columns
-  // [a0, a1) and its new entries' columns [b0, b1) (either range may be empty).
-  auto blocks = [&](auto&& fn) {
-    for (long j0 = 0; j0 < ld; j0 += kTile) {
-      const long j1 = std::min(ld, j0 + kTile);
-      for (long rb = 0; rb < nrow; rb += kRows)
-        fn(rb, int(std::min<long>(kRows, nrow - rb)), j0, std::min(j1, hi), std::max(j0, hi), j1);
-    }
+  // The columns to read, in order: cache [0, hi), then new entries [s, s + tn).
+  auto tiles = [&](auto&& fn) {
+    for (long j0 = 0; j0 < hi; j0 += kTile) fn(j0, std::min(hi, j0 + kTile));
+    for (long j0 = s; j0 < s + tn; j0 += kTile) fn(j0, std::min(s + tn, j0 + kTile));
   };
-  blocks([&](long rb, int nr, long a0, long a1, long b0, long b1) {
-    const uint8_t* m[kRows];
-    const float* q[kRows];
-    for (int r = 0; r < nr; ++r) {
-      m[r] = mrow(rb + r);
-      q[r] = c->q + at(rb + r);
+  long count[256];  // (rows per chunk are capped at 256 by the caller)
+  for (long r = 0; r < nrow; ++r) count[r] = 0;
+  tiles([&](long j0, long j1) {
+    for (long r = 0; r < nrow; ++r) {
+      const uint8_t* m = mrow(r);
+      const float* q = c->q + at(r);
+      for (long j = j0; j < j1; ++j)
+        if (m[j]) {
+          prob[r * ld + count[r]] = capped(dot(q, key(j), d) * c->scale, c->softcap);
+          col[r * ld + count[r]++] = int32_t(j);
+        }
     }
-    if (a1 > a0)
-      scores(q, nr, kc + a0 * d, d, m, a0, a1 - a0, d, c->scale, c->softcap, sc + rb * ld + a0,
-             ld);
-    if (b1 > b0)
-      scores(q, nr, kn + (b0 - hi) * ldn, ldn, m, s + b0 - hi, b1 - b0, d, c->scale, c->softcap,
-             sc + rb * ld + b0, ld);
   });
-  bool blank[256];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) {
-    float* sr = sc + r * ld;
-    const uint8_t* m = mrow(r);
-    const float mx = std::max(mask_max(sr, m, hi), mask_max(sr + hi, m + s, tn));
-    blank[r] = mx == kNegInf;
-    if (blank[r]) {
-      for (long j = 0; j < ld; ++j) sr[j] = 0.0f;
-      continue;
+    float* o = c->o + at(r);
+    for (long e = 0; e < d; ++e) o[e] = 0.0f;
+    if (count[r] == 0) {
+      uniform(c, vc, d, vn, ldn, o);
+      count[r] = -1;
+    } else {
+      softmax(prob + r * ld, count[r]);
     }
-    const float inv = 1.0f / exps(sr, ld, mx);
-    for (long j = 0; j < ld; ++j) sr[j] *= inv;
   }
-  for (long r = 0; r < nrow; ++r)
-    for (long e = 0; e < d; ++e) c->o[at(r) + e] = 0.0f;
-  blocks([&](long rb, int nr, long a0, long a1, long b0, long b1) {
-    float* o[kRows];
-    for (int r = 0; r < nr; ++r) o[r] = c->o + at(rb + r);
-    if (a1 > a0) weighted_sum(sc + rb * ld + a0, ld, nr, vc + a0 * d, d, a1 - a0, d, o);
-    if (b1 > b0)
-      weighted_sum(sc + rb * ld + b0, ld, nr, vn + (b0 - hi) * ldn, ldn, b1 - b0, d, o);
+  long next[256];
+  for (long r = 0; r < nrow; ++r) next[r] = 0;
+  tiles([&](long j0, long j1) {
+    for (long r = 0; r < nrow; ++r) {
+      float* o = c->o + at(r);
+      const float* p = prob + r * ld;
+      const int32_t* cr = col + r * ld;
+      long& i = next[r];
+      for (; i < count[r] && cr[i] < j1; ++i)
+        if (p[i] != 0.0f) axpy(p[i], val(cr[i]), d, o);
+    }
   });
-  for (long r = 0; r < nrow; ++r)
-    if (blank[r]) uniform(c, vc, d, vn, ldn, c->o + at(r));
 }
 
 }  // namespace
 
 #if SJ_PART == SJ_AVX512
 extern "C" RowsFn sj_attn_rows_avx512;
-void sj_attn_rows_avx512(const Call* c, long bi, long h, long r0, long r1, float* sc) {
-  rows(c, bi, h, r0, r1, sc);
+void sj_attn_rows_avx512(const Call* c, long bi, long h, long r0, long r1, float* p, int32_t* j) {
+  rows(c, bi, h, r0, r1, p, j);
 }
 #elif SJ_PART == SJ_AVX2
 extern "C" RowsFn sj_attn_rows_avx2;
-void sj_attn_rows_avx2(const Call* c, long bi, long h, long r0, long r1, float* sc) {
-  rows(c, bi, h, r0, r1, sc);
+void sj_attn_rows_avx2(const Call* c, long bi, long h, long r0, long r1, float* p, int32_t* j) {
+  rows(c, bi, h, r0, r1, p, j);
 }
 #else
 extern "C" RowsFn sj_attn_rows_scalar;
-void sj_attn_rows_scalar(const Call* c, long bi, long h, long r0, long r1, float* sc) {
-  rows(c, bi, h, r0, r1, sc);
+void sj_attn_rows_scalar(const Call* c, long bi, long h, long r0, long r1, float* p, int32_t* j) {
+  rows(c, bi, h, r0, r1, p, j);
 }
 #endif
 
@@ -444,11 +399,13 @@ struct Job {
 
 void run_chunk(const void* ctx, long i) {
   const Job& j = *static_cast<const Job*>(ctx);
-  static thread_local std::vector<float> scratch;
-  const long need = j.rows * (j.c->s + j.c->t);
-  if (long(scratch.size()) < need) scratch.resize(need);
+  static thread_local std::vector<float> prob;
+  static thread_local std::vector<int32_t> col;
+  const long need = j.rows * (j.c->s + j.c->t + 8);
+  if (long(prob.size()) < need) prob.resize(need), col.resize(need);
   const long pair = i / j.per, r0 = (i % j.per) * j.rows;
-  j.fn(j.c, pair / j.c->k, pair % j.c->k, r0, std::min(j.c->rows, r0 + j.rows), scratch.data());
+  j.fn(j.c, pair / j.c->k, pair % j.c->k, r0, std::min(j.c->rows, r0 + j.rows), prob.data(),
+       col.data());
 }
 
 // A (batch, kv head)'s rows go in as few chunks as give each thread about two (rows of a chunk

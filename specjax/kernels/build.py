@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import tempfile
 
-SOURCE = os.path.join(os.path.dirname(__file__), "matmul.cc")
 LIB_NAME = "libspecjax_kernels.so"
 BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-Wall")
 # (part, extra flags); the ISA-specific parts only on x86-64.
@@ -36,7 +35,7 @@ PARTS_OTHER = (("SJ_MAIN", ()), ("SJ_SCALAR", ()))
 # joins the cache key). blocks.cc needs F16C on its AVX2 path (fp16 scales) and no FMA contraction
 # (its dequantised weights round as the reference's do).
 LIBRARIES = {
-    "matmul": ("matmul.cc", LIB_NAME, {}, ()),
+    "matmul": ("matmul.cc", LIB_NAME, {"*": ("-ffp-contract=off",)}, ("pool.h",)),
     "blocks": ("blocks.cc", "libspecjax_blocks.so",
                {"*": ("-ffp-contract=off",), "SJ_AVX2": ("-mf16c",)}, ("pool.h",)),
     # qdot.cc's AVX-512 path needs BW and VNNI (vpdpbusd); no contraction, so that every path folds
@@ -44,7 +43,10 @@ LIBRARIES = {
     "qdot": ("qdot.cc", "libspecjax_qdot.so",
              {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni")},
              ("pool.h",)),
-    "attention": ("attention.cc", "libspecjax_attention.so", {}, ("pool.h",)),
+    # attention.cc: no contraction (its arithmetic names every fma); the avx512 part runs the
+    # AVX2 code, so it needs FMA.
+    "attention": ("attention.cc", "libspecjax_attention.so",
+                  {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mfma",)}, ("pool.h",)),
 }
 
 
@@ -100,8 +102,7 @@ def build_key(library: str = "matmul") -> str:
     with open(path, "rb") as f:
       h.update(f.read())
   h.update(repr((BASE_FLAGS, _parts(), platform.machine(), jaxlib.__version__)).encode())
-  if extra:  # (none for the matmul: its key, and so its cached build, stay as they were)
-    h.update(repr(sorted(extra.items())).encode())
+  h.update(repr(sorted(extra.items())).encode())
   return h.hexdigest()[:16]
 
 

@@ -17,13 +17,14 @@
 // its functions carry their own target attribute in part avx512 and run only where the CPU has it.
 //
 // Numerics, fp32: every output is a sequential fused multiply-add over k = 0..K-1 (the scalar path
-// multiplies and adds), whatever M is and however the rows are tiled, so a row's result does not
+// too, through std::fma), whatever M is and however the rows are tiled, so a row's result does not
 // depend on which other rows share the call. bf16: each `vdpbf16ps` adds the products of one pair
 // (k = 2p, 2p + 1; bf16 x bf16 is exact in fp32) to the fp32 accumulator, pairs in order, so again
 // a row's result is fixed by its own inputs; the instruction treats denormal inputs and outputs as
 // zero and rounds to nearest even.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -275,7 +276,8 @@ extern "C" void sj_block_avx2(const void* x, long ldx, const void* w, long k, lo
 
 #elif SJ_PART == SJ_SCALAR
 
-// Portable reference path: plain loops (the compiler may vectorise them for the baseline ISA).
+// Portable reference path: plain loops with the vector paths' arithmetic, one fma per k in order
+// (std::fma rounds once, as vfmadd does), so every path gives the same bits.
 extern "C" void sj_block_scalar(const void* xv, long ldx, const void* wv, long k, long bw,
                                 long rows, float* buf, long ldo, const void*) {
   const float* x = static_cast<const float*>(xv);
@@ -286,7 +288,7 @@ extern "C" void sj_block_scalar(const void* xv, long ldx, const void* wv, long k
     for (long e = 0; e < k; ++e) {
       const float a = x[m * ldx + e];
       const float* wr = w + e * bw;
-      for (long j = 0; j < bw; ++j) out[j] += a * wr[j];
+      for (long j = 0; j < bw; ++j) out[j] = std::fma(a, wr[j], out[j]);
     }
   }
 }

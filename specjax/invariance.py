@@ -1,0 +1,137 @@
+"""Batch invariance, checked: row r of a T-token forward against the one-token forward at the
+same position over the same cache contents.
+
+Speculative decoding verifies T drafted tokens in one forward and keeps those the target would
+have produced one at a time. Its output is the autoregressive output only if each row of that
+forward has the bits a one-token forward has there; a last-bit difference decides a near-tie
+the other way. So the property is tested directly, not through greedy runs on some prompts:
+
+    probe = BatchInvariance(model, cache_len=256)
+    report = probe.check(parents=[-1, 0, 1, 1], context=40, batch=4)
+    report.identical   # [B, N] bool: row b, block token n equals its one-token forward
+    report.max_abs     # the largest difference in the logits
+
+The block is N tokens whose `parents` (topologically ordered; -1 for the first) make a chain
+(`parents=range(-1, T - 1)`, or `chain(T)`) or a tree, as tree verification feeds one. Token n
+sits at position context + depth(n) and sees the cache and its own ancestors. Its reference runs
+its root-to-n path one token a call, batch 1, from the same cache. Every batch row gets its own
+random context and tokens; the block's cache is the batch-1 prefills stacked, so the two sides
+read the same cache contents. context=0 starts from an empty cache (`empty=True` also runs the
+block as a prefill, the model's empty_cache form).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+
+
+def chain(t: int) -> tuple[int, ...]:
+  """The parents of a chain of t tokens."""
+  return tuple(range(-1, t - 1))
+
+
+def _depths(parents) -> np.ndarray:
+  depth = np.zeros(len(parents), np.int32)
+  for n, p in enumerate(parents):
+    if p >= n or (n > 0) != (p >= 0):
+      raise ValueError(f"parents={tuple(parents)}: token 0 has parent -1 and every other token "
+                       f"a parent before it")
+    depth[n] = 0 if p < 0 else depth[p] + 1
+  return depth
+
+
+def _ancestors(parents) -> np.ndarray:
+  n = len(parents)
+  anc = np.eye(n, dtype=bool)
+  for i in range(n):
+    j = parents[i]
+    while j >= 0:
+      anc[i, j] = True
+      j = parents[j]
+  return anc
+
+
+@dataclasses.dataclass
+class Report:
+  """identical [B, N] bool; max_abs: the largest |block - one-token| over all logits."""
+  identical: np.ndarray
+  max_abs: float
+
+  @property
+  def ok(self) -> bool:
+    return bool(self.identical.all())
+
+  def __str__(self):
+    b, n = self.identical.shape
+    return (f"{int(self.identical.sum())} of {b * n} rows identical (B={b}, N={n}); "
+            f"max |diff| {self.max_abs:.3g}")
+
+
+class BatchInvariance:
+  """One model's forward under test, jitted once per shape (rerun it under another kernel
+  path with no recompile: the kernels choose their path at run time)."""
+
+  def __init__(self, model, cache_len: int = 256, params=None):
+    self.model, self.cache_len = model, cache_len
+    self.params = model.params if params is None else params
+    self._fwd = jax.jit(self._apply, static_argnames=("empty",))
+
+  def _apply(self, params, tokens, positions, cache, mask, empty=False):
+    logits, _, cache = self.model.apply(params, tokens, positions, cache, mask, empty_cache=empty)
+    return logits, cache
+
+  def _prefill(self, ctx: np.ndarray) -> kv.KVCache:
+    """ctx [C] -> a batch-1 cache holding it (C = 0: a fresh cache)."""
+    cache = self.model.init_cache(1, self.cache_len)
+    if len(ctx) == 0:
+      return cache
+    t = jnp.asarray(ctx[None], jnp.int32)
+    pos = jnp.arange(len(ctx), dtype=jnp.int32)[None]
+    _, cache = self._fwd(self.params, t, pos, cache, kv.causal_mask(cache.lengths, len(ctx),
+                                                                      self.cache_len))
+    return kv.advance(cache, jnp.asarray([len(ctx)], jnp.int32))
+
+  def _one_by_one(self, cache, tokens, parents, depth) -> np.ndarray:
+    """Batch 1: logits [N, V] of each block token from its root-to-token path, a call a token."""
+    out = [None] * len(parents)
+    children = {p for p in parents if p >= 0}
+    for leaf in (n for n in range(len(parents)) if n not in children):
+      path, j = [], leaf
+      while j >= 0:
+        path.append(j)
+        j = parents[j]
+      c = cache
+      for n in reversed(path):
+        tok = jnp.asarray([[tokens[n]]], jnp.int32)
+        pos = c.lengths[:, None]
+        logits, c = self._fwd(self.params, tok, pos, c, kv.causal_mask(c.lengths, 1,
+                                                                       self.cache_len))
+        c = kv.advance(c, jnp.ones((1,), jnp.int32))
+        out[n] = np.asarray(logits[0, 0])
+    return np.stack(out)
+
+  def check(self, parents=(-1,), *, context: int = 32, batch: int = 1, empty: bool = False,
+            seed: int = 0) -> Report:
+    parents = tuple(int(p) for p in parents)
+    depth = _depths(parents)
+    if empty and context:
+      raise ValueError("empty=True runs the block as a prefill: it needs context=0")
+    n, vocab = len(parents), self.model.config.vocab_size
+    rng = np.random.default_rng(seed)
+    ctx = rng.integers(0, vocab, (batch, context))
+    toks = rng.integers(0, vocab, (batch, n))
+    caches = [self._prefill(ctx[b]) for b in range(batch)]
+    want = np.stack([self._one_by_one(caches[b], toks[b], parents, depth) for b in range(batch)])
+    cache = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *caches)
+    pos = jnp.asarray(np.broadcast_to(context + depth, (batch, n)), jnp.int32)
+    mask = kv.tree_mask(cache.lengths, jnp.asarray(_ancestors(parents)), self.cache_len)
+    got, _ = self._fwd(self.params, jnp.asarray(toks, jnp.int32), pos, cache, mask, empty=empty)
+    got = np.asarray(got)
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    return Report(identical=same.all(-1), max_abs=float(np.nanmax(np.abs(got - want))))
