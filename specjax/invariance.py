@@ -58,10 +58,27 @@ def _ancestors(parents) -> np.ndarray:
 
 
 @dataclasses.dataclass
+class Case:
+  """One block to test: parents [N], depth [N], context [B, C], tokens [B, N], and each row's
+  batch-1 cache holding its context."""
+  parents: tuple
+  depth: np.ndarray
+  context: np.ndarray
+  tokens: np.ndarray
+  caches: list
+
+  def prefix(self, t: int) -> "Case":
+    """The first t tokens (a chain's prefix is the chain of length t)."""
+    return Case(self.parents[:t], self.depth[:t], self.context, self.tokens[:, :t], self.caches)
+
+
+@dataclasses.dataclass
 class Report:
-  """identical [B, N] bool; max_abs: the largest |block - one-token| over all logits."""
+  """identical [B, N] bool; max_abs: the largest |block - one-token| over all logits; logits
+  [B, N, V]: the block's (to compare kernel paths with each other)."""
   identical: np.ndarray
   max_abs: float
+  logits: np.ndarray
 
   @property
   def ok(self) -> bool:
@@ -82,7 +99,9 @@ class BatchInvariance:
     self.params = model.params if params is None else params
     self._fwd = jax.jit(self._apply, static_argnames=("empty",))
 
-  def _apply(self, params, tokens, positions, cache, mask, empty=False):
+  def _apply(self, params, tokens, positions, cache, ancestors, empty=False):
+    """ancestors [N, N] bool: the block's tree (a chain's is lower-triangular)."""
+    mask = kv.tree_mask(cache.lengths, ancestors, self.cache_len)
     logits, _, cache = self.model.apply(params, tokens, positions, cache, mask, empty_cache=empty)
     return logits, cache
 
@@ -93,8 +112,7 @@ class BatchInvariance:
       return cache
     t = jnp.asarray(ctx[None], jnp.int32)
     pos = jnp.arange(len(ctx), dtype=jnp.int32)[None]
-    _, cache = self._fwd(self.params, t, pos, cache, kv.causal_mask(cache.lengths, len(ctx),
-                                                                      self.cache_len))
+    _, cache = self._fwd(self.params, t, pos, cache, jnp.tril(jnp.ones((len(ctx),) * 2, bool)))
     return kv.advance(cache, jnp.asarray([len(ctx)], jnp.int32))
 
   def _one_by_one(self, cache, tokens, parents, depth) -> np.ndarray:
@@ -110,28 +128,55 @@ class BatchInvariance:
       for n in reversed(path):
         tok = jnp.asarray([[tokens[n]]], jnp.int32)
         pos = c.lengths[:, None]
-        logits, c = self._fwd(self.params, tok, pos, c, kv.causal_mask(c.lengths, 1,
-                                                                       self.cache_len))
+        logits, c = self._fwd(self.params, tok, pos, c, jnp.ones((1, 1), bool))
         c = kv.advance(c, jnp.ones((1,), jnp.int32))
         out[n] = np.asarray(logits[0, 0])
     return np.stack(out)
 
-  def check(self, parents=(-1,), *, context: int = 32, batch: int = 1, empty: bool = False,
-            seed: int = 0) -> Report:
+  def case(self, parents=(-1,), *, context: int = 32, batch: int = 1, seed: int = 0) -> Case:
+    """A block to test: random contexts [B, C] and tokens [B, N] (seeded) for these parents."""
     parents = tuple(int(p) for p in parents)
     depth = _depths(parents)
-    if empty and context:
-      raise ValueError("empty=True runs the block as a prefill: it needs context=0")
-    n, vocab = len(parents), self.model.config.vocab_size
+    vocab = self.model.config.vocab_size
     rng = np.random.default_rng(seed)
     ctx = rng.integers(0, vocab, (batch, context))
-    toks = rng.integers(0, vocab, (batch, n))
-    caches = [self._prefill(ctx[b]) for b in range(batch)]
-    want = np.stack([self._one_by_one(caches[b], toks[b], parents, depth) for b in range(batch)])
-    cache = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *caches)
-    pos = jnp.asarray(np.broadcast_to(context + depth, (batch, n)), jnp.int32)
-    mask = kv.tree_mask(cache.lengths, jnp.asarray(_ancestors(parents)), self.cache_len)
-    got, _ = self._fwd(self.params, jnp.asarray(toks, jnp.int32), pos, cache, mask, empty=empty)
-    got = np.asarray(got)
-    same = (got == want) | (np.isnan(got) & np.isnan(want))
-    return Report(identical=same.all(-1), max_abs=float(np.nanmax(np.abs(got - want))))
+    toks = rng.integers(0, vocab, (batch, len(parents)))
+    return Case(parents, depth, ctx, toks, [self._prefill(ctx[b]) for b in range(batch)])
+
+  def reference(self, case: Case) -> np.ndarray:
+    """[B, N, V]: each token's logits from one-token forwards along its path, batch 1."""
+    return np.stack([self._one_by_one(c, t, case.parents, case.depth)
+                     for c, t in zip(case.caches, case.tokens)])
+
+  def block(self, case: Case, empty: bool = False) -> np.ndarray:
+    """[B, N, V]: the block's logits from one forward of all B x N tokens (empty: as a prefill,
+    the model's empty_cache form; the case needs context 0)."""
+    b, n = case.tokens.shape
+    if empty and case.context.shape[1]:
+      raise ValueError("empty=True runs the block as a prefill: it needs context=0")
+    cache = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *case.caches)
+    pos = jnp.asarray(np.broadcast_to(case.context.shape[1] + case.depth, (b, n)), jnp.int32)
+    got, _ = self._fwd(self.params, jnp.asarray(case.tokens, jnp.int32), pos, cache,
+                       jnp.asarray(_ancestors(case.parents)), empty=empty)
+    return np.asarray(got)
+
+  def check(self, parents=(-1,), *, context: int = 32, batch: int = 1, empty: bool = False,
+            seed: int = 0) -> Report:
+    """The block against its reference (see the module docstring)."""
+    if empty and context:
+      raise ValueError("empty=True runs the block as a prefill: it needs context=0")
+    case = self.case(parents, context=context, batch=batch, seed=seed)
+    return compare(self.block(case, empty), self.reference(case))
+
+  def check_chains(self, lengths, *, context: int = 32, batch: int = 1, seed: int = 0) -> dict:
+    """{T: Report} for chains of each length in `lengths`, all prefixes of one chain, so the
+    one-token reference runs once, for the longest."""
+    case = self.case(chain(max(lengths)), context=context, batch=batch, seed=seed)
+    want = self.reference(case)
+    return {t: compare(self.block(case.prefix(t)), want[:, :t]) for t in lengths}
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> Report:
+  """A block's logits [B, N, V] against the one-token reference's."""
+  same = (got == want) | (np.isnan(got) & np.isnan(want))
+  return Report(identical=same.all(-1), max_abs=float(np.nanmax(np.abs(got - want))), logits=got)

@@ -1,0 +1,153 @@
+"""Batch invariance, the property that makes speculation exact: row r of a T-token forward (a
+chain or a tree block, batch B, empty or part-filled cache) has the bits of the one-token forward
+at that position over the same cache, on every kernel path, and every path gives the same bits
+(specjax/invariance.py). A planted product or norm whose summation order depends on the number
+of rows must fail the check, or the check proves nothing."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import kernels, packing
+from specjax.invariance import BatchInvariance, chain, compare
+from specjax.kernels import attention, blocks
+
+from conftest import isa_paths, tiny_model
+
+LIBS = (kernels, attention, blocks)
+PATHS = isa_paths(kernels)
+# Trees as verification feeds them (parents in topological order): a binary tree, a deep spine
+# with side branches, a star.
+TREES = ((-1, 0, 0, 1, 1, 2, 2), (-1, 0, 1, 2, 3, 0, 1, 5, 2), (-1, 0, 0, 0, 0, 0))
+
+
+def _on_every_path(fn):
+  """{path: fn()} under every kernel path this CPU runs (the three libraries switched together);
+  the path in use before is restored."""
+  assert PATHS, "the CPU kernels are unavailable here"
+  before = [lib.isa() for lib in LIBS]
+  out = {}
+  try:
+    for name in PATHS:
+      for lib in LIBS:
+        lib.set_isa(name)
+      out[name] = fn()
+  finally:
+    for lib, name in zip(LIBS, before):
+      lib.set_isa(name)
+  return out
+
+
+def _assert_case(probe, case, empty=False):
+  """Each path's block equals the one-token reference (so the paths equal each other too)."""
+  want = probe.reference(case)
+  for name, got in _on_every_path(lambda: probe.block(case, empty)).items():
+    report = compare(got, want)
+    assert report.ok, (name, case.parents, case.tokens.shape, str(report))
+
+
+def _assert_invariant(probe, parents, *, context, batch=1, empty=False):
+  _assert_case(probe, probe.case(parents, context=context, batch=batch), empty)
+
+
+def _assert_chains(probe, lengths, *, context, batch=1):
+  """Chains of these lengths, all prefixes of one chain: one reference for all of them."""
+  case = probe.case(chain(max(lengths)), context=context, batch=batch)
+  want = probe.reference(case)
+  for t in lengths:
+    for name, got in _on_every_path(lambda: probe.block(case.prefix(t))).items():
+      report = compare(got, want[:, :t])
+      assert report.ok, (name, t, str(report))
+
+
+def _gemma_like():
+  """Soft-caps (scores and logits), q/k norms, post norms, GeGLU and alternating sliding
+  windows: every kind of op the families add."""
+  return tiny_model(seed=3, arch="gemma", norm="rms", activation="gelu_tanh", qk_norm=True,
+                    post_norms=True, attn_softcap=20.0, final_softcap=15.0,
+                    layer_windows=(6, 0), tie_word_embeddings=True, embed_scale=32 ** 0.5)
+
+
+@pytest.fixture(scope="module")
+def llama_probe():
+  return BatchInvariance(packing.pack(tiny_model()), cache_len=160)
+
+
+def test_chains_of_every_length(llama_probe):
+  _assert_chains(llama_probe, range(1, 65), context=40)
+
+
+def test_trees_batches_and_caches(llama_probe):
+  for parents in TREES:
+    _assert_invariant(llama_probe, parents, context=25, batch=4)
+  _assert_invariant(llama_probe, chain(16), context=3, batch=4)
+  _assert_invariant(llama_probe, chain(9), context=0, batch=4)  # an empty cache
+  _assert_invariant(llama_probe, chain(9), context=0, batch=2, empty=True)  # a prefill
+
+
+def test_every_family_op():
+  probe = BatchInvariance(packing.pack(_gemma_like()), cache_len=96)
+  _assert_chains(probe, (1, 2, 7, 8, 16, 33), context=30)
+  _assert_invariant(probe, TREES[1], context=12, batch=4)
+
+
+def _planted_dense(monkeypatch):
+  """A product that splits K in two halves once a call has more than one row: the kind of
+  shape-dependent order a GEMM library chooses."""
+  real = kernels.dense
+
+  def dense(x, w, packed=None, *, transposed=False):
+    y = real(x, w, packed, transposed=transposed)
+    if int(np.prod(x.shape[:-1])) == 1:
+      return y
+    k = x.shape[-1] // 2
+    w2 = w.T if transposed else w
+    w2 = w2.reshape(x.shape[-1], -1)
+    flat = x.reshape(-1, x.shape[-1])
+    split = flat[:, :k] @ w2[:k] + flat[:, k:] @ w2[k:]
+    return split.reshape(y.shape).astype(y.dtype)
+
+  monkeypatch.setattr("specjax.model.dense", dense)
+
+
+def test_planted_orders_fail(monkeypatch):
+  # rows as wide as SmolLM2's (E = 576), where XLA's row reduction changes its order with the
+  # number of rows
+  model = packing.pack(tiny_model(seed=1, hidden_size=576, num_heads=9, num_kv_heads=3,
+                                  head_dim=64, intermediate_size=128))
+  assert BatchInvariance(model, cache_len=64).check(chain(12), context=20).ok
+  with monkeypatch.context() as m:
+    _planted_dense(m)
+    report = BatchInvariance(model, cache_len=64).check(chain(12), context=20)
+  assert not report.ok and report.max_abs > 0
+  # XLA's own row reduction changes its order from 8 rows on: the norms' old form fails too
+  with monkeypatch.context() as m:
+    m.setattr("specjax.model.fixed_mean",
+              lambda x, keepdims=False: jnp.mean(x, axis=-1, keepdims=keepdims))
+    report = BatchInvariance(model, cache_len=64).check(chain(12), context=20)
+  assert not report.ok
+
+
+def test_bad_blocks_are_named():
+  probe = BatchInvariance(tiny_model(), cache_len=16)
+  with pytest.raises(ValueError, match="parents"):
+    probe.check((0, 1))
+  with pytest.raises(ValueError, match="parents"):
+    probe.check((-1, 2, 0))
+  with pytest.raises(ValueError, match="context=0"):
+    probe.check(chain(2), context=4, empty=True)
+
+
+@pytest.mark.slow
+def test_smollm2_float32_and_blocks(smollm2):
+  """The real model, float32 (the default load) and over the GGUF's own blocks: chains at the
+  tile edges and past them, a tree at batch 4, a 256-token context."""
+  probe = BatchInvariance(smollm2, cache_len=320)
+  _assert_chains(probe, (1, 7, 16, 64), context=256)
+  _assert_invariant(probe, TREES[0], context=200, batch=4)
+  probe = BatchInvariance(sj.load_model("smollm2-135m", weights="blocks"), cache_len=320)
+  _assert_chains(probe, (1, 9, 32), context=256)
+  _assert_invariant(probe, TREES[1], context=200, batch=4)
