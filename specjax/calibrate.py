@@ -136,6 +136,10 @@ def cache_key(model, quick: bool = False) -> dict:
       "weights": getattr(model, "weights", "float32"),
       "blocks_build": build.build_key("blocks") if getattr(model, "weights", "") == "blocks"
       else None,
+      # activations="int8" multiplies by the integer-dot kernel (and XLA's integer dot)
+      "activations": getattr(model, "activations", "float32"),
+      "qdot_build": build.build_key("qdot") if getattr(model, "activations", "") == "int8"
+      else None,
       "sizes": list(QUICK_SIZES if quick else SIZES), "reps": QUICK_REPS if quick else REPS,
       "cache_len": CACHE_LEN, "filled": FILLED,
   }

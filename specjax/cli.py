@@ -146,10 +146,17 @@ WEIGHTS_FLAG = dict(default="float32", choices=("float32", "blocks"),
                     "stored (same numbers as float32, fewer bytes; see sj.load_model)")
 
 
+ACTIVATIONS_FLAG = dict(default="float32", choices=("float32", "int8"),
+                        help="int8 (with --weights blocks): activations quantized per block of 32 "
+                        "and integer dot products against the GGUF's blocks, llama.cpp's W4A8 "
+                        "(see sj.load_model)")
+
+
 def _load(args):
   import specjax as sj
 
-  return sj.load_model(args.model, weights=getattr(args, "weights", "float32"))
+  return sj.load_model(args.model, weights=getattr(args, "weights", "float32"),
+                       activations=getattr(args, "activations", "float32"))
 
 
 def _method_name(name: str) -> str:
@@ -693,6 +700,7 @@ def main(argv=None) -> None:
   g = sub.add_parser("generate", help="generate text for one or more prompts")
   g.add_argument("--model", default=DEFAULT_MODEL)
   g.add_argument("--weights", **WEIGHTS_FLAG)
+  g.add_argument("--activations", **ACTIVATIONS_FLAG)
   g.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
   _add_sampling(g)
   _add_method(g)
@@ -701,6 +709,7 @@ def main(argv=None) -> None:
   d = sub.add_parser("demo", help="run every method on the embedded default model")
   d.add_argument("--model", default=DEFAULT_MODEL)
   d.add_argument("--weights", **WEIGHTS_FLAG)
+  d.add_argument("--activations", **ACTIVATIONS_FLAG)
   d.add_argument("--max-new-tokens", type=int, default=64)
   d.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt")
   _add_method(d)
@@ -710,6 +719,7 @@ def main(argv=None) -> None:
                      "transformers) in one run")
   b.add_argument("--model", default=DEFAULT_MODEL, help="a named model, a local HF directory or a .gguf")
   b.add_argument("--weights", **WEIGHTS_FLAG)
+  b.add_argument("--activations", **ACTIVATIONS_FLAG)
   b.add_argument("--vs-transformers", action="store_true",
                  help="autoregressive specjax vs transformers' PyTorch generate, same weights")
   b.add_argument("--methods", default="", help="comma-separated (autoregressive is always run); "

@@ -78,7 +78,7 @@ class Report:
   [B, N, V]: the block's (to compare kernel paths with each other)."""
   identical: np.ndarray
   max_abs: float
-  logits: np.ndarray
+  logits: np.ndarray = dataclasses.field(repr=False)
 
   @property
   def ok(self) -> bool:

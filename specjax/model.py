@@ -392,7 +392,15 @@ class Model:
   def __repr__(self):
     c = self.config
     return (f"Model({self.name or c.arch}: L={c.num_layers} E={c.hidden_size} H={c.num_heads} "
-            f"K={c.num_kv_heads} V={c.vocab_size}, {self.dtype.name})")
+            f"K={c.num_kv_heads} V={c.vocab_size}, {self.arithmetic})")
+
+  @property
+  def arithmetic(self) -> str:
+    """What decoding multiplies: the dtype, or the GGUF's blocks times float32 or int8
+    activations (load_model's weights= and activations=)."""
+    if getattr(self, "weights", "float32") == "blocks":
+      return f"GGUF blocks x {getattr(self, 'activations', 'float32')} activations"
+    return self.dtype.name
 
   @classmethod
   def random(cls, config: ModelConfig, *, seed: int = 0, dtype=jnp.float32, tokenizer=None,

@@ -167,6 +167,29 @@ def pack_blocks(model, blocks: dict):
   return _rebuild(model, module)
 
 
+def pack_int8(model, blocks: dict):
+  """Every dense product on int8 activations times the GGUF's own blocks (the W4A8 target,
+  `load_model(..., weights="blocks", activations="int8")`): each site's packed copy is the
+  QWeight of its blocks (kernels/quant.py: Q4_1 on the integer-dot kernel, Q8_0 in XLA's integer
+  dot), which multiplies itself. blocks: as for `pack_blocks`; every site must be there, of a
+  type in quant.GGUF_TYPES (load_model checks the file before it reads it)."""
+  from specjax.kernels import quant
+
+  if is_packed(model):
+    model = unpack(model)
+  module = model.module()
+  for site, owner, name, w, transposed in _keyed_sites(module):
+    n = w.shape[0] if transposed else w.shape[1]
+    k = w.shape[1] if transposed else w.shape[0]
+    if site not in blocks or blocks[site][1] not in quant.GGUF_TYPES:
+      kind = blocks[site][1] if site in blocks else "float"
+      raise ValueError(f"int8 activations: {'.'.join(map(str, site))} is {kind}; the int8 path "
+                       f"multiplies {sorted(quant.GGUF_TYPES)} blocks")
+    rows, kind = blocks[site]
+    setattr(owner, name, Packed(quant.from_gguf(rows, n, k, kind)))
+  return _rebuild(model, module)
+
+
 def unpack(model):
   """The model without its packed copies (XLA everywhere)."""
   if not is_packed(model):

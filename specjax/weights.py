@@ -567,7 +567,8 @@ def _load_adapted(entry, *, dtype, tokenizer, place, mesh, target, weights, kern
 
 
 def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
-               rules=None, kernels: bool | None = None, target=None, weights: str = "float32"):
+               rules=None, kernels: bool | None = None, target=None, weights: str = "float32",
+               activations: str = "float32"):
   """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
 
   A shipped draft (e.g. "smollm2-135m-draft") borrows its target's embeddings and LM head: pass
@@ -591,6 +592,11 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   float32 copies hold (logits equal up to summation order) at a fraction of the bytes; a product
   whose blocks are of another type (or a fused one whose parts differ) stays float32, with a
   warning naming it. Prefill (more than 64 rows) still multiplies the float32 copies.
+  activations: "float32" (default), or "int8" with weights="blocks" (the W4A8 target, llama.cpp's
+  arithmetic): every dense product quantizes its activations per block of 32 to int8 and sums
+  integer products against the GGUF's Q4_1 / Q8_0 blocks as stored, with a fixed-order float
+  epilogue (specjax/kernels/quant.py); a file holding another block type in a dense product is an
+  InputError naming it, before anything is read.
   """
   import jax.numpy as jnp
 
@@ -613,6 +619,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
     raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
                              f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
   _check_weights_arg(weights, kernels, mesh, place)
+  _check_activations_arg(activations, weights, name_or_path, target)
   asset = _draft_asset(name_or_path)
   validate.draft_settings(name_or_path, weights=weights, dtype=dtype, drafter=name_or_path in
                           registry.DRAFTERS or asset, on_target=target is not None,
@@ -631,13 +638,14 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
   cfg, flat = open_checkpoint(path)  # names and shapes checked; nothing read yet
+  int8 = _int8_blocks(path, cfg) if activations == "int8" else None  # types checked before reading
   graphdef, params = from_flat(cfg, flat, dtype=dtype, place=place, where=path)
   if mesh is not None:
     place.done()
   tok = load_tokenizer(path) if tokenizer else None
   model = Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
   if weights == "blocks":
-    return _with_blocks(model, path)
+    return _with_blocks(model, path, int8)
   if mesh is None and place is None:
     from specjax.packing import maybe_pack
 
@@ -656,8 +664,38 @@ def _check_weights_arg(weights, kernels, mesh, place) -> None:
                      "combined with kernels=False, mesh= or place=")
 
 
-def _with_blocks(model, path: str):
-  """load_model(..., weights="blocks"): the model's products on the GGUF's stored blocks."""
+ACTIVATIONS = ("float32", "int8")
+
+
+def _check_activations_arg(activations, weights, name, target) -> None:
+  if activations not in ACTIVATIONS:
+    raise InputError(f"activations={activations!r} is invalid: must be one of {ACTIVATIONS}")
+  if activations == "int8" and weights != "blocks":
+    raise InputError(f"activations='int8' multiplies int8 activations by a GGUF file's own "
+                     f"blocks: it needs weights='blocks' (got weights={weights!r})")
+  if activations == "int8" and (target is not None or name in registry.DRAFTERS):
+    raise InputError(f"activations='int8' applies to a GGUF model, not to {name!r} (a drafter "
+                     f"built from its target's tensors)")
+
+
+def _int8_blocks(path: str, cfg) -> dict:
+  """The GGUF's dense products as stored blocks for int8 activations; InputError naming the
+  first product whose blocks have no int8 path (kernels.quant.GGUF_TYPES), before any weight is
+  converted."""
+  from specjax.kernels import quant
+
+  blocks, skipped = gguf_blocks(path, cfg, tuple(quant.GGUF_TYPES))
+  if skipped:
+    site, kind = next(iter(skipped.items()))
+    raise InputError(f"activations='int8': {path} stores {'.'.join(map(str, site))} as {kind}, "
+                     f"which has no int8 path (supported: {', '.join(quant.GGUF_TYPES)}); load it "
+                     f"with activations='float32'")
+  return blocks
+
+
+def _with_blocks(model, path: str, int8: dict | None = None):
+  """load_model(..., weights="blocks"): the model's products on the GGUF's stored blocks (int8:
+  the blocks `_int8_blocks` read, multiplied by int8 activations)."""
   import warnings
 
   import jax
@@ -669,6 +707,12 @@ def _with_blocks(model, path: str):
   if jnp.dtype(model.dtype) != jnp.float32 or not single_cpu_device():
     raise InputError(f"weights='blocks' runs float32 activations on one CPU device; got "
                      f"dtype={model.dtype} on {len(jax.devices())} device(s)")
+  if int8 is not None:
+    from specjax.packing import pack_int8
+
+    model = pack_int8(model, int8)
+    model.weights, model.activations = "blocks", "int8"
+    return model
   blocks, skipped = gguf_blocks(path, model.config, kern.QTYPES)
   if skipped:
     warnings.warn(f"weights='blocks': {len(skipped)} product(s) stay float32 (block types "

@@ -13,11 +13,12 @@ import pytest
 import specjax as sj
 from specjax import kernels, packing
 from specjax.invariance import BatchInvariance, chain, compare
-from specjax.kernels import attention, blocks
+from specjax.kernels import attention, blocks, qdot
 
 from conftest import isa_paths, tiny_model
+from test_weights_blocks import write_gguf
 
-LIBS = (kernels, attention, blocks)
+LIBS = (kernels, attention, blocks, qdot)
 PATHS = isa_paths(kernels)
 # Trees as verification feeds them (parents in topological order): a binary tree, a deep spine
 # with side branches, a star.
@@ -94,6 +95,18 @@ def test_every_family_op():
   _assert_invariant(probe, TREES[1], context=12, batch=4)
 
 
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_gguf_blocks_float_and_int8_activations(tmp_path, activations):
+  """Products over a GGUF's own blocks: float32 activations (the blocks kernel) and int8 ones
+  (the W4A8 target: the integer-dot kernel for Q4_0 / Q4_1, XLA's integer dot for the Q8_0
+  head, a fixed-order epilogue)."""
+  path = write_gguf(tmp_path / "t.gguf", types={"attn_output.weight": "Q4_0"})
+  model = sj.load_model(path, tokenizer=False, weights="blocks", activations=activations)
+  probe = BatchInvariance(model, cache_len=96)
+  _assert_chains(probe, (1, 2, 5, 8, 13, 16, 31, 32, 64), context=20)
+  _assert_invariant(probe, TREES[0], context=9, batch=4)
+
+
 def _planted_dense(monkeypatch):
   """A product that splits K in two halves once a call has more than one row: the kind of
   shape-dependent order a GEMM library chooses."""
@@ -142,9 +155,10 @@ def test_bad_blocks_are_named():
 
 
 @pytest.mark.slow
-def test_smollm2_float32_and_blocks(smollm2):
-  """The real model, float32 (the default load) and over the GGUF's own blocks: chains at the
-  tile edges and past them, a tree at batch 4, a 256-token context."""
+def test_smollm2_float32_blocks_and_w4a8(smollm2):
+  """The real model, float32 (the default load) and over the GGUF's own blocks with float32 and
+  int8 activations: chains at the tile edges and past them, a tree at batch 4, a 256-token
+  context."""
   probe = BatchInvariance(smollm2, cache_len=320)
   _assert_chains(probe, (1, 7, 16, 64), context=256)
   _assert_invariant(probe, TREES[0], context=200, batch=4)

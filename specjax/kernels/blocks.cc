@@ -29,14 +29,15 @@
 // dequantised weight up to summation order. Each output sums k in a fixed order (blocks in order;
 // within a Q4_0 / Q4_1 block k = 0, 16, 1, 17, ...; the K-quants in the orders their loops state),
 // whatever M is and however rows are tiled, so a row's result does not depend on which other rows
-// share the call. The AVX-512 path for Q8_0, Q4_0 and Q4_1 multiplies the integer q by x first and
-// applies the scales per block (d * (q . x) + m * sum(x), see tile_dot): the same product to fp32
-// accuracy, its roundings at other places (tile_dot states the order and the exact identities).
+// share the call. Every path runs that one arithmetic (the AVX-512 and AVX2 paths the same
+// template code, one fma per k and output; the scalar path std::fma in the same k orders), so the
+// paths give the same bits.
 //
 // Like matmul.cc, this file is compiled once per part (SJ_PART = main, avx512, avx2, scalar) with
 // its own -m flags and the path is chosen at run time; part `main` holds the XLA FFI handler, the
 // ISA choice and the thread pool (pool.h).
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -61,10 +62,8 @@ constexpr long kMaxM = 64;                       // rows per call
 }  // namespace
 
 // out[rows][16] = x[rows][K] (row stride ldx) @ one group's dequantised columns; rows <= kMaxM.
-// xs: [rows][nblk] sums of x over each 32-block (sj_blocks_avx512_xsum), which the AVX-512 path
-// reads for Q4_0 / Q4_1 (null otherwise; the other paths ignore it).
-typedef void GroupFn(int qtype, const float* x, long ldx, const float* xs, const uint8_t* w,
-                     long nblk, long rows, float* out);
+typedef void GroupFn(int qtype, const float* x, long ldx, const uint8_t* w, long nblk, long rows,
+                     float* out);
 
 #if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
 #include <immintrin.h>
@@ -311,120 +310,8 @@ constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms
   return {&tile<Q, Ms + 1>...};
 }
 
-#if SJ_PART == SJ_AVX512
-// The AVX-512 path for Q8_0, Q4_0 and Q4_1 (one vector = the group's 16 outputs): per record and
-// row, the integer q times x first, the scales after,
-//
-//   sum_k w_k x_k = d * (sum_k q_k x_k) + m * (sum_k x_k)      (Q4_1; Q4_0: m = -8d; Q8_0: m = 0)
-//
-// so the inner loop is one conversion of q to fp32 per 16 weights (shared by every row) and one
-// FMA per 16 weights and row, where dequantising first costs a multiply and an add per 16 weights
-// more. sum_k x_k per row and block is computed once per call (sj_blocks_avx512_xsum). Exact
-// identities: q (at most 8 bits) is exact in fp32, d * q is exact (fp16 d: 11 + 8 bits), and
-// d * q + m is the dequantised weight gguf computes whenever that fp32 sum does not round, that is
-// unless m's and d's exponents differ by more than ~9 (a block whose values all sit far from zero
-// relative to their spread); when it rounds, gguf's weight and d * q + m differ by at most half an
-// ulp of the weight, below the product's own fp32 rounding. The rounding happens at other places
-// than in a dequantise-then-multiply sum (q x, the block's partial sums, d times them): the result
-// is the fp32 product with the dequantised weight to fp32 accuracy, in a fixed order per output:
-// per record, s0 = sum over j < 16 and s1 = over j >= 16 (Q4: the low and the high nibbles) each in
-// order of j, then acc = fma(d, s0 + s1, acc), then acc = fma(m, xsum, acc); records in order.
-// The row tile (MT <= 8 rows: two partial sums and an accumulator each) does not change it.
-// Measured (ctypes A/B): the rows' x read through one pointer per row (constant offsets; indexing
-// x + m * ldx + j made GCC keep and spill an address per row and k) 1.15-1.45x at M = 4-16;
-// two records side by side at M <= 2 ~1.05x at M = 1 for Q4_1, no change for Q8_0; 4 or 6 rows
-// per tile instead of 8: no difference.
-// R records (b .. b + R - 1) of one group: their per-row partial sums s0 (j < 16) and s1 (j >= 16),
-// computed side by side (independent chains: at one or two rows, one record's two chains of 16
-// FMAs would leave the core waiting on their latency), then folded into acc in record order, so
-// R changes nothing in the result.
-template <int Q, int MT, int R>
-inline void records_dot(const uint8_t* __restrict p, const float* const (&xr)[MT], long b,
-                        const float* __restrict xs, long nblk_xs, __m512 (&acc)[MT]) {
-  const __m512i fifteen = _mm512_set1_epi32(15);
-  __m512 s0[R][MT], s1[R][MT];
-#pragma GCC unroll 16
-  for (int j = 0; j < 16; ++j)
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* pr = p + r * kRecord[Q];
-      __m512 lo, hi;
-      if constexpr (Q == kQ8_0) {
-        lo = V::i8(pr + 32 + 16 * j);
-        hi = V::i8(pr + 32 + 16 * (j + 16));
-      } else {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(pr + (Q == kQ4_1 ? 64 : 32) + 16 * j)));
-        lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, fifteen));
-        hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-      }
-      for (int m = 0; m < MT; ++m) {
-        const __m512 a = _mm512_set1_ps(xr[m][kBlock * r + j]);
-        const __m512 c = _mm512_set1_ps(xr[m][kBlock * r + j + 16]);
-        s0[r][m] = j == 0 ? _mm512_mul_ps(a, lo) : _mm512_fmadd_ps(a, lo, s0[r][m]);
-        s1[r][m] = j == 0 ? _mm512_mul_ps(c, hi) : _mm512_fmadd_ps(c, hi, s1[r][m]);
-      }
-    }
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* pr = p + r * kRecord[Q];
-    const __m512 d = V::half(pr);
-    for (int m = 0; m < MT; ++m)
-      acc[m] = _mm512_fmadd_ps(d, _mm512_add_ps(s0[r][m], s1[r][m]), acc[m]);
-    if constexpr (Q != kQ8_0) {
-      const __m512 mn = Q == kQ4_1 ? V::half(pr + 32) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
-      for (int m = 0; m < MT; ++m)
-        acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m * nblk_xs + b + r]), acc[m]);
-    }
-  }
-}
-
-template <int Q, int MT>
-void tile_dot(const float* x, long ldx, const float* xs, long nblk_xs, const uint8_t* w,
-              long nblk, float* out) {
-  constexpr int R = MT <= 2 ? 2 : 1;  // records side by side (4 at one row: no better than 2)
-  __m512 acc[MT];
-  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
-  const float* xr[MT];  // the rows' current blocks (one pointer each: constant offsets below)
-  for (int m = 0; m < MT; ++m) xr[m] = x + m * ldx;
-  long b = 0;
-  for (; b + R <= nblk; b += R) {
-    const uint8_t* p = w + b * kRecord[Q];
-    for (int i = 0; i < R * kRecord[Q]; i += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kRecord[Q] + i), _MM_HINT_T0);
-    records_dot<Q, MT, R>(p, xr, b, xs, nblk_xs, acc);
-    for (int m = 0; m < MT; ++m) xr[m] += R * kBlock;
-  }
-  for (; b < nblk; ++b) {
-    records_dot<Q, MT, 1>(w + b * kRecord[Q], xr, b, xs, nblk_xs, acc);
-    for (int m = 0; m < MT; ++m) xr[m] += kBlock;
-  }
-  for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * kGroup, acc[m]);
-}
-
-constexpr int kDotMT = 8;
-typedef void DotFn(const float*, long, const float*, long, const uint8_t*, long, float*);
-
-template <int Q, int... Ms>
-constexpr std::array<DotFn*, sizeof...(Ms)> dots(std::integer_sequence<int, Ms...>) {
-  return {&tile_dot<Q, Ms + 1>...};
-}
-#endif
-
-void group(int qtype, const float* x, long ldx, const float* xs, const uint8_t* w, long nblk,
-           long rows, float* out) {
-#if SJ_PART == SJ_AVX512
-  if (qtype == kQ8_0 || qtype == kQ4_0 || qtype == kQ4_1) {
-    static constexpr std::array<DotFn*, kDotMT> table[3] = {
-        dots<kQ8_0>(std::make_integer_sequence<int, kDotMT>{}),
-        dots<kQ4_0>(std::make_integer_sequence<int, kDotMT>{}),
-        dots<kQ4_1>(std::make_integer_sequence<int, kDotMT>{})};
-    for (long r = 0; r < rows; r += kDotMT) {
-      const long mt = rows - r < kDotMT ? rows - r : kDotMT;
-      table[qtype][mt - 1](x + r * ldx, ldx, xs ? xs + r * nblk : nullptr, nblk, w, nblk,
-                           out + r * kGroup);
-    }
-    return;
-  }
-#endif
+void group(int qtype, const float* x, long ldx, const uint8_t* w, long nblk, long rows,
+           float* out) {
   static constexpr std::array<TileFn*, V::MT> table[kNumTypes] = {
       tiles<kQ8_0>(std::make_integer_sequence<int, V::MT>{}),
       tiles<kQ4_0>(std::make_integer_sequence<int, V::MT>{}),
@@ -440,25 +327,14 @@ void group(int qtype, const float* x, long ldx, const float* xs, const uint8_t* 
 }  // namespace
 
 #if SJ_PART == SJ_AVX512
-extern "C" void sj_blocks_avx512(int qtype, const float* x, long ldx, const float* xs,
-                                 const uint8_t* w, long nblk, long rows, float* out) {
-  group(qtype, x, ldx, xs, w, nblk, rows, out);
-}
-
-// xs[r][b] = the sum of x[r][32b .. 32b + 31] (the two halves added lane by lane, then the
-// intrinsic's fixed reduction tree: the same bits whatever the call's rows).
-extern "C" void sj_blocks_avx512_xsum(const float* x, long ldx, long rows, long nblk, float* xs) {
-  for (long r = 0; r < rows; ++r)
-    for (long b = 0; b < nblk; ++b) {
-      const float* p = x + r * ldx + b * kBlock;
-      xs[r * nblk + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(p),
-                                                            _mm512_loadu_ps(p + 16)));
-    }
+extern "C" void sj_blocks_avx512(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
+                                 long rows, float* out) {
+  group(qtype, x, ldx, w, nblk, rows, out);
 }
 #else
-extern "C" void sj_blocks_avx2(int qtype, const float* x, long ldx, const float*,
-                               const uint8_t* w, long nblk, long rows, float* out) {
-  group(qtype, x, ldx, nullptr, w, nblk, rows, out);
+extern "C" void sj_blocks_avx2(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
+                               long rows, float* out) {
+  group(qtype, x, ldx, w, nblk, rows, out);
 }
 #endif
 
@@ -550,20 +426,40 @@ void dequant(int qtype, const uint8_t* p, float (&w)[kBlock][kGroup]) {
     }
 }
 
+// The k order of the vector paths' K-quant loops (q4k_block, q6k_block): order[i] = the i-th k
+// of a 256-block.
+struct KOrder {
+  int q4k[256], q6k[256];
+  KOrder() {
+    int i = 0;
+    for (int c = 0; c < 4; ++c)
+      for (int e = 0; e < 32; ++e) q4k[i++] = 64 * c + e, q4k[i++] = 64 * c + 32 + e;
+    i = 0;
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < 32; ++t)
+        for (int u = 0; u < 4; ++u) q6k[i++] = 128 * h + 32 * u + t;
+  }
+};
+
 }  // namespace
 
-// Portable reference path: dequantise a record, then plain loops in the vector paths' k order.
-extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const float*,
-                                 const uint8_t* w, long nblk, long rows, float* out) {
+// Portable reference path: dequantise a record, then one fma per k and output in the vector
+// paths' k order (std::fma rounds once, as vfmadd does): the same bits as the vector paths.
+extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
+                                 long rows, float* out) {
   for (long i = 0; i < rows * kGroup; ++i) out[i] = 0.0f;
-  if (qtype == kQ4_K || qtype == kQ6_K) {  // sequential k
+  if (qtype == kQ4_K || qtype == kQ6_K) {
+    static const KOrder order;
+    const int* ks = qtype == kQ4_K ? order.q4k : order.q6k;
     static thread_local float wk[256][kGroup];
     for (long b = 0; b < nblk; ++b) {
       dequant_k(qtype, w + b * kRecord[qtype], wk);
       for (long m = 0; m < rows; ++m)
-        for (int k = 0; k < 256; ++k)
-          for (int i = 0; i < kGroup; ++i)
-            out[m * kGroup + i] += x[m * ldx + b * 256 + k] * wk[k][i];
+        for (int j = 0; j < 256; ++j) {
+          const int k = ks[j];
+          const float a = x[m * ldx + b * 256 + k];
+          for (int i = 0; i < kGroup; ++i) out[m * kGroup + i] = std::fma(a, wk[k][i], out[m * kGroup + i]);
+        }
     }
     return;
   }
@@ -576,7 +472,7 @@ extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const floa
       for (int j = 0; j < 32; ++j) {
         // the vector paths' order: 4-bit blocks k = 0, 16, 1, 17, ...; Q8_0 k = 0, 1, 2, ...
         const int k = qtype == kQ8_0 ? j : (j >> 1) + 16 * (j & 1);
-        for (int i = 0; i < kGroup; ++i) o[i] += xb[k] * wd[k][i];
+        for (int i = 0; i < kGroup; ++i) o[i] = std::fma(xb[k], wd[k][i], o[i]);
       }
     }
   }
@@ -592,7 +488,6 @@ extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const floa
 
 #if defined(__x86_64__)
 extern "C" GroupFn sj_blocks_avx512, sj_blocks_avx2, sj_blocks_scalar;
-extern "C" void sj_blocks_avx512_xsum(const float* x, long ldx, long rows, long nblk, float* xs);
 #else  // only the portable path is built elsewhere
 extern "C" GroupFn sj_blocks_scalar;
 #define sj_blocks_avx512 sj_blocks_scalar
@@ -633,7 +528,6 @@ GroupFn* group_fn() {
 struct Job {
   int qtype;
   const float* x;    // [m, k]
-  const float* xs;   // [m, k / 32] block sums of x (AVX-512 Q4_0 / Q4_1), or null
   const uint8_t* w;  // [ng, nblk, record]
   float* y;          // [m, n]
   long m, k, n, ng, nblk;
@@ -647,7 +541,7 @@ void run_groups(const Job& j, long g0, long g1) {
   for (long g = g0; g < g1; ++g) {
     const long col = g * kGroup;
     const long ncols = std::min(kGroup, j.n - col);
-    j.fn(j.qtype, j.x, j.k, j.xs, j.w + g * j.nblk * record, j.nblk, j.m, buf);
+    j.fn(j.qtype, j.x, j.k, j.w + g * j.nblk * record, j.nblk, j.m, buf);
     for (long r = 0; r < j.m; ++r)
       std::memcpy(j.y + r * j.n + col, buf + r * kGroup, ncols * sizeof(float));
   }
@@ -664,15 +558,7 @@ constexpr long kThreadedBytes = 128 * 1024;
 
 void blocks_dense(int qtype, const float* x, const uint8_t* w, float* y, long m, long k, long n) {
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlockOf[qtype];
-  Job j{qtype, x, nullptr, w, y, m, k, n, ng, nblk, ng, group_fn()};
-#if defined(__x86_64__)
-  if (j.fn == sj_blocks_avx512 && (qtype == kQ4_0 || qtype == kQ4_1)) {
-    static thread_local std::vector<float> xs;
-    if (long(xs.size()) < m * nblk) xs.resize(m * nblk);
-    sj_blocks_avx512_xsum(x, k, m, nblk, xs.data());
-    j.xs = xs.data();
-  }
-#endif
+  Job j{qtype, x, w, y, m, k, n, ng, nblk, ng, group_fn()};
   sj_pool::Pool& p = sj_pool::pool();
   if (ng * nblk * kRecord[qtype] >= kThreadedBytes && p.threads > 1) {
     j.groups_per_chunk = std::max<long>(1, ng / (p.threads * 8));

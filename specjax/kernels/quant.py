@@ -24,6 +24,11 @@ and add nothing); block b holds k = 32 b + i, i in [0, 32).
   the product (isum = sum_i q_i xq_i, an exact int32 from `lax.dot_general` on int8 operands):
     Q4_1   y[m,n] = sum_b  (d[b,n] dx[m,b]) isum[m,b,n] + m[b,n] (dx[m,b] sx[m,b])
     Q8_0   y[m,n] = sum_b  (d[b,n] dx[m,b]) isum[m,b,n]
+  with the blocks summed as a fixed pairwise tree (kernels/reduce.py): every step is exact or
+  elementwise, so a row's result does not depend on how many rows share the call.
+
+A GGUF file's own Q4_1 and Q8_0 blocks become a QWeight as they are (`from_gguf`): the W4A8
+target (`load_model(..., weights="blocks", activations="int8")`) multiplies by them.
 
 A quantized weight (`QWeight`, a pytree) knows how to multiply itself (`QWeight.product`), so
 `kernels.dense(x, w, packed)` takes one in place of a float packed copy without this module being
@@ -38,6 +43,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax.kernels.reduce import fixed_sum
 
 BLOCK = 32  # k per block
 BITS = (4, 8)  # Q4_1, Q8_0
@@ -121,6 +128,45 @@ def quantize_weight(w, bits: int = 4, *, pack: bool | None = None) -> QWeight:
   return QWeight(q, d, m, packed, bits, k)
 
 
+# GGUF block types read as they are: name -> (bits, bytes per block of 32). A Q4_0 block (w =
+# d (q - 8)) is the Q4_1 block with m = -8 d (exact in float32).
+GGUF_TYPES = {"Q4_0": (4, 18), "Q4_1": (4, 20), "Q8_0": (8, 34)}
+
+
+def from_gguf(rows: np.ndarray, n: int, k: int, qtype: str, *, pack: bool | None = None) -> QWeight:
+  """A GGUF tensor's stored blocks -> the QWeight [K, N] that holds the same numbers.
+
+  rows: uint8 [N, K/32 * bytes], one row of blocks per output (weights.gguf_blocks). Q4_1 block:
+  d, m (fp16), 16 bytes whose low nibbles are elements 0..15 and high nibbles 16..31; Q4_0: d
+  and the 16 bytes (m = -8 d); Q8_0: d (fp16), 32 int8. fp16 scales widen to float32 exactly.
+  pack: as for `quantize_weight`."""
+  if qtype not in GGUF_TYPES:
+    raise ValueError(f"qtype={qtype!r}: int8 activations multiply {sorted(GGUF_TYPES)} blocks")
+  bits, size = GGUF_TYPES[qtype]
+  nb = k // BLOCK
+  if k % BLOCK or rows.shape != (n, nb * size):
+    raise ValueError(f"rows {rows.shape} are not {n} rows of {nb} {qtype} blocks (K={k})")
+  blk = np.ascontiguousarray(rows).reshape(n, nb, size)
+  d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32).T  # [nb, N]
+  if bits == 4:
+    q0 = qtype == "Q4_0"
+    m = -8 * d if q0 else blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32).T
+    qs = blk[:, :, 2 if q0 else 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8)  # [N, nb, 32]
+  else:
+    m = None
+    q = blk[:, :, 2:].view(np.int8)
+  q = np.ascontiguousarray(q.transpose(1, 2, 0))  # [nb, 32, N]
+  if pack is None:
+    pack = bits == 4 and jax.default_backend() == "cpu" and _qdot() is not None
+  packed = None
+  if pack and bits == 4:
+    from specjax.kernels import qdot
+    packed = jnp.asarray(qdot.pack(q, d, m))
+  return QWeight(jnp.asarray(q), jnp.asarray(d), None if m is None else jnp.asarray(m), packed,
+                 bits, k)
+
+
 def quantize_activations(x: jax.Array):
   """x [M, Kp] float32 (Kp a multiple of 32) -> (xq int8 [M, Kp/32, 32], dx float32 [M, Kp/32],
   sx int32 [M, Kp/32]): per row, per block, llama.cpp's Q8_1 (module docstring)."""
@@ -146,7 +192,7 @@ def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
   y = (qw.d[:, None, :] * dx.T[:, :, None]) * isum.astype(jnp.float32)
   if qw.m is not None:
     y = y + qw.m[:, None, :] * (dx * sx.astype(jnp.float32)).T[:, :, None]
-  return jnp.sum(y, axis=0)
+  return fixed_sum(y, axis=0)  # blocks in a fixed order: a row's sum is the same whatever M is
 
 
 def qdense(x: jax.Array, qw: QWeight) -> jax.Array:

@@ -17,17 +17,21 @@ import jax
 import jax.numpy as jnp
 
 
-def fixed_sum(x: jax.Array) -> jax.Array:
-  """x [..., N] -> [...]: the sum over the last axis as a pairwise tree (halves added
-  elementwise, log2(N) levels); the same bits for a row whatever the leading axes are."""
-  n = x.shape[-1]
+def fixed_sum(x: jax.Array, axis: int = -1) -> jax.Array:
+  """x -> x summed over `axis` (removed) as a pairwise tree (halves added elementwise, log2(N)
+  levels); the same bits for an element whatever the other axes' sizes are."""
+  ax = axis % x.ndim
+  n = x.shape[ax]
   width = 1 << max(0, n - 1).bit_length()
   if width != n:
-    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
-  while x.shape[-1] > 1:
-    half = x.shape[-1] // 2
-    x = x[..., :half] + x[..., half:]
-  return x[..., 0]
+    pad = [(0, 0)] * x.ndim
+    pad[ax] = (0, width - n)
+    x = jnp.pad(x, pad)
+  while x.shape[ax] > 1:
+    half = x.shape[ax] // 2
+    x = jax.lax.slice_in_dim(x, 0, half, axis=ax) + jax.lax.slice_in_dim(x, half, 2 * half,
+                                                                          axis=ax)
+  return jnp.squeeze(x, ax)
 
 
 def fixed_mean(x: jax.Array, keepdims: bool = False) -> jax.Array:

@@ -1,0 +1,134 @@
+"""load_model(..., weights="blocks", activations="int8"): the W4A8 target. Every dense product
+quantizes its activations per block of 32 to int8 and multiplies the GGUF's own Q4_0 / Q4_1 /
+Q8_0 blocks with integer dot products (kernels/quant.py). It is a model of its own (not the
+float32 model up to rounding), so its speculative methods are checked against its own
+autoregressive decoding; its batch invariance is tests/test_invariance.py's."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGUFReader, quants
+
+import specjax as sj
+from specjax.errors import InputError
+from specjax.kernels import quant
+from specjax.packing import PREFIX
+
+from test_weights_blocks import logits, write_gguf
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+  # Q4_0 in the attention output, Q4_1 elsewhere in the layers, the tied head Q8_0
+  return write_gguf(tmp_path_factory.mktemp("w4a8") / "tiny.gguf", types={"attn_output.weight": "Q4_0"})
+
+
+@pytest.fixture(scope="module")
+def w4a8(gguf_file):
+  return sj.load_model(gguf_file, tokenizer=False, weights="blocks", activations="int8")
+
+
+def _copies(model):
+  module = model.module()
+  layer = module.layers[1]
+  return {"wo": layer.attn.packed_wo.get_value(), "w_in": layer.mlp.packed_w_in.get_value(),
+          "head": module.packed_head.get_value()}
+
+
+def test_every_product_holds_the_files_blocks(gguf_file, w4a8):
+  assert w4a8.activations == "int8" and "int8 activations" in repr(w4a8)
+  tensors = {t.name: t for t in GGUFReader(gguf_file).tensors}
+  copies = _copies(w4a8)
+  for name, site, kind in (("blk.1.attn_output.weight", "wo", "Q4_0"),
+                           ("token_embd.weight", "head", "Q8_0")):
+    t = tensors[name]
+    want = quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(t.shape[::-1])  # [N, K]
+    qw = copies[site]
+    assert isinstance(qw, quant.QWeight) and qw.bits == (8 if kind == "Q8_0" else 4)
+    np.testing.assert_array_equal(np.asarray(quant.dequantize(qw)).T, want)
+  assert copies["w_in"].packed is not None  # 4-bit products run on the integer-dot kernel
+  leaves = jax.tree_util.tree_leaves_with_path(w4a8.params)
+  assert sum(PREFIX in jax.tree_util.keystr(p) for p, _ in leaves) > 9  # QWeights' arrays
+
+
+def _numpy_w4a8(x, qw):
+  """The documented arithmetic in float64 (int8 activations per block of 32, integer sums)."""
+  q, d = np.asarray(qw.q, np.int64), np.asarray(qw.d, np.float64)
+  m = None if qw.m is None else np.asarray(qw.m, np.float64)
+  xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+  amax = np.abs(xb).max(-1)
+  inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+  xq = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int64)
+  dx = (amax / np.float32(127)).astype(np.float64)
+  isum = np.einsum("mbi,bin->mbn", xq, q)
+  y = (d[None] * dx[..., None]) * isum
+  if m is not None:
+    y = y + m[None] * (dx * xq.sum(-1))[..., None]
+  return y.sum(1)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64, 70])  # 70: past the kernel, XLA's integer dot
+def test_products_follow_the_documented_arithmetic(w4a8, rows):
+  x = np.random.default_rng(rows).standard_normal((rows, 64)).astype(np.float32)
+  for qw in _copies(w4a8).values():
+    got = np.asarray(quant.qdense(jnp.asarray(x), qw))
+    want = _numpy_w4a8(x, qw)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_close_to_the_float_activations(gguf_file, w4a8):
+  """int8 activations move the logits a little: the same weights, coarser inputs."""
+  b = sj.load_model(gguf_file, tokenizer=False, weights="blocks")
+  toks = jnp.asarray(np.random.default_rng(0).integers(0, 128, (1, 24)))
+  la, lb = logits(b, toks), logits(w4a8, toks)
+  assert np.abs(la - lb).max() <= 0.15 * np.abs(la).max()
+  assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.8
+
+
+METHODS = {
+    "prompt-lookup": lambda target: sj.PromptLookup(ngram=2, num_tokens=4),
+    "layer-skip": lambda target: sj.SelfSpeculative(exit_layer=1, gamma=3),
+    "draft": lambda target: sj.DraftModel(draft=target, gamma=3),
+    "lookahead": lambda target: sj.Lookahead(window=3, ngram=2, guess=3),
+    "medusa": lambda target: sj.Medusa(sj.init_heads(target, "medusa", num_heads=2, seed=1)),
+    "eagle": lambda target: sj.Eagle(sj.init_heads(target, "eagle", seed=1), depth=3, top_k=3,
+                                     num_nodes=6),
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_greedy_identical_to_its_own_autoregressive_batch4(w4a8, method):
+  rng = np.random.default_rng(1)
+  prompts = [rng.integers(0, 128, int(n)).tolist() for n in (3, 9, 14, 6)]
+  prompts = [p + p for p in prompts]
+  ref = sj.generate(w4a8, prompts, sj.Autoregressive(), max_new_tokens=16).tokens
+  assert sj.generate(w4a8, prompts, METHODS[method](w4a8), max_new_tokens=16).tokens == ref
+
+
+def test_bad_activations_raise_before_loading(gguf_file, tmp_path, monkeypatch):
+  with pytest.raises(InputError, match="activations='int4' is invalid: must be one of"):
+    sj.load_model(gguf_file, activations="int4")
+  with pytest.raises(InputError, match="needs weights='blocks'"):
+    sj.load_model(gguf_file, activations="int8")
+  bad = write_gguf(tmp_path / "q5.gguf", types={"ffn_down.weight": "Q5_0"})
+  read = []
+  monkeypatch.setattr("specjax.model.from_flat", lambda *a, **k: read.append(1))
+  with pytest.raises(InputError, match=r"layers\.0\.mlp\.w_out as Q5_0, which has no int8 path"):
+    sj.load_model(bad, tokenizer=False, weights="blocks", activations="int8")
+  assert not read  # the file's types are checked before any weight is converted
+  with pytest.raises(InputError, match="activations='int8' applies to a GGUF model"):
+    sj.load_model("smollm2-135m-draft", weights="blocks", activations="int8")
+
+
+@pytest.mark.slow
+def test_smollm2_w4a8_methods_by_name():
+  """The embedded model (Q4_1 layers, a Q8_0 head) on int8 activations: the shipped drafters by
+  name give its own autoregressive tokens."""
+  model = sj.load_model("smollm2-135m", weights="blocks", activations="int8")
+  prompts = ["Write a python function that reverses a list.", "Tell me about the moon."]
+  ref = sj.generate(model, prompts, max_new_tokens=32, chat=True).tokens
+  for name in ("hybrid", "draft", "quantized"):
+    assert sj.generate(model, prompts, name, max_new_tokens=32, chat=True).tokens == ref, name
