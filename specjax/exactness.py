@@ -167,10 +167,10 @@ def teacher_forced_logits(model, sequences: Sequence[Sequence[int]], at: Sequenc
 
   @jax.jit
   def run(params, toks, where):
-    with jax.default_matmul_precision("highest"):
-      return forward_sequence(m.config, m.module(params), toks, logits_at=where)[0][:, 0]
+    return forward_sequence(m.config, m.module(params), toks, logits_at=where)[0][:, 0]
 
-  return np.asarray(run(m.params, toks, where), np.float32)
+  with jax.default_matmul_precision("highest"):  # traced and lowered under it (a jit cache key)
+    return np.asarray(run(m.params, toks, where), np.float32)
 
 
 def check_greedy(model, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]],

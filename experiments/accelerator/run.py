@@ -339,6 +339,7 @@ def _roofline(run: Run, model, ids, bw) -> tuple[dict, list | None]:
             "bytes_per_token": reads["weights"] + reads["kv"], "weight_bytes": reads["weights"],
             "roofline_tokens_per_s": round(roof, 2), "fraction_of_roofline": round(tok_s / roof, 3),
             "static_cache_len": out.stats["cache_len"],
+            "compile_s": round(out.stats["compile_time_s"], 1),
             "fraction_of_static_roofline": round(tok_s / (bw / static), 3)}, out.tokens[0]
   except Exception as e:  # noqa: BLE001
     return {"status": "ERROR", **error(e)}, None
@@ -401,8 +402,13 @@ def _vs_transformers(run: Run, shape: str, hf: dict, model, ids, ours) -> dict:
   try:
     cfg = transformers.LlamaConfig(**{k: v for k, v in hf.items() if k != "model_type"},
                                    eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    with torch.device(device):
-      ref = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no float32 copy of 8B weights
+    try:
+      with torch.device(device):
+        ref = transformers.LlamaForCausalLM(cfg).eval()
+    finally:
+      torch.set_default_dtype(default)
     missing, unexpected = ref.load_state_dict(hf_state_dict(model, torch, device), strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
@@ -436,6 +442,8 @@ def _vs_transformers(run: Run, shape: str, hf: dict, model, ids, ours) -> dict:
       row["same_tokens"] = bool(whole)
       row["agreeing_prefix"] = round(prefix, 3)
     del ref
+    if device == "cuda":
+      torch.cuda.empty_cache()
     return row
   except Exception as e:  # noqa: BLE001
     return {"status": "ERROR", **error(e)}
@@ -474,7 +482,7 @@ def section_methods(run: Run) -> dict:
       out, wall = timed_generate(target, ids, method, run.new, run.reps)
       rounds = out.stats["steps"]
       row.update(status="ok", ms_per_round=round(1000 * wall / rounds, 3),
-                 rounds=rounds, tau_random=round(out.stats["mean_accepted"], 2),
+                 rounds=rounds, compile_s=round(out.stats["compile_time_s"], 1), tau_random=round(out.stats["mean_accepted"], 2),
                  tau_cpu=taus.get(name), settings=repr(method))
       if name == "autoregressive":
         ar_step = wall / rounds
@@ -573,6 +581,21 @@ def _entries(sec):
 # ----------------------------------------------------------------------------- main
 
 
+def quick_compiles() -> None:
+  """--quick on a CPU: XLA's CPU backend at optimization level 1 with LLVM's expensive passes off,
+  as the test suite runs (tests/conftest.py): compiling the tiny programs is nearly all of a
+  quick run's time, and these flags halve it here; their timings mean nothing either way. Set
+  before jax starts its backend (in a process where it has started, they change nothing); flags
+  the caller set win."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  for flag in ("--xla_backend_optimization_level=1", "--xla_llvm_disable_expensive_passes=true",
+               "--xla_cpu_use_fusion_emitters=false"):
+    if flag.split("=")[0] not in flags:
+      flags = f"{flags} {flag}".strip()
+  os.environ["XLA_FLAGS"] = flags
+
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--quick", action="store_true", help="tiny sizes, a few methods: a CPU run")
@@ -586,6 +609,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--budget", type=float, default=None,
                   help="seconds; past them remaining work is skipped (default 450; quick: none)")
   args = ap.parse_args(argv)
+  if args.quick:
+    quick_compiles()
   sections = [s for s in args.sections.split(",") if s]
   if bad := [s for s in sections if s not in SECTIONS]:
     ap.error(f"--sections: unknown {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
