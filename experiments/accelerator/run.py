@@ -2,7 +2,8 @@
 stay lossless, and how fast, on one GPU.
 
     python experiments/accelerator/run.py [--quick] [--out DIR] [--sections a,b] [--budget S]
-        [--shapes smollm2-135m,gemma3-270m,llama3-8b] [--methods a,b] [--new N] [--reps N]
+        [--shapes smollm2-135m,gemma3-270m,llama3-8b] [--methods a,b] [--sizes 1,2,...]
+        [--new N] [--reps N]
 
 Random weights in the shapes of real models (nothing big travels; no network, no `gguf`):
 
@@ -604,6 +605,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--shapes", default=None, help=f"default {','.join(SHAPES)}")
   ap.add_argument("--methods", default=None,
                   help="registered names (default every one; --quick: prompt-lookup)")
+  ap.add_argument("--sizes", default=None,
+                  help=f"cost curve T values (default {','.join(map(str, SIZES))}; quick "
+                  f"{','.join(map(str, QUICK_SIZES))})")
   ap.add_argument("--new", type=int, default=None, help="new tokens per row (default 128; quick 16)")
   ap.add_argument("--reps", type=int, default=None, help="timed runs, best kept (default 3; quick 1)")
   ap.add_argument("--budget", type=float, default=None,
@@ -623,10 +627,17 @@ def main(argv=None) -> dict:
   if bad := [m for m in names if m not in registry.REGISTRY]:
     ap.error(f"--methods: unknown {', '.join(bad)}; registered: {', '.join(registry.names())}")
   names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
+  try:
+    sizes = tuple(sorted({1, *(int(t) for t in args.sizes.split(","))})) if args.sizes else \
+        (QUICK_SIZES if args.quick else SIZES)
+  except ValueError:
+    ap.error(f"--sizes: {args.sizes!r} is not a comma-separated list of integers")
+  if min(sizes) < 1:
+    ap.error(f"--sizes: {args.sizes!r}: every T must be >= 1")
   budget = args.budget if args.budget is not None else (None if args.quick else 450.0)
   t_start = time.time()
   run = Run(quick=args.quick, out=args.out, shapes={s: table[s] for s in shapes},
-            sizes=QUICK_SIZES if args.quick else SIZES, methods=names,
+            sizes=sizes, methods=names,
             new=args.new or (16 if args.quick else 128), reps=args.reps or (1 if args.quick else 3),
             deadline=t_start + budget if budget else None,
             results={"quick": args.quick, "command": bench.command_line(argv and
