@@ -13,8 +13,8 @@ finds each row's first divergence between the autoregressive tokens (`reference`
 (`tokens`), recomputes the autoregressive run's logits at that position by teacher forcing in
 float32 (the model's parameters cast to float32, XLA's products at matmul precision "highest", no
 kernel), and calls the divergence a tie when the two tokens' float32 logits there differ by at
-most `bound`, a failure otherwise. Only the first divergence of a row is judged: after it the two runs
-condition on different text. Rows identical to their reference are not listed.
+most `bound`, a failure otherwise. Only the first divergence of a row is judged: after it the
+two runs condition on different text. Rows identical to their reference are not listed.
 
 The bound (`margin_bound`) is `ulps` units in the last place of the dtype the run computed in, at
 the magnitude of the position's largest |logit|: ulp(m) = 2 ** (floor(log2 m) - (p - 1)), p the
@@ -27,7 +27,7 @@ its elements, which moves a logit by a few ulps of its magnitude (the error of a
 grows about as sqrt(E) relative ulps, but the final norm keeps the hidden state at unit scale
 and the logit inherits the relative error). ULPS (4 for bfloat16 and float16) covers those
 with a margin while staying far below the margins that separate a real mistake (a wrong token
-is typically many ulps from the top; the tests plant one at the largest margin of the row).
+is typically many ulps from the top; the tests plant one at the row's lowest logit).
 float32 runs use the same count of float32 ulps: at precision "highest" a divergence there is
 almost surely a bug, and TF32 (an accelerator's default float32 precision) would need a bf16-like
 bound, which is why the accelerator check sets "highest" for its float32 runs.
@@ -152,7 +152,8 @@ def float32_model(model):
   return Model(m.config, m.graphdef, params, m.tokenizer, name=m.name, dtype=jnp.float32)
 
 
-def teacher_forced_logits(model, sequences: Sequence[Sequence[int]], at: Sequence[int]) -> np.ndarray:
+def teacher_forced_logits(model, sequences: Sequence[Sequence[int]],
+                          at: Sequence[int]) -> np.ndarray:
   """float32 logits [B,V] of `model` (cast by float32_model) after the first at[b] tokens of
   sequences[b] (the prediction for position at[b]; at[b] >= 1), one causal forward over the
   right-padded rows at matmul precision "highest"."""
@@ -174,7 +175,8 @@ def teacher_forced_logits(model, sequences: Sequence[Sequence[int]], at: Sequenc
 
 
 def check_greedy(model, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]],
-                 tokens: Sequence[Sequence[int]], *, dtype=None, ulps: float | None = None) -> Report:
+                 tokens: Sequence[Sequence[int]], *, dtype=None,
+                 ulps: float | None = None) -> Report:
   """The tie-aware comparison of a method's greedy `tokens` with autoregressive decoding's
   `reference` (both new tokens per row, after prompts[b] as token ids): see the module
   docstring. dtype: what the runs computed in (default: the model's), which sets the bound."""

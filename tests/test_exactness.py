@@ -1,6 +1,6 @@
-"""The tie-aware greedy check (specjax/exactness.py): its bound, a planted tie that passes, a planted
-real divergence that fails, and bfloat16 greedy decoding of a few methods on a tiny model, judged
-by it (on this CPU's XLA path every divergence there must be a tie).
+"""The tie-aware greedy check (specjax/exactness.py): its bound, a planted tie that passes, a
+planted real divergence that fails, and bfloat16 greedy decoding of a few methods on a tiny
+model, judged by it (on this CPU's XLA path every divergence there must be a tie).
 
 A tie is planted by making two LM-head columns equal (every position then gives the two tokens
 the same logit, and greedy argmax keeps the lower id); a near-tie by making one the other scaled
