@@ -50,6 +50,12 @@ def _one_thread_per_worker() -> None:
 
 _one_thread_per_worker()
 
+# On a GPU, XLA takes 75% of the device's memory when its client starts: a second pytest-xdist
+# worker (make test: two) would then run out of memory. Growing on demand lets workers share it;
+# CPU runs are unaffected.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -67,7 +73,14 @@ os.environ["SPECJAX_CALIBRATION"] = "0"
 
 def pytest_collection_modifyitems(config, items):
   """Tests marked eight_devices run only in a process started with 8 simulated devices
-  (tests/test_sharding.py starts one); elsewhere they are deselected, not skipped."""
+  (tests/test_sharding.py starts one); elsewhere they are deselected, not skipped. Tests marked
+  cpu_only are skipped where jax's default backend is not the CPU (the platform is the
+  environment's: JAX_PLATFORMS, else the accelerator jax finds)."""
+  cpu_only = [i for i in items if i.get_closest_marker("cpu_only") is not None]
+  if cpu_only and jax.default_backend() != "cpu":
+    skip = pytest.mark.skip(reason=f"CPU-only; jax's default backend is {jax.default_backend()}")
+    for i in cpu_only:
+      i.add_marker(skip)
   if EIGHT_DEVICE_FLAG in os.environ.get("XLA_FLAGS", ""):
     return
   keep = [i for i in items if i.get_closest_marker("eight_devices") is None]
@@ -179,7 +192,10 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def smollm2():
-  return sj.load_model("smollm2-135m")
+  # float32 on every platform (load_model's default is bfloat16 on an accelerator): the parity
+  # tests that read this fixture compare against float32 references.
+  import jax.numpy as jnp
+  return sj.load_model("smollm2-135m", dtype=jnp.float32)
 
 
 def shared_prompts(n: int, kind: str = "mt_bench") -> list[str]:

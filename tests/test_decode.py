@@ -30,6 +30,7 @@ def test_same_bucket_does_not_recompile(tiny):
   assert decode.compile_cache.count == before + 1
 
 
+@pytest.mark.cpu_only  # the prefill is chunked on a CPU only (decode.prefill_chunk)
 def test_long_prompts_prefill_in_chunks(monkeypatch):
   """On a CPU, past 64 rows, the prefill runs in chunks and stops after the longest row's last
   prompt token (decode.prefill_chunk): a 300- and a 270-token prompt (bucket 384; chunks of 64
@@ -39,7 +40,6 @@ def test_long_prompts_prefill_in_chunks(monkeypatch):
   stays exact."""
   from specjax.heads import init_heads
 
-  assert jax.default_backend() == "cpu"
   chunks = {(p, b): decode.prefill_chunk(p, b)
             for p, b in ((16, 1), (64, 1), (128, 1), (384, 1), (384, 2), (384, 4), (384, 8))}
   assert list(chunks.values()) == [16, 64, 32, 64, 32, 16, 384]

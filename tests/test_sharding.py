@@ -41,6 +41,7 @@ MAX_NEW = 12
 def test_on_8_simulated_devices():
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAG).strip()
+  env["JAX_PLATFORMS"] = "cpu"  # the simulated devices are CPU devices, on a GPU machine too
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                       os.path.abspath(__file__), os.path.join(HERE, "test_weights_stream.py")],
                      env=env, cwd=os.path.dirname(HERE),
@@ -534,6 +535,7 @@ def test_two_processes_on_localhost(tmp_path):
   port = _free_port()
   env = dict(os.environ)
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  env["JAX_PLATFORMS"] = "cpu"  # 4 simulated CPU devices per process, on a GPU machine too
   procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(i),
                              str(port), str(tmp_path / f"out{i}.json")], env=env,
                             cwd=os.path.dirname(HERE), stdout=subprocess.PIPE,
