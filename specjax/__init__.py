@@ -7,6 +7,7 @@ from specjax.drafters import export_heads, head_logits
 from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJaxError,
                             WeightsError)
 from specjax.heads import init_heads, load_heads
+from specjax.invariance import BatchInvariance
 from specjax.methods import (MTP, Autoregressive, DraftModel, Eagle, Hybrid, Lookahead, Medusa,
                              PromptLookup, QuantizedDraft, SelfSpeculative, SuffixDecoding,
                              SuffixStore)
@@ -17,7 +18,7 @@ from specjax.weights import load_model
 METHODS = tuple(_method_names())  # the registered method names (specjax.methods.REGISTRY)
 
 __all__ = [
-    "METHODS", "MTP", "Autoregressive", "ConfigError", "DecodeState", "DraftModel", "Eagle",
+    "METHODS", "MTP", "Autoregressive", "BatchInvariance", "ConfigError", "DecodeState", "DraftModel", "Eagle",
     "GenerateOutput", "Hybrid", "InputError", "Lookahead", "Medusa", "Method", "Model",
     "ModelConfig", "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative",
     "SpecJaxError", "SuffixDecoding", "SuffixStore", "WeightsError", "export_heads", "generate",
