@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels.library import ISAS, Library, switched_off  # noqa: F401
+from specjax.kernels.library import ISAS, Library, on_cpu, switched_off  # noqa: F401
 
 TARGET = "specjax_attention_f32"
 
@@ -128,8 +128,11 @@ def attend(q, kc, vc, kn, vn, mask, *, scale: float, softcap: float | None = Non
   cache_ok = kc is None or kc.dtype == vc.dtype == jnp.float32
   if (kernel and cache_ok and q.dtype == kn.dtype == vn.dtype == jnp.float32
           and mask.dtype == jnp.bool_ and available()):
+    cache = (kc, vc)
     if kc is None:
       b, _, kd, _, d = q.shape
-      kc = vc = jnp.zeros((b, kd, 0, d), jnp.float32)
-    return _kernel(q, kc, vc, kn, vn, mask, float(scale), float(softcap or 0.0))
+      cache = (jnp.zeros((b, kd, 0, d), jnp.float32),) * 2
+    return on_cpu(lambda *a: _kernel(*a, float(scale), float(softcap or 0.0)),
+                  lambda q, kc0, vc0, *a: _xla(q, kc, vc, *a, scale, softcap),
+                  q, *cache, kn, vn, mask)
   return _xla(q, kc, vc, kn, vn, mask, scale, softcap)

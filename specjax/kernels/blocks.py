@@ -41,7 +41,7 @@ import numpy as np
 
 from specjax.kernels import matmul
 from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # noqa: F401
-                                     switched_off)
+                                     on_cpu, switched_off)
 
 TARGET = "specjax_blocks_f32"
 MAX_ROWS = 64  # the largest M = B*T sent to the kernel; larger calls use the fallback
@@ -306,4 +306,5 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
   if not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available():
     return matmul._xla(x, w, transposed)
   w2 = w.T if transposed else w.reshape(k, -1)
-  return _blocks_op(x.reshape(m, k), w2, packed).reshape(*x.shape[:-1], *out)
+  y = on_cpu(_blocks_op, lambda a, b, p: matmul._xla(a, b, False), x.reshape(m, k), w2, packed)
+  return y.reshape(*x.shape[:-1], *out)

@@ -30,6 +30,17 @@ class KernelFallbackWarning(UserWarning):
   """The CPU kernels are unavailable here; specjax uses XLA's dot instead (same results)."""
 
 
+def on_cpu(kernel: Callable, fallback: Callable, *args):
+  """kernel(*args) where the computation is compiled for a CPU, fallback(*args) elsewhere.
+
+  The kernels are XLA FFI targets registered for the CPU alone, and a packed copy says nothing
+  about where a program runs (a model packed on the host, then placed on a GPU; a quantized
+  self-draft's copies on a TPU). The choice is made when XLA lowers the program for its platform
+  (jax.lax.platform_dependent: only the branch for that platform is lowered), not from
+  jax.default_backend() at trace time."""
+  return jax.lax.platform_dependent(*args, cpu=kernel, default=fallback)
+
+
 def switched_off() -> bool:
   """Whether SPECJAX_KERNELS turns the kernels off ("0", "false", "off", "no")."""
   return os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no")

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels.library import (ENV, ISAS, KernelFallbackWarning, Library,  # noqa: F401
-                                     switched_off)
+                                     on_cpu, switched_off)
 
 MAX_ROWS = 64  # the largest M = B*T sent to the kernel; larger calls (prefill) use XLA
 TARGET = "specjax_dense_f32"
@@ -94,8 +94,9 @@ def load(cxx: str | None = None, cache_dir: str | None = None):
 
 
 def available() -> bool:
-  """Whether the kernel is built, loaded and worth using on this CPU (builds it on first call)."""
-  return LIBRARY.available()
+  """Whether the kernel is switched on (SPECJAX_KERNELS), built, loaded and worth using on this
+  CPU (builds it on first call)."""
+  return not switched_off() and LIBRARY.available()
 
 
 def bf16_available() -> bool:
@@ -228,5 +229,6 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
   if not 1 <= m <= MAX_ROWS or not _on_kernel(x, w, packed):
     return _xla(x, w, transposed)
   w2 = w if transposed else w.reshape(k, -1)
-  y = _kernel(x.reshape(m, k), w2, packed, transposed)
+  y = on_cpu(lambda a, b, p: _kernel(a, b, p, transposed), lambda a, b, p: _xla(a, b, transposed),
+             x.reshape(m, k), w2, packed)
   return y.reshape(*x.shape[:-1], *out)

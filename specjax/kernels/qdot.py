@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # noqa: F401
-                                     switched_off)
+                                     on_cpu, switched_off)
 
 TARGET = "specjax_qdot_f32"
 MAX_ROWS = 64   # the largest M = B*T sent to the kernel; larger calls use the reference
@@ -265,5 +265,5 @@ def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
   if not 1 <= m <= MAX_ROWS or not available():
     y = reference(x, packed, n, k)
   else:
-    y = _ffi(x, packed, n)
+    y = on_cpu(lambda a, p: _ffi(a, p, n), lambda a, p: reference(a, p, n, k), x, packed)
   return y.reshape(*shape[:-1], n)
