@@ -279,7 +279,7 @@ class DraftModel(_Speculative):
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
 
-  name = "draft_model"
+  name = "draft"
   refeed = 2
 
   def __post_init__(self):
@@ -365,7 +365,7 @@ class SelfSpeculative(_Speculative):
   threshold: float = 0.0
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
 
-  name = "self_speculative"
+  name = "layer-skip"
 
   def __post_init__(self):
     super().__post_init__()

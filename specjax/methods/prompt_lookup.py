@@ -72,7 +72,7 @@ class PromptLookup(Method):
   num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens)."""
   ngram: int = 3
   num_tokens: int = 10
-  name: str = dataclasses.field(default="prompt_lookup", init=False)
+  name: str = dataclasses.field(default="prompt-lookup", init=False)
   lossless: bool = dataclasses.field(default=True, init=False)
 
   def __post_init__(self):
