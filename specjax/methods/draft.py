@@ -50,7 +50,7 @@ def leviathan_speedup(alpha: float, gamma: float, c: float, verify: float = 1.0)
 
   Leviathan et al. take verification to cost one target step (verify = 1), which holds where
   the target is bandwidth-bound at gamma + 1 tokens; pass the measured c(gamma + 1) where it is
-  not (on a CPU a (gamma + 1)-token forward costs 1.15-2x one token)."""
+  not (a CPU: docs/performance.md)."""
   alpha = min(max(float(alpha), 0.0), 1.0)
   tau = gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
   return tau / (gamma * c + verify)
