@@ -53,8 +53,8 @@ from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
 from specjax.methods import verify
-from specjax.methods.features import (catch_up, check_heads, depth_stats, embed, feature_buffer,
-                                      head_arrays, lm_logits, prompt_pass, shift_in, to_tokens)
+from specjax.methods.features import (catch_up, check_heads, embed, feature_buffer, head_arrays,
+                                      lm_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
@@ -173,9 +173,8 @@ class Eagle(Method):
 
   def init(self, prog, arrays, state, hidden):
     """Fills the head cache over the prompt and keeps the last W prompt features."""
-    z = jnp.zeros((state.seq.shape[0],), jnp.int32)
-    return dict(self.head_state(prog, arrays, state, hidden, self.window), rounds=z, accepted=z,
-                depth_hist=jnp.zeros((state.seq.shape[0], self.depth + 1), jnp.int32))
+    return dict(self.head_state(prog, arrays, state, hidden, self.window),
+                **verify.depth_counts(state.seq.shape[0], self.depth))
 
   def head_state(self, prog, arrays, state, hidden, window: int) -> dict:
     """The head's state after prefill, for rounds that commit at most `window` tokens (its own
@@ -285,7 +284,6 @@ class Eagle(Method):
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
-    b = state.seq.shape[0]
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
 
@@ -298,20 +296,16 @@ class Eagle(Method):
                                             rule=self._rule(), epsilon=self.epsilon,
                                             delta=self.delta)
 
-    a = active.astype(jnp.int32)
     c = jnp.where(active, n + 1, 0)
-    upd = dict(hcache=hcache, feats=absorb(arrays, m["feats"], hidden, keep, c),
-               rounds=m["rounds"] + a,
-               accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
-    return state.replace(method=upd)
+    feats = absorb(arrays, m["feats"], hidden, keep, c)
+    return state.replace(method=verify.count(dict(m, hcache=hcache, feats=feats), active, n))
 
   def _rule(self) -> str:
     """The acceptance rule's name for acceptance.verify_tree (a test subclass breaks it)."""
     return self.acceptance
 
   def stats(self, state) -> dict:
-    return dict(depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
+    return dict(verify.depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
                 tree_nodes=self.num_nodes, tree_depth=self.depth, acceptance=self.acceptance)
 
 

@@ -218,11 +218,9 @@ class Hybrid(Method):
 
   def init(self, prog, arrays, state, hidden):
     b = state.seq.shape[0]
-    z = jnp.zeros((b,), jnp.int32)
     zd = jnp.zeros((b, len(self.drafters)), jnp.int32)
-    out = {"rounds": z, "accepted": z, "depth_hist": jnp.zeros((b, self.max_depth + 1), jnp.int32),
-           "by": zd, "tries": zd, "hits": zd}  # (tries / hits: rounds a drafter offered a
-    # first token / had it accepted)
+    # (tries / hits: rounds a drafter offered a first token / had it accepted)
+    out = dict(verify.depth_counts(b, self.max_depth), by=zd, tries=zd, hits=zd)
     if any(isinstance(d, Medusa) for d in self.drafters):  # it reads the last hidden state
       out["hidden"] = jnp.take_along_axis(hidden, (state.prompt_len - 1)[:, None, None],
                                           axis=1)[:, 0]
@@ -299,10 +297,8 @@ class Hybrid(Method):
     bits = (path_tags[:, :, None] >> jnp.arange(len(self.drafters))[None, None, :]) & 1
     tried = a[:, None] * offered  # [B,drafters]
     hit = tried * bits[:, 0, :] * (n >= 1)[:, None]  # the first accepted node was its proposal
-    upd = dict(m, rounds=m["rounds"] + a, accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a),
-               by=m["by"] + a[:, None] * jnp.sum(bits * on_path[:, :, None], axis=1),
-               tries=m["tries"] + tried, hits=m["hits"] + hit)
+    by = m["by"] + a[:, None] * jnp.sum(bits * on_path[:, :, None], axis=1)
+    upd = verify.count(dict(m, by=by, tries=m["tries"] + tried, hits=m["hits"] + hit), active, n)
     if "hidden" in m:  # Medusa
       h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]
       upd["hidden"] = jnp.where(active[:, None], h, m["hidden"])

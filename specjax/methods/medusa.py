@@ -129,9 +129,7 @@ class Medusa(Method):
     """Keeps the hidden state at each prompt's last token: the heads' input for the first step."""
     b = state.seq.shape[0]
     h = jnp.take_along_axis(hidden, (state.prompt_len - 1)[:, None, None], axis=1)[:, 0]  # [B,E]
-    z = jnp.zeros((b,), jnp.int32)
-    return {"hidden": h, "rounds": z, "accepted": z,
-            "depth_hist": jnp.zeros((b, self.tree.max_depth + 1), jnp.int32)}
+    return {"hidden": h, **verify.depth_counts(b, self.tree.max_depth)}
 
   def propose(self, prog: Program, params, arrays, hidden: jax.Array) -> jax.Array:
     """hidden [B,E] -> the heads' top-R candidates [B,K,R] (R = the ranks the tree reads)."""
@@ -147,7 +145,6 @@ class Medusa(Method):
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     t = self.tree
-    b = state.seq.shape[0]
     m = state.method
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
@@ -159,31 +156,17 @@ class Medusa(Method):
         jnp.asarray(t.depth), t.max_depth, ancestor=jnp.asarray(t.ancestor), rule=self._rule(),
         epsilon=self.epsilon, delta=self.delta)
 
-    a = active.astype(jnp.int32)
     h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]
-    upd = dict(hidden=jnp.where(active[:, None], h, m["hidden"]), rounds=m["rounds"] + a,
-               accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
-    return state.replace(method=upd)
+    h = jnp.where(active[:, None], h, m["hidden"])
+    return state.replace(method=verify.count(dict(m, hidden=h), active, n))
 
   def _rule(self) -> str:
     """The acceptance rule's name for acceptance.verify_tree (a test subclass breaks it)."""
     return self.acceptance
 
   def stats(self, state) -> dict:
-    m = state.method
-    hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
-    rounds = int(np.asarray(m["rounds"]).sum())
-    reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
-    per_head = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
-                for d in range(len(hist) - 1)]
-    return {
-        "tree_nodes": self.tree.num_nodes,
-        "tree_depth": self.tree.max_depth,
-        "acceptance": self.acceptance,
-        "draft_rounds": rounds,
-        "accepted_tokens": int(np.asarray(m["accepted"]).sum()),
-        "accepted_per_step": int(np.asarray(m["accepted"]).sum()) / max(1, rounds),
-        "accepted_depth_hist": hist.tolist(),
-        "head_acceptance": per_head,  # P(head k's node accepted | its parent accepted)
-    }
+    out = verify.depth_stats(state.method)
+    # P(head k's node accepted | its parent accepted): the depth acceptance, named per head
+    out["head_acceptance"] = out.pop("depth_acceptance")
+    return {"tree_nodes": self.tree.num_nodes, "tree_depth": self.tree.max_depth,
+            "acceptance": self.acceptance, **out}

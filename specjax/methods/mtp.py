@@ -37,8 +37,8 @@ from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods import verify
-from specjax.methods.features import (catch_up, check_heads, depth_stats, feature_buffer,
-                                      head_arrays, mtp_logits, prompt_pass, shift_in, to_tokens)
+from specjax.methods.features import (catch_up, check_heads, feature_buffer, head_arrays,
+                                      mtp_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact",)
 
@@ -97,13 +97,11 @@ class MTP(Method):
     cache = kv.init(self.gamma, b, prog.max_len + self.window, c.num_kv_heads, c.head_dim,
                     hidden.dtype)
     cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
-    z = jnp.zeros((b,), jnp.int32)
     return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, self.window),
-            "rounds": z, "accepted": z, "depth_hist": jnp.zeros((b, self.gamma + 1), jnp.int32)}
+            **verify.depth_counts(b, self.gamma)}
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
-    b = state.seq.shape[0]
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
     lengths = state.cache.lengths
@@ -117,12 +115,8 @@ class MTP(Method):
                                   self.gamma, draft_fn)  # draft [B,G]
     state, n, hidden = verify.chain(prog, params, state.replace(key=key), k_acc, draft)
 
-    a = active.astype(jnp.int32)
-    c = jnp.where(active, n + 1, 0)
-    upd = dict(hcache=hcache, feats=shift_in(m["feats"], hidden, c), rounds=m["rounds"] + a,
-               accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
-    return state.replace(method=upd)
+    feats = shift_in(m["feats"], hidden, jnp.where(active, n + 1, 0))
+    return state.replace(method=verify.count(dict(m, hcache=hcache, feats=feats), active, n))
 
   def stats(self, state) -> dict:
-    return dict(depth_stats(state.method), gamma=self.gamma)
+    return dict(verify.depth_stats(state.method), gamma=self.gamma)

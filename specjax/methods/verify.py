@@ -21,12 +21,16 @@ Nobody drafted: with `skip_empty` [B] (rows that drafted nothing), a step in whi
 row drafted nothing runs a one-token forward instead of the whole block (`single`; a lax.cond, so
 the program stays one while_loop). A chain's verification width may also follow the round (a
 traced `width`: one compiled forward per width, lax.switch), for drafters that stop early.
+
+Below them, the accepted-depth counts the tree and feature-drafter methods keep (`depth_counts`,
+`count`, `depth_stats`).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import acceptance
 from specjax import cache as kv
@@ -139,3 +143,34 @@ def tree(prog: Program, params, state: DecodeState, key, draft, parents, depth, 
   keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)
   cache = kv.commit(cache, keep, jnp.where(active, n + 1, 0))
   return emit(state.replace(cache=cache), out, n + 1), best, n, keep, hidden
+
+
+# ----------------------------------------------------------------------------- accepted-depth counts
+
+
+def depth_counts(batch: int, max_depth: int) -> dict:
+  """The counts a method that accepts up to max_depth drafts a round keeps, all zero: rounds [B]
+  (active steps), accepted [B] (drafts accepted), depth_hist [B,max_depth+1] (rounds that
+  accepted d drafts)."""
+  z = jnp.zeros((batch,), jnp.int32)
+  return {"rounds": z, "accepted": z, "depth_hist": jnp.zeros((batch, max_depth + 1), jnp.int32)}
+
+
+def count(m: dict, active, n) -> dict:
+  """m (holding `depth_counts`) after a round that accepted n [B] drafts in the active [B] rows."""
+  a = active.astype(jnp.int32)
+  return dict(m, rounds=m["rounds"] + a, accepted=m["accepted"] + a * n,
+              depth_hist=m["depth_hist"].at[jnp.arange(n.shape[0]), n].add(a))
+
+
+def depth_stats(m) -> dict:
+  """Accepted tokens per step and, per depth d, P(depth d accepted | depth d - 1 accepted)."""
+  hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
+  rounds = int(np.asarray(m["rounds"]).sum())
+  reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
+  per_depth = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
+               for d in range(len(hist) - 1)]
+  acc = int(np.asarray(m["accepted"]).sum())
+  return {"draft_rounds": rounds, "accepted_tokens": acc,
+          "accepted_per_step": acc / max(1, rounds), "accepted_depth_hist": hist.tolist(),
+          "depth_acceptance": per_depth}
