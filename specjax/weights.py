@@ -182,12 +182,6 @@ def _open_hf_dir(path: str) -> tuple[ModelConfig, dict]:
   return cfg, _convert(cfg, src)
 
 
-def load_hf_dir(path: str) -> tuple[ModelConfig, dict]:
-  """A local HF directory -> (config, flat params in specjax layout as float32 numpy)."""
-  cfg, flat = _open_hf_dir(path)
-  return cfg, _materialize(flat)
-
-
 # ----------------------------------------------------------------------------- GGUF
 
 

@@ -23,11 +23,30 @@ def test_registry_names_and_aliases():
 
 
 def test_every_entry_follows_the_contract():
-  """Each class follows the Protocol, and its `name` (the statistics' label) finds its entry."""
+  """Each class follows the Protocol, and its `name` (the statistics' label) is its entry's."""
   for name, entry in methods.REGISTRY.items():
     assert decode.Method in entry.cls.__mro__, name
     assert entry.description and isinstance(entry.trained, bool)
-    assert methods.get(entry.cls.name).name == name, f"{entry.cls.name!r} does not find {name}"
+    assert entry.cls.name == name, f"{entry.cls.__name__}.name is {entry.cls.name!r}, not {name!r}"
+
+
+def test_every_registered_method_reports_its_registry_name():
+  """The method each entry builds reports the entry's name (stats["method"], bench rows); the
+  old spellings still find it. Size knobs are given, so no cost curve is measured."""
+  target = tiny_model()
+  options = {
+      "prompt-lookup": dict(num_tokens=3), "lookahead": dict(window=2),
+      "draft": dict(draft=tiny_model(seed=7, vocab_size=target.config.vocab_size), gamma=2),
+      "layer-skip": dict(gamma=2), "quantized": dict(gamma=2),
+      "medusa": dict(heads=sj.init_heads(target, "medusa", num_heads=2), tree=[(0,), (1,)]),
+      "eagle": dict(heads=sj.init_heads(target, "eagle"), depth=2, top_k=2, num_nodes=4),
+      "mtp": dict(heads=sj.init_heads(target, "mtp", num_heads=2), gamma=2),
+  }
+  for name, entry in methods.REGISTRY.items():
+    assert entry.build(target, **options.get(name, {})).name == name, name
+  for old, name in (("draft_model", "draft"), ("self_speculative", "layer-skip"),
+                    ("prompt_lookup", "prompt-lookup")):
+    assert methods.canonical(old) == name, old
 
 
 def test_availability_and_defaults_on_a_model_without_drafters():
@@ -47,7 +66,7 @@ def test_generate_takes_a_registered_name():
   target = tiny_model()
   p = [[5, 6, 7, 5, 6, 7, 5, 6]]
   by_name = sj.generate(target, p, "pld", max_new_tokens=8)
-  assert by_name.stats["method"] == "prompt_lookup"
+  assert by_name.stats["method"] == "prompt-lookup"
   assert by_name.tokens == sj.generate(target, p, sj.PromptLookup(), max_new_tokens=8).tokens
   assert sj.generate(target, p, max_new_tokens=8).stats["method"] == "autoregressive"
 

@@ -6,9 +6,10 @@ on the shared driver). Everything that lists methods reads REGISTRY: `sj.METHODS
 lossless suite (which fails if a registered method has no greedy or no sampling case). A new
 method is one file here plus one `register(...)` line below (docs/adding_a_method.md).
 
-Names are canonical as the CLI and the result tables spell them (lower case, hyphens); lookups
-also accept an entry's aliases, the class name, and underscores for hyphens (the methods'
-`name` attributes, e.g. "prompt_lookup", resolve too).
+Names are canonical as the CLI and the result tables spell them (lower case, hyphens), and a
+method's `name` (what its statistics report) is its entry's. Lookups also accept an entry's
+aliases, the class name, and underscores for hyphens (older spellings such as "prompt_lookup",
+"draft_model" and "self_speculative" still resolve).
 """
 
 from __future__ import annotations

@@ -40,10 +40,8 @@ MAX_NODES = 64  # the largest tree a default may verify
 LAYER_SKIP_PRIOR = 0.1  # per-token acceptance of an untrained exit at L/4 (measured 0.01-0.09)
 # Quantized self-drafting (methods/quantized.py): per-position acceptance by bit width, and one
 # draft forward's cost in target steps, by (bits, integer-dot kernel present, target weights).
-# Measured on SmolLM2-135M (experiments/quantized, experiments/blocks): alpha 0.86-0.93 at 4 bits,
-# 0.96-0.98 at 8; a 4-bit draft on the kernel costs 0.3 of an fp32 step (its tau and tok/s agree
-# with c = 0.28; the per-call timer reads 0.44-0.65 with its own overhead) and 0.7 of a blocks
-# step; without the kernel (pure JAX) 1.5 of an fp32 step.
+# Rounded from measurements on SmolLM2-135M (the figures and how they were taken:
+# experiments/quantized/README.md, experiments/blocks/README.md).
 QUANTIZED_PRIOR = {4: 0.9, 8: 0.97}
 # Prompt lookup copies at most LOOKUP_MAX_TOKENS (its class default), and only as many as verify
 # for at most LOOKUP_FREE one-token forwards (lookup_tokens).
@@ -138,9 +136,8 @@ def lookup_tokens(target, ngram, cost) -> Choice:
   recorded (a copy's length is the text's, not a drafter's), and where the output does not copy
   its context most matches are wrong: their whole verification is lost. So a copy is sized to be
   nearly free to verify on this device: all 10 tokens where the curve is flat (an accelerator),
-  fewer where a wider forward costs more (a CPU: 2 here). experiments/training_free/pld_sweep.py
-  on SmolLM2-135M here (64 tokens, 8 prompts): k = 2 / 4 / 10 gave 0.95x / 0.94x / 0.88x on
-  MT-Bench, 1.22x / 1.18x / 1.00x on HumanEval, 0.99x / 0.97x / 0.85x on summarization."""
+  fewer where a wider forward costs more (a CPU). The measured speedups by k are
+  experiments/training_free/pld_sweep.md's."""
   k = 1
   while k < LOOKUP_MAX_TOKENS and trees.interpolate_cost(cost, k + 2) <= LOOKUP_FREE * cost[1]:
     k += 1
@@ -153,9 +150,8 @@ def lookahead_shape(target, _, cost) -> Choice:
   smallest). Lookahead's n-grams come from the text, not a trained drafter: nothing is recorded to
   predict tau from, and most steps accept nothing on chat, so, as prompt lookup's copy, its window
   is sized to be nearly free to verify: the class's (4, 3, 4) on a flat curve; (2, 2, 2) or
-  (2, 3, 1) on this project's CPU, as its measured curve falls. experiments/training_free/
-  lookahead_sweep.py on SmolLM2-135M here: shapes of 3-7 tokens 0.98-1.04x on MT-Bench, (4, 3, 4)
-  0.79x."""
+  (2, 3, 1) on this project's CPU, as its measured curve falls. The measured speedups by shape are
+  experiments/training_free/lookahead_sweep.md's."""
   best = LOOKAHEAD_SHAPES[0]
   for shape in LOOKAHEAD_SHAPES[1:]:
     w, n, g = shape

@@ -38,8 +38,9 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import sampling
-from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
+from specjax.methods import verify
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 
@@ -49,7 +50,7 @@ def leviathan_speedup(alpha: float, gamma: float, c: float, verify: float = 1.0)
 
   Leviathan et al. take verification to cost one target step (verify = 1), which holds where
   the target is bandwidth-bound at gamma + 1 tokens; pass the measured c(gamma + 1) where it is
-  not (on a CPU a (gamma + 1)-token forward costs 1.15-2x one token)."""
+  not (a CPU: docs/performance.md)."""
   alpha = min(max(float(alpha), 0.0), 1.0)
   tau = gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
   return tau / (gamma * c + verify)
@@ -72,8 +73,9 @@ def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
 
 
 class _Speculative(Method):
-  """The shared propose -> verify -> accept -> update step. Subclasses (frozen dataclasses) supply
-  the drafter and these static options:
+  """The step of a drafter that samples a chain: propose here (with the draft's distributions q),
+  then the shared chain step (`verify.chain`) with the exact rule over q. Subclasses (frozen
+  dataclasses) supply the drafter and these static options:
 
     gamma       the static maximum (and starting) number of drafted tokens per step
     adaptive    per row: grow g by one after a fully accepted round, shrink it after a rejection
@@ -131,13 +133,19 @@ class _Speculative(Method):
     key, k_draft, k_acc = jax.random.split(state.key, 3)
     with phase(DRAFT):
       state, toks, q_sub, g = self._propose(prog, params, arrays, state, k_draft)
-    tlogits, cache, widest = self._verify(prog, params, state, toks, g)
-    n, nxt = self._accept_drafts(k_acc, state.sp, toks, q_sub, tlogits, arrays.get("vocab"))
-    n = jnp.minimum(n, g)
-    state = emit(state.replace(key=key), emitted(toks, n, nxt), n + 1)
-    # Keep x0, d_1..d_n: the target cache again holds everything but the pending token.
-    state = state.replace(cache=kv.rollback(cache, state.seq_len - 1))
-    return self._count(state, m, active, g, n, widest)
+    # Drafting may have written the target's own cache: it holds all but the pending token again.
+    state = state.replace(key=key, cache=kv.rollback(state.cache, state.seq_len - 1))
+    # A round that can stop early verifies only as wide as its longest draft (one compiled
+    # forward per width; positions past g[b] hold token 0 and q = 0, so they are rejected).
+    widest = jnp.clip(jnp.max(jnp.where(active, g, 0)), 1, self.gamma) \
+        if self.variable_width else None
+
+    def rule(key, draft, logits, sp):
+      n, nxt = self._accept_drafts(key, sp, draft, q_sub, logits, arrays.get("vocab"))
+      return jnp.minimum(n, g), nxt
+
+    state, n, _ = verify.chain(prog, params, state, k_acc, toks, rule=rule, width=widest)
+    return self._count(state, m, active, g, n, self.gamma if widest is None else widest)
 
   def _propose(self, prog, params, arrays, state: DecodeState, key):
     """propose: each row drafts up to its budget (gamma, or its adaptive g) one token per draft
@@ -186,36 +194,8 @@ class _Speculative(Method):
     _, dcache, (toks, q_sub, _, g) = jax.lax.while_loop(cond, body, (jnp.int32(1), dcache, carry))
     return self._with_draft_cache(state, dcache), toks, q_sub, g
 
-  def _verify(self, prog, params, state: DecodeState, toks, g):
-    """verify: the target scores [x0, d_1 .. d_w] in one call. Returns (target logits
-    [B,G+1,V] (zero past w), the target cache, w).
-
-    w = the most any row drafted this round when drafting can stop early (adaptive / threshold:
-    one compiled branch per width, so a short round pays a short verification), else gamma.
-    Slots past g[b] hold token 0 (harmless: the target's logits there are never used, since
-    positions >= g are rejected)."""
-    gmax = self.gamma
-    seq_len = state.seq_len
-    cache = kv.rollback(state.cache, seq_len - 1)
-    x = jnp.concatenate([state.last_token[:, None], jnp.maximum(toks, 0)], axis=1)  # [B,G+1]
-
-    def verify(w):  # -> target logits [B,gmax+1,V] (zero past w) and the cache
-      def run(cache):
-        pos = (seq_len - 1)[:, None] + jnp.arange(w)[None, :]
-        logits, _, cache = prog.forward(params, x[:, :w], pos, cache, prog.causal_mask(cache.lengths, w))
-        return jnp.pad(logits, ((0, 0), (0, gmax + 1 - w), (0, 0))), cache
-      return run
-
-    if self.variable_width:
-      widest = jnp.clip(jnp.max(jnp.where(~state.done, g, 0)), 1, gmax)
-      tlogits, cache = jax.lax.switch(widest - 1, [verify(w + 1) for w in range(1, gmax + 1)], cache)
-    else:
-      widest = gmax
-      tlogits, cache = verify(gmax + 1)(cache)
-    return tlogits, cache, widest
-
   def _accept_drafts(self, key, sp, toks, q_sub, tlogits, ids):
-    """accept: (n [B] drafts accepted, nxt [B] the target's token after them); greedy token
+    """The chain rule: (n [B] drafts accepted, nxt [B] the target's token after them); greedy token
     matching when every row is greedy, else `_accept` with the draft's q over the whole
     vocabulary (zero outside a subset `ids`)."""
     b, gmax = toks.shape
@@ -299,7 +279,7 @@ class DraftModel(_Speculative):
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
 
-  name = "draft_model"
+  name = "draft"
   refeed = 2
 
   def __post_init__(self):
@@ -385,7 +365,7 @@ class SelfSpeculative(_Speculative):
   threshold: float = 0.0
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
 
-  name = "self_speculative"
+  name = "layer-skip"
 
   def __post_init__(self):
     super().__post_init__()

@@ -20,12 +20,13 @@ all rows at once, all shapes static:
             of those top_k^2 children form the next frontier. Finally every drafted node (top_k +
             (depth - 1) * top_k^2 of them) is reranked by score and the best num_nodes kept, and
             renumbered depth by depth (siblings by score: the order verification tries them).
-  verify    the target scores [x_L, nodes] under `cache.tree_mask` with the tree's per-row parents,
-            and acceptance.verify_tree applies the shared rule ("exact" multi-draft, "greedy"
-            token matching, or lossy "typical").
-  update    `cache.commit` keeps x_L and the accepted path's K/V; the target's hidden states at x_L
-            and the accepted nodes are the true features f_L .. f_{L+n}: they enter the buffer,
-            and the next round's catch-up re-runs the head over them.
+  verify    the shared tree step (`verify.tree`): the target scores [x_L, nodes] under the tree
+            mask with the tree's per-row parents, acceptance.verify_tree applies the rule ("exact"
+            multi-draft, "greedy" token matching, or lossy "typical"), and x_L and the accepted
+            path's K/V are committed.
+  update    the target's hidden states at x_L and the accepted nodes are the true features
+            f_L .. f_{L+n}: they enter the buffer, and the next round's catch-up re-runs the head
+            over them.
 
 Why the dynamic tree keeps sampling exact: the tree is a function of the head's logits only (its
 top-k and cumulative log-probabilities, no random draws), i.e. of the context; the multi-draft rule
@@ -46,14 +47,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import acceptance
 from specjax import cache as kv
 from specjax import tree as trees
-from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
-from specjax.methods.features import (catch_up, check_heads, depth_stats, embed, feature_buffer,
-                                      head_arrays, lm_logits, prompt_pass, shift_in, to_tokens)
+from specjax.methods import verify
+from specjax.methods.features import (catch_up, check_heads, embed, feature_buffer, head_arrays,
+                                      lm_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
@@ -172,9 +173,8 @@ class Eagle(Method):
 
   def init(self, prog, arrays, state, hidden):
     """Fills the head cache over the prompt and keeps the last W prompt features."""
-    z = jnp.zeros((state.seq.shape[0],), jnp.int32)
-    return dict(self.head_state(prog, arrays, state, hidden, self.window), rounds=z, accepted=z,
-                depth_hist=jnp.zeros((state.seq.shape[0], self.depth + 1), jnp.int32))
+    return dict(self.head_state(prog, arrays, state, hidden, self.window),
+                **verify.depth_counts(state.seq.shape[0], self.depth))
 
   def head_state(self, prog, arrays, state, hidden, window: int) -> dict:
     """The head's state after prefill, for rounds that commit at most `window` tokens (its own
@@ -284,46 +284,28 @@ class Eagle(Method):
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
-    b = state.seq.shape[0]
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
-    cache = state.cache
-    lengths = cache.lengths
 
     with phase(DRAFT):
-      draft, parents, depth, _, hcache = self.draft(prog, params, arrays, state.seq, m, lengths)
-      anc = (trees.ancestors_from_parents(parents, self.depth) if self.dynamic  # [B,N+1,N+1]
-             else jnp.asarray(self.tree.ancestor))
-    tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)
+      draft, parents, depth, _, hcache = self.draft(prog, params, arrays, state.seq, m,
+                                                    state.cache.lengths)
+    anc = None if self.dynamic else jnp.asarray(self.tree.ancestor)  # dynamic: from parents
+    state, _, n, keep, hidden = verify.tree(prog, params, state.replace(key=key), k_acc, draft,
+                                            parents, depth, self.depth, ancestor=anc,
+                                            rule=self._rule(), epsilon=self.epsilon,
+                                            delta=self.delta)
 
-    pos = lengths[:, None] + depth
-    mask = kv.tree_mask(lengths, anc, cache.max_len, prog.config.sliding_window)
-    logits, hidden, cache = prog.forward(params, tokens, pos, cache, mask)  # [B,N+1,V], [B,N+1,E]
-    best, n, nxt = acceptance.verify_tree(k_acc, tokens, parents, anc, depth, logits, state.sp,
-                                          self._rule(), self.epsilon, self.delta)
-
-    anc_b = jnp.broadcast_to(anc, (b,) + anc.shape[-2:])
-    row = jnp.take_along_axis(anc_b, best[:, None, None], axis=1)[:, 0]  # [B,N+1]
-    path = trees.path_nodes(row, depth, self.depth)  # [B,D] accepted nodes, depth 1 .. n
-    out = emitted(jnp.take_along_axis(tokens, path, axis=1), n, nxt)  # [B,D+1]
-    keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)  # x_L, then the path
     c = jnp.where(active, n + 1, 0)
-    cache = kv.commit(cache, keep, c)
-    state = emit(state.replace(cache=cache, key=key), out, n + 1)
-
-    a = active.astype(jnp.int32)
-    upd = dict(hcache=hcache, feats=absorb(arrays, m["feats"], hidden, keep, c),
-               rounds=m["rounds"] + a,
-               accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
-    return state.replace(method=upd)
+    feats = absorb(arrays, m["feats"], hidden, keep, c)
+    return state.replace(method=verify.count(dict(m, hcache=hcache, feats=feats), active, n))
 
   def _rule(self) -> str:
     """The acceptance rule's name for acceptance.verify_tree (a test subclass breaks it)."""
     return self.acceptance
 
   def stats(self, state) -> dict:
-    return dict(depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
+    return dict(verify.depth_stats(state.method), tree="dynamic" if self.dynamic else "static",
                 tree_nodes=self.num_nodes, tree_depth=self.depth, acceptance=self.acceptance)
 
 

@@ -4,15 +4,13 @@ Both drafters run `heads.feature_module` (a linear 2E -> E and one decoder layer
 type) over [embedding of the next token, a feature], keep their own static head cache, re-read the
 last W committed positions each round with the target's true features (`catch_up`, from a rolling
 `feature_buffer` that `shift_in` advances), and score drafts through the target's frozen LM head
-(`lm_logits`, optionally over a vocabulary subset, `to_tokens` mapping back to token ids). Their
-statistics are the same accepted-depth histogram (`depth_stats`).
+(`lm_logits`, optionally over a vocabulary subset, `to_tokens` mapping back to token ids).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from specjax import cache as kv
@@ -154,15 +152,3 @@ def catch_up(prog: Program, arrays, seq, feats, lengths, head_cache, num_modules
       drafts = drafts.at[:, k].set(draft_fn(outs[-1], k).astype(jnp.int32))
   cache = head_cache.replace(layers=tuple(layers), lengths=lengths)
   return cache, jnp.stack(outs, axis=1), drafts
-
-
-def depth_stats(m) -> dict:
-  """Accepted tokens per step and, per depth d, P(depth d accepted | depth d - 1 accepted)."""
-  hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
-  rounds = int(np.asarray(m["rounds"]).sum())
-  reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
-  per_depth = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
-               for d in range(len(hist) - 1)]
-  acc = int(np.asarray(m["accepted"]).sum())
-  return {"draft_rounds": rounds, "accepted_tokens": acc, "accepted_per_step": acc / max(1, rounds),
-          "accepted_depth_hist": hist.tolist(), "depth_acceptance": per_depth}

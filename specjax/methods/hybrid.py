@@ -24,13 +24,13 @@ than pick one per request, every step puts both kinds of candidates in one stati
            the text copies its context the copies go first, elsewhere the heads' confident nodes
            outrank them. With measured=False a full n-gram match scores above any heads' node,
            so copies always go first when they exist; the heads fill the rest.
-  verify   one target forward over [pending token, N nodes] under the tree mask;
-  accept   greedy: the longest path matching the target's argmax; sampling: the exact multi-draft
-           rule (SpecInfer / EAGLE; acceptance.multi_draft_tree) over the whole tree;
-  update   `cache.commit` of the accepted path; the target's hidden state at the accepted node
-           is Medusa's input for the next step; EAGLE's feature buffer takes the target's
-           features along the accepted path (however many tokens a copy made it), and its head
-           re-reads them in the next step's catch-up.
+  verify   the shared tree step (`verify.tree`): one target forward over [pending token, N
+           nodes] under the tree mask; greedy: the longest path matching the target's argmax;
+           sampling: the exact multi-draft rule (SpecInfer / EAGLE) over the whole tree; the
+           accepted path is committed and emitted;
+  update   the target's hidden state at the accepted node is Medusa's input for the next step;
+           EAGLE's feature buffer takes the target's features along the accepted path (however
+           many tokens a copy made it), and its head re-reads them in the next step's catch-up.
 
 A hybrid holds at most one predicting drafter (Medusa or EAGLE: each reads the target's hidden
 states in its own form), beside any number of copying ones.
@@ -57,7 +57,7 @@ import numpy as np
 from specjax import tree as trees
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
-from specjax.methods import merge
+from specjax.methods import merge, verify
 from specjax.methods.eagle import Eagle, absorb
 from specjax.methods.medusa import Medusa
 from specjax.methods.prompt_lookup import PromptLookup, ngram_search
@@ -218,11 +218,9 @@ class Hybrid(Method):
 
   def init(self, prog, arrays, state, hidden):
     b = state.seq.shape[0]
-    z = jnp.zeros((b,), jnp.int32)
     zd = jnp.zeros((b, len(self.drafters)), jnp.int32)
-    out = {"rounds": z, "accepted": z, "depth_hist": jnp.zeros((b, self.max_depth + 1), jnp.int32),
-           "by": zd, "tries": zd, "hits": zd}  # (tries / hits: rounds a drafter offered a
-    # first token / had it accepted)
+    # (tries / hits: rounds a drafter offered a first token / had it accepted)
+    out = dict(verify.depth_counts(b, self.max_depth), by=zd, tries=zd, hits=zd)
     if any(isinstance(d, Medusa) for d in self.drafters):  # it reads the last hidden state
       out["hidden"] = jnp.take_along_axis(hidden, (state.prompt_len - 1)[:, None, None],
                                           axis=1)[:, 0]
@@ -289,8 +287,9 @@ class Hybrid(Method):
       (draft, parents, depth, filled, tags), hcache, offered = self.propose(prog, params,
                                                                             arrays, state)
     skip = None if self._heads else ~jnp.any(filled, axis=1)
-    state, best, n, keep, hidden = merge.verify(prog, params, state, sub, draft, parents, depth,
-                                                self.max_depth, self.acceptance, skip_empty=skip)
+    state, best, n, keep, hidden = verify.tree(prog, params, state, sub, draft, parents, depth,
+                                               self.max_depth, rule=self.acceptance,
+                                               skip_empty=skip)
     a = active.astype(jnp.int32)
     on_path = jnp.arange(1, keep.shape[1])[None, :] <= n[:, None]  # [B,D]
     path_tags = jnp.take_along_axis(jnp.concatenate([jnp.zeros((b, 1), jnp.int32), tags], axis=1),
@@ -298,10 +297,8 @@ class Hybrid(Method):
     bits = (path_tags[:, :, None] >> jnp.arange(len(self.drafters))[None, None, :]) & 1
     tried = a[:, None] * offered  # [B,drafters]
     hit = tried * bits[:, 0, :] * (n >= 1)[:, None]  # the first accepted node was its proposal
-    upd = dict(m, rounds=m["rounds"] + a, accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a),
-               by=m["by"] + a[:, None] * jnp.sum(bits * on_path[:, :, None], axis=1),
-               tries=m["tries"] + tried, hits=m["hits"] + hit)
+    by = m["by"] + a[:, None] * jnp.sum(bits * on_path[:, :, None], axis=1)
+    upd = verify.count(dict(m, by=by, tries=m["tries"] + tried, hits=m["hits"] + hit), active, n)
     if "hidden" in m:  # Medusa
       h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]
       upd["hidden"] = jnp.where(active[:, None], h, m["hidden"])

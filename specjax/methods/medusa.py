@@ -7,14 +7,13 @@ all shapes static:
             and each head k gives its top-R tokens for position +k+2 (the pending token x0 is
             +1). The static candidate tree (specjax/tree.py) picks, for each of its N nodes,
             rank r of head depth-1: tokens [B,N+1] = [x0, node_1 .. node_N];
-  verify    the target scores the whole block in one forward: positions length + depth, mask
-            `cache.tree_mask` (each node sees the committed cache, its ancestors and itself);
-  accept    acceptance.verify_tree: "greedy" (token matching; at temperature 0 the longest
-            root-to-node path matching the target's argmax), "exact" (SpecInfer / EAGLE's
-            multi-draft rule: lossless at any temperature) or "typical" (Medusa-2, lossy);
-  update    `cache.commit` keeps x0 and the accepted path's K/V (scattered through the block)
-            compacted in order, the path and the target's next token are emitted, and h becomes
-            the hidden state at the accepted node (the target already computed it).
+  verify    the shared tree step (`verify.tree`): the target scores the whole block in one
+            forward under the tree mask; acceptance.verify_tree: "greedy" (token matching; at
+            temperature 0 the longest root-to-node path matching the target's argmax), "exact"
+            (SpecInfer / EAGLE's multi-draft rule: lossless at any temperature) or "typical"
+            (Medusa-2, lossy); the accepted path's K/V are committed, it and the target's next
+            token emitted;
+  update    h becomes the hidden state at the accepted node (the target already computed it).
 
 Rows accept different depths; nothing but the cache lengths and the emitted counts differ.
 
@@ -32,11 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax import acceptance
-from specjax import cache as kv
-from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
+from specjax.methods import verify
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 from specjax.tree import Tree, default_tree
@@ -131,9 +129,7 @@ class Medusa(Method):
     """Keeps the hidden state at each prompt's last token: the heads' input for the first step."""
     b = state.seq.shape[0]
     h = jnp.take_along_axis(hidden, (state.prompt_len - 1)[:, None, None], axis=1)[:, 0]  # [B,E]
-    z = jnp.zeros((b,), jnp.int32)
-    return {"hidden": h, "rounds": z, "accepted": z,
-            "depth_hist": jnp.zeros((b, self.tree.max_depth + 1), jnp.int32)}
+    return {"hidden": h, **verify.depth_counts(b, self.tree.max_depth)}
 
   def propose(self, prog: Program, params, arrays, hidden: jax.Array) -> jax.Array:
     """hidden [B,E] -> the heads' top-R candidates [B,K,R] (R = the ranks the tree reads)."""
@@ -149,56 +145,28 @@ class Medusa(Method):
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     t = self.tree
-    b = state.seq.shape[0]
     m = state.method
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
-    depth = jnp.asarray(t.depth)  # [N+1]
-    anc = jnp.asarray(t.ancestor)  # [N+1,N+1]
-
     with phase(DRAFT):
       cands = self.propose(prog, params, arrays, m["hidden"])  # [B,K,R]
     draft = cands[:, t.head[1:], t.rank[1:]]  # [B,N]
-    tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,N+1]
+    state, best, n, _, hidden = verify.tree(
+        prog, params, state.replace(key=key), k_acc, draft, jnp.asarray(t.parent),
+        jnp.asarray(t.depth), t.max_depth, ancestor=jnp.asarray(t.ancestor), rule=self._rule(),
+        epsilon=self.epsilon, delta=self.delta)
 
-    cache = state.cache
-    pos = cache.lengths[:, None] + depth[None, :]
-    mask = kv.tree_mask(cache.lengths, anc, cache.max_len, prog.config.sliding_window)
-    logits, hidden, cache = prog.forward(params, tokens, pos, cache, mask)  # [B,N+1,V], [B,N+1,E]
-    best, n, nxt = acceptance.verify_tree(k_acc, tokens, jnp.asarray(t.parent), anc, depth, logits,
-                                          state.sp, self._rule(), self.epsilon, self.delta)
-
-    path = jnp.asarray(t.path)[best]  # [B,Dmax] accepted nodes, depth 1 .. n (then padding)
-    out = emitted(jnp.take_along_axis(tokens, path, axis=1), n, nxt)  # [B,Dmax+1]
-    keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)  # x0, then the path
-    cache = kv.commit(cache, keep, jnp.where(active, n + 1, 0))
-    state = emit(state.replace(cache=cache, key=key), out, n + 1)
-
-    a = active.astype(jnp.int32)
     h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]
-    upd = dict(hidden=jnp.where(active[:, None], h, m["hidden"]), rounds=m["rounds"] + a,
-               accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
-    return state.replace(method=upd)
+    h = jnp.where(active[:, None], h, m["hidden"])
+    return state.replace(method=verify.count(dict(m, hidden=h), active, n))
 
   def _rule(self) -> str:
     """The acceptance rule's name for acceptance.verify_tree (a test subclass breaks it)."""
     return self.acceptance
 
   def stats(self, state) -> dict:
-    m = state.method
-    hist = np.asarray(m["depth_hist"]).sum(0)  # steps that accepted d draft tokens
-    rounds = int(np.asarray(m["rounds"]).sum())
-    reached = hist[::-1].cumsum()[::-1]  # steps that accepted >= d
-    per_head = [float(reached[d + 1] / reached[d]) if reached[d] else 0.0
-                for d in range(len(hist) - 1)]
-    return {
-        "tree_nodes": self.tree.num_nodes,
-        "tree_depth": self.tree.max_depth,
-        "acceptance": self.acceptance,
-        "draft_rounds": rounds,
-        "accepted_tokens": int(np.asarray(m["accepted"]).sum()),
-        "accepted_per_step": int(np.asarray(m["accepted"]).sum()) / max(1, rounds),
-        "accepted_depth_hist": hist.tolist(),
-        "head_acceptance": per_head,  # P(head k's node accepted | its parent accepted)
-    }
+    out = verify.depth_stats(state.method)
+    # P(head k's node accepted | its parent accepted): the depth acceptance, named per head
+    out["head_acceptance"] = out.pop("depth_acceptance")
+    return {"tree_nodes": self.tree.num_nodes, "tree_depth": self.tree.max_depth,
+            "acceptance": self.acceptance, **out}

@@ -20,22 +20,16 @@ greedy rule takes the deepest matching path, and depth 0 never beats the root; t
 rule only tries a node whose parent is the current node, and -1 never is). Everything has static
 shapes; rows get different trees.
 
-`verify` runs the verify / accept / update phases on such per-row trees: one target forward over
-[pending token, N nodes] under the tree mask, `acceptance.verify_tree` (greedy, or the exact
-multi-draft rule: every candidate here is a deterministic function of the context, fixed before
-the acceptance coins are drawn, which is all that rule needs to emit exactly the target's
-distribution), and `cache.commit` of the accepted path.
+Such per-row trees go to the shared tree step (`verify.tree`): greedy, or the exact multi-draft
+rule (every candidate here is a deterministic function of the context, fixed before the
+acceptance coins are drawn, which is all that rule needs to emit exactly the target's
+distribution).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-from specjax import acceptance
-from specjax import cache as kv
-from specjax import tree as trees
-from specjax.decode import DecodeState, Program, emit, emitted
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -104,46 +98,3 @@ def merge(tokens: jax.Array, parents: jax.Array, valid: jax.Array, score: jax.Ar
   return (jnp.where(filled, _take(tokens, best), 0), jnp.concatenate([root, newpar], axis=1),
           jnp.concatenate([zero, jnp.where(filled, _take(depth, best), 0)], axis=1), filled,
           out_tags)
-
-
-def verify(prog: Program, params, state: DecodeState, key: jax.Array, draft: jax.Array,
-           parents: jax.Array, depth: jax.Array, max_depth: int, rule: str = "exact",
-           skip_empty: jax.Array | None = None):
-  """Verify, accept, update for per-row trees: draft [B,N], parents / depth [B,N+1] (`merge`).
-
-  skip_empty [B] bool (optional): rows with nothing drafted; when every active row is one of
-  them, a one-token forward runs instead of N + 1 (a lax.cond: the program stays one loop).
-  Returns (state after emit (the key not advanced), best [B] the accepted node, n [B] accepted
-  draft tokens, keep [B,D+1] the block offsets kept (0 = the pending token), hidden [B,N+1,E] the
-  target's hidden states over the block (None with skip_empty))."""
-  b = draft.shape[0]
-  active = ~state.done
-  tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,N+1]
-  anc = trees.ancestors_from_parents(parents, max_depth)  # [B,N+1,N+1]
-
-  def tree(cache):
-    lengths = cache.lengths
-    mask = kv.tree_mask(lengths, anc, cache.max_len, prog.config.sliding_window)
-    logits, hidden, cache = prog.forward(params, tokens, lengths[:, None] + depth, cache, mask)
-    best, n, nxt = acceptance.verify_tree(key, tokens, parents, anc, depth, logits, state.sp, rule)
-    return best, n, nxt, cache, hidden
-
-  if skip_empty is None:
-    best, n, nxt, cache, hidden = tree(state.cache)
-  else:
-    def single(cache):  # nobody drafted anything: a plain autoregressive step
-      pos = cache.lengths[:, None]
-      logits, _, cache = prog.forward(params, tokens[:, :1], pos, cache,
-                                      prog.causal_mask(cache.lengths, 1))
-      _, nxt = acceptance.verify_chain(key, jnp.zeros((b, 0), jnp.int32), None, logits, state.sp)
-      return jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32), nxt, cache
-
-    best, n, nxt, cache = jax.lax.cond(jnp.any(active & ~skip_empty),
-                                       lambda c: tree(c)[:4], single, state.cache)
-    hidden = None
-  row = jnp.take_along_axis(anc, best[:, None, None], axis=1)[:, 0]  # [B,N+1]
-  path = trees.path_nodes(row, depth, max_depth)  # [B,D] accepted nodes, depth 1 .. n
-  out = emitted(jnp.take_along_axis(tokens, path, axis=1), n, nxt)  # [B,D+1]
-  keep = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path], axis=1)
-  cache = kv.commit(cache, keep, jnp.where(active, n + 1, 0))
-  return emit(state.replace(cache=cache), out, n + 1), best, n, keep, hidden

@@ -13,10 +13,11 @@ own static KV cache), as in training. One step, all rows at once, all shapes sta
             Module k's output at L - 1 drafts d_{k+1} (its argmax), which module k + 1 reads.
             W = 2K keeps every cache entry below L - W teacher-forced: an entry at i is exact once
             i + k + 1 <= L, and L grows by at most K + 1 per round.
-  verify    the target scores [x_L, d_1 .. d_K] causally; acceptance.verify_chain (greedy, or
-            exact rejection sampling with the deterministic draft q = one-hot(d): exact).
-  update    `cache.advance` keeps the accepted prefix; the target's hidden states there are the
-            true features of the new positions and enter the rolling buffer.
+  verify    the shared chain step (`verify.chain`): the target scores [x_L, d_1 .. d_K] causally
+            (greedy, or exact rejection sampling with the deterministic draft q = one-hot(d):
+            exact) and keeps the accepted prefix.
+  update    the target's hidden states there are the true features of the new positions and
+            enter the rolling buffer.
 
 Statistics: the accepted-depth histogram and per depth k the acceptance rate given depth k - 1
 was accepted (DeepSeek-V3 reports 85-90% for its second token).
@@ -30,13 +31,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specjax import acceptance, sampling
 from specjax import cache as kv
-from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
+from specjax import sampling
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
-from specjax.methods.features import (catch_up, check_heads, depth_stats, feature_buffer,
-                                      head_arrays, mtp_logits, prompt_pass, shift_in, to_tokens)
+from specjax.methods import verify
+from specjax.methods.features import (catch_up, check_heads, feature_buffer, head_arrays,
+                                      mtp_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact",)
 
@@ -95,17 +97,14 @@ class MTP(Method):
     cache = kv.init(self.gamma, b, prog.max_len + self.window, c.num_kv_heads, c.head_dim,
                     hidden.dtype)
     cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
-    z = jnp.zeros((b,), jnp.int32)
     return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, self.window),
-            "rounds": z, "accepted": z, "depth_hist": jnp.zeros((b, self.gamma + 1), jnp.int32)}
+            **verify.depth_counts(b, self.gamma)}
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
-    b = state.seq.shape[0]
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
-    cache = state.cache
-    lengths = cache.lengths
+    lengths = state.cache.lengths
 
     def draft_fn(out, k):  # module k's output at L - 1 -> d_{k+1}
       return to_tokens(arrays, sampling.argmax(mtp_logits(prog, params, arrays,
@@ -114,22 +113,10 @@ class MTP(Method):
     with phase(DRAFT):
       hcache, _, draft = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"],
                                   self.gamma, draft_fn)  # draft [B,G]
-    g = self.gamma
-    tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,G+1]
-    pos = lengths[:, None] + jnp.arange(g + 1)[None, :]
-    logits, hidden, cache = prog.forward(params, tokens, pos, cache,
-                                         prog.causal_mask(lengths, g + 1))
-    n, nxt = acceptance.verify_chain(k_acc, draft, None, logits, state.sp)
+    state, n, hidden = verify.chain(prog, params, state.replace(key=key), k_acc, draft)
 
-    c = jnp.where(active, n + 1, 0)
-    cache = kv.advance(cache, c)
-    state = emit(state.replace(cache=cache, key=key), emitted(draft, n, nxt), n + 1)
-
-    a = active.astype(jnp.int32)
-    upd = dict(hcache=hcache, feats=shift_in(m["feats"], hidden, c), rounds=m["rounds"] + a,
-               accepted=m["accepted"] + a * n,
-               depth_hist=m["depth_hist"].at[jnp.arange(b), n].add(a))
-    return state.replace(method=upd)
+    feats = shift_in(m["feats"], hidden, jnp.where(active, n + 1, 0))
+    return state.replace(method=verify.count(dict(m, hcache=hcache, feats=feats), active, n))
 
   def stats(self, state) -> dict:
-    return dict(depth_stats(state.method), gamma=self.gamma)
+    return dict(verify.depth_stats(state.method), gamma=self.gamma)

@@ -5,16 +5,16 @@ As transformers' `prompt_lookup_num_tokens` and vLLM's n-gram proposer. Each ste
   propose  find the most recent earlier occurrence of the last `ngram` tokens of the prompt plus
            generated text (falling back to shorter suffixes, down to one token) and take up to
            `num_tokens` tokens that followed it;
-  verify   one target forward over [last token, draft_1 .. draft_k] (causal mask);
-  accept   greedy: the longest prefix matching the target's argmax; sampling: exact rejection
-           with a one-hot draft distribution (`acceptance.verify_chain` with q = None);
-  update   keep the last token and the n accepted drafts in the cache, emit n + 1 tokens.
+  verify   the shared chain step (`verify.chain`): one target forward over [last token,
+           draft_1 .. draft_k]; greedy: the longest prefix matching the target's argmax;
+           sampling: exact rejection with a one-hot draft distribution; keep the last token and
+           the n accepted drafts in the cache, emit n + 1 tokens.
 
 The search is one vectorised comparison over the whole token buffer `seq` [B,S] (no host loop):
 for every slot e, m[b, e] counts how many tokens ending at e equal the tokens ending at the
 pending position; the best match maximises (min(m, ngram), e). Rows with no earlier occurrence of
 even their last token propose nothing; when no row proposes anything the step runs a one-token
-forward instead of k + 1 tokens (a `lax.cond`, so the program stays one while_loop).
+forward instead of k + 1 tokens (the chain step's `skip_empty`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax import acceptance
-from specjax import cache as kv
-from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import check_int
+from specjax.methods import verify
 
 
 def ngram_search(seq: jax.Array, seq_len: jax.Array, ngram: int, num_tokens: int):
@@ -73,7 +72,7 @@ class PromptLookup(Method):
   num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens)."""
   ngram: int = 3
   num_tokens: int = 10
-  name: str = dataclasses.field(default="prompt_lookup", init=False)
+  name: str = dataclasses.field(default="prompt-lookup", init=False)
   lossless: bool = dataclasses.field(default=True, init=False)
 
   def __post_init__(self):
@@ -97,38 +96,16 @@ class PromptLookup(Method):
     return ngram_search(state.seq, state.seq_len, self.ngram, self.num_tokens)
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
-    b = state.seq.shape[0]
-    k = self.num_tokens
+    key, sub = jax.random.split(state.key)
     with phase(DRAFT):
       draft, n_draft, match = self.propose(state)  # [B,k] [B] [B]
-    active = ~state.done
-    cache = state.cache
-    last = state.last_token[:, None]  # [B,1]
-    key, sub = jax.random.split(state.key)
-
-    def verify(cache):
-      tokens = jnp.concatenate([last, jnp.maximum(draft, 0)], axis=1)  # [B,k+1]
-      pos = cache.lengths[:, None] + jnp.arange(k + 1)[None, :]
-      logits, _, cache = prog.forward(params, tokens, pos, cache,
-                                      prog.causal_mask(cache.lengths, k + 1))
-      n, nxt = acceptance.verify_chain(sub, draft, None, logits, state.sp)
-      return n, nxt, cache
-
-    def single(cache):  # nobody has a draft: a plain autoregressive step
-      pos = cache.lengths[:, None]
-      logits, _, cache = prog.forward(params, last, pos, cache, prog.causal_mask(cache.lengths, 1))
-      _, nxt = acceptance.verify_chain(sub, jnp.full((b, 0), -1, jnp.int32), None, logits, state.sp)
-      return jnp.zeros((b,), jnp.int32), nxt, cache
-
-    n, nxt, cache = jax.lax.cond(jnp.any(active & (n_draft > 0)), verify, single, cache)
-    cache = kv.advance(cache, jnp.where(active, n + 1, 0))
-    out = emitted(jnp.maximum(draft, 0), n, nxt)  # [B,k+1]: draft[:n], then the target's token
-    a = active.astype(jnp.int32)
+    a = (~state.done).astype(jnp.int32)
+    state, n, _ = verify.chain(prog, params, state.replace(key=key), sub, draft,
+                               skip_empty=n_draft == 0)
     ms = state.method
-    ms = LookupState(proposed=ms.proposed + a * n_draft, accepted=ms.accepted + a * n,
-                     matched_steps=ms.matched_steps + a * (match > 0))
-    state = state.replace(cache=cache, key=key, method=ms)
-    return emit(state, out, n + 1)
+    return state.replace(method=LookupState(proposed=ms.proposed + a * n_draft,
+                                            accepted=ms.accepted + a * n,
+                                            matched_steps=ms.matched_steps + a * (match > 0)))
 
   def stats(self, state) -> dict:
     ms = state.method

@@ -14,11 +14,11 @@ all rows at once:
            one tree whose node scores add up (score m / max_match per occurrence, times
            DECAY^depth), so a continuation seen after several long matches ranks first, and keeps
            the best num_nodes nodes;
-  verify   one target forward over [pending token, N nodes] under the tree mask; nothing drafted
-           in any row: a one-token forward instead (a lax.cond);
-  accept   greedy: the longest path matching the target's argmax; sampling: the exact multi-draft
-           rule (every candidate is a deterministic function of the context);
-  update   `cache.commit` of the accepted path, emit it and the target's token.
+  verify   the shared tree step (`verify.tree`): one target forward over [pending token, N
+           nodes] under the tree mask (nothing drafted in any row: a one-token forward instead);
+           greedy: the longest path matching the target's argmax; sampling: the exact
+           multi-draft rule (every candidate is a deterministic function of the context); the
+           accepted path is committed and emitted with the target's token.
 
 The store is a fixed-size token table (capacity tokens, -1 between outputs and in empty slots),
 held on the host and passed to every generate call as it is then: the in-loop search stays
@@ -38,7 +38,7 @@ import numpy as np
 
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
-from specjax.methods import merge
+from specjax.methods import merge, verify
 
 DECAY = 0.9  # a copied node's score shrinks with depth: a long chain's tail yields to alternatives
 RULES = ("exact", "greedy")
@@ -179,8 +179,8 @@ class SuffixDecoding(Method):
                                                      self.max_depth)
     drafted = jnp.any(filled, axis=1)
     a = (~state.done).astype(jnp.int32)
-    state, _, n, _, _ = merge.verify(prog, params, state, sub, draft, parents, depth,
-                                     self.max_depth, self.acceptance, skip_empty=~drafted)
+    state, _, n, _, _ = verify.tree(prog, params, state, sub, draft, parents, depth,
+                                    self.max_depth, rule=self.acceptance, skip_empty=~drafted)
     return state.replace(key=key, method=_count(state.method, a, n, drafted))
 
   def learn(self, state) -> None:
