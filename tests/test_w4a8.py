@@ -125,10 +125,10 @@ def test_bad_activations_raise_before_loading(gguf_file, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_smollm2_w4a8_methods_by_name():
-  """The embedded model (Q4_1 layers, a Q8_0 head) on int8 activations: the shipped drafters by
-  name give its own autoregressive tokens."""
+  """The embedded model (Q4_1 layers, a Q8_0 head) on int8 activations: the hybrid by name
+  (prompt lookup's copies and the shipped EAGLE heads' tree) gives its own autoregressive tokens,
+  batch 2. (Every method on a tiny W4A8 file: above.)"""
   model = sj.load_model("smollm2-135m", weights="blocks", activations="int8")
   prompts = ["Write a python function that reverses a list.", "Tell me about the moon."]
   ref = sj.generate(model, prompts, max_new_tokens=32, chat=True).tokens
-  for name in ("hybrid", "draft", "quantized"):
-    assert sj.generate(model, prompts, name, max_new_tokens=32, chat=True).tokens == ref, name
+  assert sj.generate(model, prompts, "hybrid", max_new_tokens=32, chat=True).tokens == ref

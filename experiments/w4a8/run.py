@@ -1,0 +1,154 @@
+"""The W4A8 target (issue 46): SmolLM2-135M over its GGUF's own blocks with int8 activations,
+against the same file with float32 activations (`weights="blocks"`) and the float32 model.
+
+    .venv/bin/python experiments/w4a8/run.py [--quick] [--prompts 10] [--max-new-tokens 128]
+
+In one process, for each arithmetic (float32, blocks x float32, blocks x int8):
+  - cost curve: c(T) = time of a T-token forward / time of a one-token forward (batch 1, a cache
+    of 512 slots with 256 filled; medians of interleaved runs, specjax.calibrate.measure);
+  - autoregressive decoding: tok/s over whole calls (prefill included, compilation excluded) on
+    chat (MT-Bench) and code (HumanEval) prompts, the three arithmetics alternating within every
+    repeat, the fastest repeat of each kept;
+  - agreement (reported, not asserted): how often int8 activations pick the token float32
+    activations pick, teacher forced along the blocks model's own greedy output.
+Then every method by name (its defaults from this device's cost curve for the W4A8 target) on
+the W4A8 target against its own autoregressive decoding (specjax.bench.run_cases: baseline runs
+around every method run), with greedy identity checked on every run.
+
+Writes results.json / results.md here (results_quick.* with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import specjax as sj  # noqa: E402
+from specjax import bench  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = "smollm2-135m"
+ARITHMETICS = {"float32": {}, "blocks": {"weights": "blocks"},
+               "w4a8": {"weights": "blocks", "activations": "int8"}}
+METHODS = ("prompt-lookup", "draft", "medusa", "eagle", "mtp", "hybrid", "quantized")
+
+
+def cost_curves(models: dict, sizes, reps: int) -> dict:
+  return {name: {int(t): float(c) for t, c in
+                 bench.measure_cost_curve(m, sizes, cache_len=512, filled=256, reps=reps).items()}
+          for name, m in models.items()}
+
+
+def autoregressive(models: dict, prompts: list, chat: bool, n_new: int, repeats: int) -> dict:
+  """{name: tok/s} over whole calls, the arithmetics alternating within each repeat."""
+  best = {name: float("inf") for name in models}
+  for name, m in models.items():  # compile (untimed)
+    sj.generate(m, prompts[:1], max_new_tokens=n_new, chat=chat, stop_at_eos=False)
+  for _ in range(repeats):
+    for name, m in models.items():
+      t0 = time.perf_counter()
+      for p in prompts:
+        sj.generate(m, [p], max_new_tokens=n_new, chat=chat, stop_at_eos=False)
+      best[name] = min(best[name], time.perf_counter() - t0)
+  return {name: len(prompts) * n_new / t for name, t in best.items()}
+
+
+def agreement(ref_model, model, prompts: list, chat: bool, n_new: int) -> float:
+  """Share of positions where `model`'s argmax equals `ref_model`'s, teacher forced along
+  ref_model's greedy output (prompt and output in one forward of each)."""
+  from specjax.decode import _encode
+
+  out = sj.generate(ref_model, prompts, max_new_tokens=n_new, chat=chat, stop_at_eos=False)
+  same = total = 0
+  for ids, toks in zip(_encode(ref_model, prompts, chat), out.tokens):
+    t = jnp.asarray([list(ids) + list(toks)], jnp.int32)
+    picks = []
+    for m in (ref_model, model):
+      logits, _, _ = sj.model.forward_sequence(m.config, m.module(), t)
+      picks.append(np.asarray(jnp.argmax(logits[0, -len(toks) - 1:-1], -1)))
+    same += int((picks[0] == picks[1]).sum())
+    total += len(toks)
+  return same / max(1, total)
+
+
+def methods_on_w4a8(model, prompts: list, chat: bool, n_new: int, repeats: int,
+                    names=METHODS) -> list:
+  methods = {"autoregressive": "autoregressive", **{m: m for m in names}}
+  records = bench.run_cases(model, [bench.Case([p], chat) for p in prompts], methods,
+                            max_new_tokens=n_new, repeats=repeats, desc="w4a8 methods")
+  table = bench.summarize(records)
+  return [{"method": name, **table[name][bench.OVERALL]} for name in methods]
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, short curves")
+  ap.add_argument("--prompts", type=int, default=10)
+  ap.add_argument("--max-new-tokens", type=int, default=128)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--methods", default=",".join(METHODS),
+                  help="methods by name to time on the W4A8 target (comma-separated; '' for none)")
+  ap.add_argument("--out", default=None, help="results stem (default results / results_quick)")
+  args = ap.parse_args(argv)
+  names = [m for m in args.methods.split(",") if m]
+  n, n_new = (2, 32) if args.quick else (args.prompts, args.max_new_tokens)
+  sizes = (1, 4, 16) if args.quick else (1, 2, 4, 8, 16, 32, 64)
+  t_start = time.time()
+  info = bench.machine_info()
+  models = {name: sj.load_model(MODEL, **kw) for name, kw in ARITHMETICS.items()}
+  sets = {"chat": (bench.load_prompt_set("mt_bench", n, fallback=True)[0], True),
+          "code": (bench.load_prompt_set("humaneval", n, fallback=True)[0], False)}
+  res = {"command": bench.command_line(), "curves": cost_curves(models, sizes, 3 if args.quick else 9),
+         "autoregressive": {}, "agreement": {}, "methods": {}}
+  for group, (ps, chat) in sets.items():
+    ps = list(ps)
+    res["autoregressive"][group] = autoregressive(models, ps, chat, n_new, args.repeats)
+    res["agreement"][group] = agreement(models["blocks"], models["w4a8"], ps, chat, n_new)
+    if names:
+      res["methods"][group] = methods_on_w4a8(models["w4a8"], ps, chat, n_new,
+                                              1 if args.quick else args.repeats, names)
+  res["machine"] = bench.finish_machine_info(info, t_start)
+  stem = args.out or ("results_quick" if args.quick else "results")
+  bench.save_report(HERE, stem, res, report(res))
+  print(report(res))
+
+
+def report(res: dict) -> str:
+  lines = [f"`{res['command']}`", "", bench.machine_summary(res["machine"]), "",
+           "| arithmetic | " + " | ".join(f"c({t})" for t in next(iter(res["curves"].values())))
+           + " | " + " | ".join(f"AR tok/s {g}" for g in res["autoregressive"]) + " |",
+           "|---" * (1 + len(next(iter(res["curves"].values()))) + len(res["autoregressive"]))
+           + "|"]
+  for name, curve in res["curves"].items():
+    lines.append(f"| {name} | " + " | ".join(f"{c:.2f}" for c in curve.values()) + " | "
+                 + " | ".join(f"{res['autoregressive'][g][name]:.1f}" for g in res["autoregressive"])
+                 + " |")
+  lines += ["", "int8 activations pick float32 activations' token (teacher forced): "
+            + ", ".join(f"{g} {a:.3f}" for g, a in res["agreement"].items())]
+  if not res["methods"]:
+    return "\n".join(lines) + "\n"
+  lines += ["",
+            "| method on W4A8 | " + " | ".join(f"{g} speedup (tau) | {g} identical"
+                                              for g in res["methods"]) + " |",
+            "|---" * (1 + 2 * len(res["methods"])) + "|"]
+  groups = list(res["methods"])
+  for i, row in enumerate(res["methods"][groups[0]]):
+    cells = []
+    for g in groups:
+      r = res["methods"][g][i]
+      cells += [f"{r.get('speedup', float('nan')):.2f}x ({r.get('tau', float('nan')):.2f})",
+                str(r.get("identical"))]
+    lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  main()
