@@ -592,10 +592,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   epilogue (specjax/kernels/quant.py); a file holding another block type in a dense product is an
   InputError naming it, before anything is read.
   """
-  import jax.numpy as jnp
-
   from specjax import malloc, validate
-  from specjax.model import Model, from_flat
 
   malloc.tune()
   if not isinstance(name_or_path, (str, os.PathLike)):
@@ -628,19 +625,32 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   path = resolve(name_or_path)
   if weights == "blocks" and not path.endswith(".gguf"):  # before reading the checkpoint
     raise InputError(f"weights='blocks' needs a GGUF checkpoint; {path} is not one")
+  return _load_checkpoint(path, name_or_path, dtype=dtype, tokenizer=tokenizer, place=place,
+                          placed=mesh is not None, kernels=kernels, weights=weights,
+                          activations=activations)
+
+
+def _load_checkpoint(path: str, name: str, *, dtype, tokenizer, place, placed, kernels, weights,
+                     activations):
+  """load_model's checkpoint at the resolved `path` (its arguments checked) as a Model named
+  `name`; placed: `place` is load_model's mesh placer, to be told when it is done."""
+  import jax.numpy as jnp
+
+  from specjax.model import Model, from_flat
+
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
   cfg, flat = open_checkpoint(path)  # names and shapes checked; nothing read yet
   int8 = _int8_blocks(path, cfg) if activations == "int8" else None  # types checked before reading
   graphdef, params = from_flat(cfg, flat, dtype=dtype, place=place, where=path)
-  if mesh is not None:
+  if placed:
     place.done()
   tok = load_tokenizer(path) if tokenizer else None
-  model = Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
+  model = Model(cfg, graphdef, params, tok, name=name, dtype=dtype)
   if weights == "blocks":
     return _with_blocks(model, path, int8)
-  if mesh is None and place is None:
+  if place is None:
     from specjax.packing import maybe_pack
 
     model = maybe_pack(model, kernels)
