@@ -25,7 +25,8 @@ SHIPPED, LOCAL, HUB = "shipped", "local", "hub"
 # weights (one file, or shards with their index), top level only.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-               "merges.txt", "chat_template.jinja", "*.safetensors", "*.safetensors.index.json")
+               "merges.txt", "chat_template.jinja", "chat_template.json", "*.safetensors",
+               "*.safetensors.index.json")
 # Mistral's repositories carry the weights twice: the HF layout and its own consolidated file.
 MODEL_SKIP = ("*/*", "consolidated*.safetensors")
 # Heads: config.json and safetensors; torch files only where there are no safetensors (as the

@@ -132,3 +132,57 @@ def test_what_a_name_is(cache, files, tmp_path, monkeypatch):
     weights.resolve("org/tiny", revision="v2")
   with pytest.raises(InputError, match="revision="):
     sj.load_model("smollm2-135m", revision="v2")
+
+
+# Repositories as the Hub lists them (file names only), for the online selection below.
+LISTINGS = {
+    "mistralai/Mistral-7B-Instruct-v0.3": [
+        ".gitattributes", "README.md", "config.json", "generation_config.json", "params.json",
+        "consolidated.safetensors", "model-00001-of-00003.safetensors",
+        "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+        "model.safetensors.index.json", "special_tokens_map.json", "tokenizer.json",
+        "tokenizer.model", "tokenizer.model.v3", "tokenizer_config.json", "pytorch_model.bin",
+        "original/consolidated.00.pth", "onnx/model.safetensors"],
+    "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": [".gitattributes", "README.md", "config.json",
+                                            "pytorch_model.bin", "training_args.bin"],
+    "FasterDecoding/medusa-vicuna-7b-v1.3": [".gitattributes", "README.md", "config.json",
+                                             "medusa_lm_head.pt", "medusa_lm_head.safetensors"],
+}
+
+
+def test_online_only_the_files_a_load_reads(tmp_path, monkeypatch):
+  """With the network, the patterns handed to snapshot_download pick only what a load reads: the
+  config, tokenizer and HF-layout safetensors of a model (not its consolidated copy, .bin or
+  subfolders); a heads repository's config and safetensors, its torch file only where it has no
+  safetensors, never a training run's other pickles. snapshot_download is replaced by one that
+  filters the listing as huggingface_hub does and writes empty files."""
+  from huggingface_hub.utils import filter_repo_objects
+
+  calls = []
+
+  def snapshot_download(repo_id, *, revision=None, allow_patterns=None, ignore_patterns=None,
+                        local_files_only=False):
+    assert not local_files_only
+    calls.append(repo_id)
+    folder = tmp_path / repo_id.replace("/", "--")
+    for f in filter_repo_objects(LISTINGS[repo_id], allow_patterns=allow_patterns,
+                                 ignore_patterns=ignore_patterns):
+      (folder / f).parent.mkdir(parents=True, exist_ok=True)
+      (folder / f).write_bytes(b"")
+    return str(folder)
+
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+  files = lambda folder: sorted(os.listdir(folder))  # noqa: E731
+  eagle3 = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"  # fetched twice: no safetensors, then its .bin
+  mistral = hub.model_path("mistralai/Mistral-7B-Instruct-v0.3")
+  assert files(mistral) == ["config.json", "generation_config.json",
+                            "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                            "model-00003-of-00003.safetensors", "model.safetensors.index.json",
+                            "special_tokens_map.json", "tokenizer.json", "tokenizer.model",
+                            "tokenizer_config.json"]
+  assert files(hub.heads_path(eagle3)) == ["config.json", "pytorch_model.bin"]
+  assert files(hub.heads_path("FasterDecoding/medusa-vicuna-7b-v1.3")) == [
+      "config.json", "medusa_lm_head.safetensors"]
+  assert calls == ["mistralai/Mistral-7B-Instruct-v0.3", eagle3, eagle3,
+                   "FasterDecoding/medusa-vicuna-7b-v1.3"]
