@@ -285,7 +285,7 @@ def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | No
     raise InputError(f"load_heads: expected a heads name or path, got "
                      f"{type(path_or_name).__name__}")
   name = os.fspath(path_or_name)
-  what = hub.kind(name, (*NAMED_HEADS, *registry.DRAFTERS), hub.HEADS_SUFFIXES)
+  what = hub.what_is(name, (*NAMED_HEADS, *registry.DRAFTERS), hub.HEADS_SUFFIXES)
   hub.check_revision(name, revision, what)
   if name in NAMED_HEADS:
     target_name, file = NAMED_HEADS[name]

@@ -5,7 +5,7 @@
     sj.load_heads("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", target)  # the heads' config and weights
     sj.load_model("org/name", revision="v1.0")                   # a branch, tag or commit
 
-`kind` is the one place that says what a name is; a shipped name or an existing local path wins
+`what_is` is the one place that says what a name is; a shipped name or an existing local path wins
 over a Hub repository of the same name. Files come through huggingface_hub's own cache
 (HF_HOME / HF_HUB_CACHE, default ~/.cache/huggingface/hub), only those a load reads: never a
 second copy of the weights in another format or the repository's subfolders. With HF_HUB_OFFLINE
@@ -58,7 +58,7 @@ def split(name: str, files: tuple = ()) -> tuple[str, str | None] | None:
   return repo, file
 
 
-def kind(name: str, shipped=(), files: tuple = ()) -> str | None:
+def what_is(name: str, shipped=(), files: tuple = ()) -> str | None:
   """What `name` is, in this order: SHIPPED (one of `shipped`), LOCAL (an existing file or
   directory), HUB (a Hub repository "org/name", or one file of it "org/name/FILE" with FILE ending
   in one of `files`), else None."""

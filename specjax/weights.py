@@ -431,17 +431,17 @@ NAMED_MODELS = {
 }
 
 
-def kind(name: str) -> str | None:
-  """What a model name is (specjax.hub.kind, the one place that decides): hub.SHIPPED (a named
+def what_is(name: str) -> str | None:
+  """What a model name is (specjax.hub.what_is, the one place that decides): hub.SHIPPED (a named
   model or a shipped drafter), hub.LOCAL (an existing file or directory), hub.HUB (a Hugging Face
   repository "org/name", or its file "org/name/FILE.gguf"), or None."""
-  return hub.kind(name, (*NAMED_MODELS, *registry.DRAFTERS), (".gguf",))
+  return hub.what_is(name, (*NAMED_MODELS, *registry.DRAFTERS), (".gguf",))
 
 
 def resolve(name_or_path: str, revision: str | None = None) -> str:
   """A model name or path -> an existing file or directory, or ModelNotFoundError. A Hub name
   is fetched into (or found in) the Hugging Face cache at `revision` (default: main)."""
-  what = kind(name_or_path)
+  what = what_is(name_or_path)
   hub.check_revision(name_or_path, revision, what)
   if name_or_path in NAMED_MODELS:
     package, file, pip = NAMED_MODELS[name_or_path]
@@ -623,7 +623,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   validate.boolean("tokenizer", tokenizer)
   if kernels is not None:
     validate.boolean("kernels", kernels)
-  hub.check_revision(name_or_path, revision, kind(name_or_path))
+  hub.check_revision(name_or_path, revision, what_is(name_or_path))
   entry = registry.DRAFTERS.get(name_or_path)
   if entry is not None and entry.kind == "medusa2":
     return _load_adapted(entry, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,

@@ -115,18 +115,18 @@ def test_a_gguf_file_by_name(cache, tmp_path):
 
 
 def test_what_a_name_is(cache, files, tmp_path, monkeypatch):
-  assert weights.kind("smollm2-135m") == hub.SHIPPED
-  assert weights.kind("smollm2-135m-draft") == hub.SHIPPED
-  assert weights.kind("org/tiny") == hub.HUB
-  assert weights.kind("org/tiny/file.gguf") == hub.HUB
+  assert weights.what_is("smollm2-135m") == hub.SHIPPED
+  assert weights.what_is("smollm2-135m-draft") == hub.SHIPPED
+  assert weights.what_is("org/tiny") == hub.HUB
+  assert weights.what_is("org/tiny/file.gguf") == hub.HUB
   for not_hub in ("tiny", "./org/tiny", "/org/tiny", "~/org/tiny", "org/tiny/file.txt",
                   "org/ti--ny", "org//tiny"):
-    assert weights.kind(not_hub) is None, not_hub
+    assert weights.what_is(not_hub) is None, not_hub
   # A local folder named like a repository wins over the Hub.
   monkeypatch.chdir(tmp_path)
   os.makedirs("org")
   os.symlink(files["two"], "org/tiny")
-  assert weights.kind("org/tiny") == hub.LOCAL
+  assert weights.what_is("org/tiny") == hub.LOCAL
   assert weights.resolve("org/tiny") == "org/tiny"
   with pytest.raises(InputError, match="revision="):
     weights.resolve("org/tiny", revision="v2")
