@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import registry
+from specjax import hub, registry
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 from specjax.packing import LAYER_SITES
 
@@ -271,14 +271,22 @@ def _read(path: str, dtype) -> Heads:
   return Heads(cfg, params, vocab.astype(np.int32) if vocab.size else None, meta)
 
 
-def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
+def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | None = None) -> Heads:
   """Shipped heads by name (see NAMED_HEADS), a file written by `save_heads`, or published heads
   (a directory, .safetensors, .pt or .bin in the Medusa or EAGLE layouts: specjax.drafters). With
-  `target`, checks that they fit it (width and vocabulary) and uses its dtype."""
+  `target`, checks that they fit it (width and vocabulary) and uses its dtype.
+
+  A Hugging Face Hub name, "org/name" (the repository's config.json and weights) or
+  "org/name/FILE" (one .npz / .safetensors / .pt / .bin file, with the config.json beside it),
+  is read from the Hugging Face cache, downloaded there first where needed (never with
+  HF_HUB_OFFLINE set), at `revision` (default main); a shipped name or an existing local path of
+  the same name wins (specjax.hub)."""
   if not isinstance(path_or_name, (str, os.PathLike)):
     raise InputError(f"load_heads: expected a heads name or path, got "
                      f"{type(path_or_name).__name__}")
   name = os.fspath(path_or_name)
+  what = hub.what_is(name, (*NAMED_HEADS, *registry.DRAFTERS), hub.HEADS_SUFFIXES)
+  hub.check_revision(name, revision, what)
   if name in NAMED_HEADS:
     target_name, file = NAMED_HEADS[name]
     path = os.path.join(os.path.dirname(__file__), "assets", file)
@@ -293,11 +301,14 @@ def load_heads(path_or_name: str, target=None, *, dtype=None) -> Heads:
     raise InputError(f"load_heads: {name!r} is a shipped {d.kind} model, not heads: load it with "
                      f"sj.load_model({name!r}, target=sj.load_model({d.target!r})) and pass it to "
                      f"sj.DraftModel")
-  else:
+  elif what == hub.LOCAL:
     path = name
-    if not os.path.exists(path):
-      raise ModelNotFoundError(f"load_heads: {name!r} is neither a shipped heads name "
-                               f"({', '.join(NAMED_HEADS)}) nor a file or directory")
+  elif what == hub.HUB:
+    path = hub.heads_path(name, revision)
+  else:
+    raise ModelNotFoundError(f"load_heads: {name!r} is neither a shipped heads name "
+                             f"({', '.join(NAMED_HEADS)}), a file or directory, nor a Hugging "
+                             f"Face Hub name (org/name, or org/name/FILE)")
   dt = dtype or (getattr(target, "dtype", None) if target is not None else None) or jnp.float32
   from specjax.drafters import layouts  # published layouts (Medusa, EAGLE): directories, .pt, ...
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from specjax import arch, lazy
+from specjax import arch, hub, lazy
 from specjax import registry
 from specjax.config import ModelConfig
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
@@ -431,8 +431,18 @@ NAMED_MODELS = {
 }
 
 
-def resolve(name_or_path: str) -> str:
-  """A model name or path -> an existing file or directory, or ModelNotFoundError."""
+def what_is(name: str) -> str | None:
+  """What a model name is (specjax.hub.what_is, the one place that decides): hub.SHIPPED (a named
+  model or a shipped drafter), hub.LOCAL (an existing file or directory), hub.HUB (a Hugging Face
+  repository "org/name", or its file "org/name/FILE.gguf"), or None."""
+  return hub.what_is(name, (*NAMED_MODELS, *registry.DRAFTERS), (".gguf",))
+
+
+def resolve(name_or_path: str, revision: str | None = None) -> str:
+  """A model name or path -> an existing file or directory, or ModelNotFoundError. A Hub name
+  is fetched into (or found in) the Hugging Face cache at `revision` (default: main)."""
+  what = what_is(name_or_path)
+  hub.check_revision(name_or_path, revision, what)
   if name_or_path in NAMED_MODELS:
     package, file, pip = NAMED_MODELS[name_or_path]
     import importlib.util
@@ -447,17 +457,21 @@ def resolve(name_or_path: str) -> str:
     if not os.path.isfile(path):
       path = _assembled(package, name_or_path, pip)
     return path
-  if os.path.isdir(name_or_path) or os.path.isfile(name_or_path):
+  if what == hub.LOCAL:
     return name_or_path
+  if what == hub.HUB:
+    return hub.model_path(name_or_path, revision)
   raise ModelNotFoundError(
       f"unknown model {name_or_path!r}: not a named model ({', '.join(sorted(NAMED_MODELS))}), "
-      f"a local HF directory or a .gguf file"
+      f"a local HF directory or .gguf file, or a Hugging Face Hub name (org/name, or "
+      f"org/name/FILE.gguf)"
   )
 
 
 def check_model(name_or_path: str) -> None:
   """ModelNotFoundError unless `load_model` can find this model: a named model, a local
-  directory or file, or a shipped Medusa-2 asset (its target's file is checked). Reads nothing."""
+  directory or file, a Hub name (fetched into the Hugging Face cache if it is not there yet), or
+  a shipped Medusa-2 asset (its target's file is checked). Reads no weights."""
   entry = registry.DRAFTERS.get(name_or_path) if isinstance(name_or_path, str) else None
   resolve(entry.target if entry is not None and entry.kind == "medusa2" else name_or_path)
 
@@ -562,8 +576,15 @@ def _load_adapted(entry, *, dtype, tokenizer, place, mesh, target, weights, kern
 
 def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=None, mesh=None,
                rules=None, kernels: bool | None = None, target=None, weights: str = "float32",
-               activations: str = "float32"):
-  """Loads a named model, a local HF directory or a .gguf file into a specjax Model.
+               activations: str = "float32", revision: str | None = None):
+  """Loads a named model, a local HF directory or .gguf file, or a Hugging Face Hub name into a
+  specjax Model.
+
+  A Hub name, "org/name" (its config, tokenizer and safetensors) or "org/name/FILE.gguf" (that
+  one file), is read from the Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub), downloaded
+  there first if it is not yet (never with HF_HUB_OFFLINE set), at `revision` (a branch, tag or
+  commit; default main). A named model or an existing local path of the same name wins
+  (specjax.hub).
 
   A shipped draft (e.g. "smollm2-135m-draft") borrows its target's embeddings and LM head: pass
   the target already loaded as `target=` to build it around that one (instant, no second copy);
@@ -592,10 +613,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   epilogue (specjax/kernels/quant.py); a file holding another block type in a dense product is an
   InputError naming it, before anything is read.
   """
-  import jax.numpy as jnp
-
   from specjax import malloc, validate
-  from specjax.model import Model, from_flat
 
   malloc.tune()
   if not isinstance(name_or_path, (str, os.PathLike)):
@@ -605,6 +623,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   validate.boolean("tokenizer", tokenizer)
   if kernels is not None:
     validate.boolean("kernels", kernels)
+  hub.check_revision(name_or_path, revision, what_is(name_or_path))
   entry = registry.DRAFTERS.get(name_or_path)
   if entry is not None and entry.kind == "medusa2":
     return _load_adapted(entry, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
@@ -625,22 +644,35 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
                             rules=rules, kernels=kernels)
   if mesh is not None:
     mesh, place = _mesh_placer(mesh, place, rules)
-  path = resolve(name_or_path)
+  path = resolve(name_or_path, revision)
   if weights == "blocks" and not path.endswith(".gguf"):  # before reading the checkpoint
     raise InputError(f"weights='blocks' needs a GGUF checkpoint; {path} is not one")
+  return _load_checkpoint(path, name_or_path, dtype=dtype, tokenizer=tokenizer, place=place,
+                          placed=mesh is not None, kernels=kernels, weights=weights,
+                          activations=activations)
+
+
+def _load_checkpoint(path: str, name: str, *, dtype, tokenizer, place, placed, kernels, weights,
+                     activations):
+  """load_model's checkpoint at the resolved `path` (its arguments checked) as a Model named
+  `name`; placed: `place` is load_model's mesh placer, to be told when it is done."""
+  import jax.numpy as jnp
+
+  from specjax.model import Model, from_flat
+
   dtype = jnp.dtype(dtype or default_dtype())
   if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"load_model: dtype={dtype} not supported; use float32, bfloat16 or float16")
   cfg, flat = open_checkpoint(path)  # names and shapes checked; nothing read yet
   int8 = _int8_blocks(path, cfg) if activations == "int8" else None  # types checked before reading
   graphdef, params = from_flat(cfg, flat, dtype=dtype, place=place, where=path)
-  if mesh is not None:
+  if placed:
     place.done()
   tok = load_tokenizer(path) if tokenizer else None
-  model = Model(cfg, graphdef, params, tok, name=name_or_path, dtype=dtype)
+  model = Model(cfg, graphdef, params, tok, name=name, dtype=dtype)
   if weights == "blocks":
     return _with_blocks(model, path, int8)
-  if mesh is None and place is None:
+  if place is None:
     from specjax.packing import maybe_pack
 
     model = maybe_pack(model, kernels)

@@ -52,6 +52,36 @@ def save_tiny_hf(path: str, *, vocab_size: int = 320, hidden: int = 64, layers: 
   return path
 
 
+def put_in_hub_cache(cache: str, repo: str, folder: str, commit: str,
+                     refs: tuple = ("main",)) -> str:
+  """Lays `folder`'s files out in `cache` as huggingface_hub's cache holds a download of
+  `repo` at `commit`: models--org--name/blobs/<sha256> (the contents),
+  snapshots/<commit>/<file> (relative symlinks to the blobs) and refs/<ref> (the commit, no
+  newline) for each of `refs`. With local_files_only, snapshot_download answers from refs and
+  snapshots alone. Returns the snapshot directory."""
+  import hashlib
+  import shutil
+
+  root = os.path.join(cache, "models--" + repo.replace("/", "--"))
+  snap = os.path.join(root, "snapshots", commit)
+  for dirpath, _, files in os.walk(folder):
+    for f in files:
+      src = os.path.join(dirpath, f)
+      with open(src, "rb") as fh:
+        blob = os.path.join(root, "blobs", hashlib.sha256(fh.read()).hexdigest())
+      os.makedirs(os.path.dirname(blob), exist_ok=True)
+      if not os.path.exists(blob):
+        shutil.copyfile(src, blob)
+      dst = os.path.join(snap, os.path.relpath(src, folder))
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      os.symlink(os.path.relpath(blob, os.path.dirname(dst)), dst)
+  os.makedirs(os.path.join(root, "refs"), exist_ok=True)
+  for ref in refs:
+    with open(os.path.join(root, "refs", ref), "w") as fh:
+      fh.write(commit)
+  return snap
+
+
 def torch_decoder_layer(x, residual, sd: dict, prefix: str, cfg: dict):
   """One Llama decoder layer in torch from a state dict, the tests' reference for EAGLE's draft
   layers: causal self-attention over the rows of x [n, in] (rotary positions 0..n-1, grouped kv
