@@ -156,12 +156,12 @@ def test_bad_blocks_are_named():
 
 @pytest.mark.slow
 def test_smollm2_float32_and_w4a8(smollm2):
-  """The real model's widths and depth, float32 (the default load) and the W4A8 target: a chain
-  at one token, past the 6- and 8-row tiles and at the 64-row limit, a tree at batch 4, a
-  200-token context. (Float32 activations over the blocks: the tiny GGUF above, at every width.)"""
+  """The real model's widths and depth, float32 (the default load: a chain at one token and at
+  the 64-row limit) and the W4A8 target (16 tokens, a tree at batch 4), a 200-token context.
+  (Every width and tree on the tiny models above; float32 activations over the blocks: the tiny
+  GGUF.)"""
   probe = BatchInvariance(smollm2, cache_len=288)
-  _assert_chains(probe, (1, 16, 64), context=200)
-  _assert_invariant(probe, TREES[0], context=200, batch=4)
+  _assert_chains(probe, (1, 64), context=200)
   model = sj.load_model("smollm2-135m", weights="blocks", activations="int8")
   probe = BatchInvariance(model, cache_len=288)
   _assert_chains(probe, (1, 16), context=200)
