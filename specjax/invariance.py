@@ -115,7 +115,7 @@ class BatchInvariance:
     _, cache = self._fwd(self.params, t, pos, cache, jnp.tril(jnp.ones((len(ctx),) * 2, bool)))
     return kv.advance(cache, jnp.asarray([len(ctx)], jnp.int32))
 
-  def _one_by_one(self, cache, tokens, parents, depth) -> np.ndarray:
+  def _one_by_one(self, cache, tokens, parents) -> np.ndarray:
     """Batch 1: logits [N, V] of each block token from its root-to-token path, a call a token."""
     out = [None] * len(parents)
     children = {p for p in parents if p >= 0}
@@ -145,7 +145,7 @@ class BatchInvariance:
 
   def reference(self, case: Case) -> np.ndarray:
     """[B, N, V]: each token's logits from one-token forwards along its path, batch 1."""
-    return np.stack([self._one_by_one(c, t, case.parents, case.depth)
+    return np.stack([self._one_by_one(c, t, case.parents)
                      for c, t in zip(case.caches, case.tokens)])
 
   def block(self, case: Case, empty: bool = False) -> np.ndarray:

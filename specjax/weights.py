@@ -609,7 +609,7 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   warning naming it. Prefill (more than 64 rows) still multiplies the float32 copies.
   activations: "float32" (default), or "int8" with weights="blocks" (the W4A8 target, llama.cpp's
   arithmetic): every dense product quantizes its activations per block of 32 to int8 and sums
-  integer products against the GGUF's Q4_1 / Q8_0 blocks as stored, with a fixed-order float
+  integer products against the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored, with a fixed-order float
   epilogue (specjax/kernels/quant.py); a file holding another block type in a dense product is an
   InputError naming it, before anything is read.
   """

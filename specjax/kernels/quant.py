@@ -105,6 +105,12 @@ def _qdot():
   return qdot if qdot.available() else None
 
 
+def _pack_by_default(bits: int) -> bool:
+  """Whether a 4-bit weight gets the integer-dot kernel's copy when the caller does not say: where
+  the default device is a CPU and the kernel is available."""
+  return bits == 4 and jax.default_backend() == "cpu" and _qdot() is not None
+
+
 def quantize_weight(w, bits: int = 4, *, pack: bool | None = None) -> QWeight:
   """w [K, N] (any float) -> QWeight of 4-bit (Q4_1) or 8-bit (Q8_0) blocks, cast once.
 
@@ -118,7 +124,7 @@ def quantize_weight(w, bits: int = 4, *, pack: bool | None = None) -> QWeight:
   w = jnp.pad(w, ((0, _padded(k) - k), (0, 0)))
   q, d, m = _cast(w, bits)
   if pack is None:
-    pack = bits == 4 and jax.default_backend() == "cpu" and _qdot() is not None
+    pack = _pack_by_default(bits)
   packed = None
   if pack:
     if bits != 4:
@@ -158,7 +164,7 @@ def from_gguf(rows: np.ndarray, n: int, k: int, qtype: str, *, pack: bool | None
     q = blk[:, :, 2:].view(np.int8)
   q = np.ascontiguousarray(q.transpose(1, 2, 0))  # [nb, 32, N]
   if pack is None:
-    pack = bits == 4 and jax.default_backend() == "cpu" and _qdot() is not None
+    pack = _pack_by_default(bits)
   packed = None
   if pack and bits == 4:
     from specjax.kernels import qdot
