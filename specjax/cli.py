@@ -750,9 +750,9 @@ def main(argv=None) -> None:
   _add_train_commands(sub)
 
   x = sub.add_parser("export", help="write heads (.npz, a shipped name or published files) in a "
-                     "published layout: medusa (FasterDecoding's Medusa-1), eagle (EAGLE-1/2) or "
-                     "eagle3 (EAGLE-3)")
-  x.add_argument("--format", required=True, choices=("medusa", "eagle", "eagle3"))
+                     "published layout: medusa (FasterDecoding's Medusa-1), eagle (EAGLE-1/2), "
+                     "eagle3 (EAGLE-3) or dflash (z-lab's DFlash)")
+  x.add_argument("--format", required=True, choices=("medusa", "eagle", "eagle3", "dflash"))
   x.add_argument("heads")
   x.add_argument("out_dir")
   x.add_argument("--model", default=None, help="the target (default: the one the heads name; "
