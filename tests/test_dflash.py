@@ -64,8 +64,10 @@ def _state(seed=0, layers=2):
     p = f"layers.{i}."
     sd.update({p + "input_layernorm.weight": 1 + r(E),
                p + "post_attention_layernorm.weight": 1 + r(E),
-               p + "self_attn.q_proj.weight": r(H * D, E), p + "self_attn.k_proj.weight": r(KV * D, E),
-               p + "self_attn.v_proj.weight": r(KV * D, E), p + "self_attn.o_proj.weight": r(E, H * D),
+               p + "self_attn.q_proj.weight": r(H * D, E),
+               p + "self_attn.k_proj.weight": r(KV * D, E),
+               p + "self_attn.v_proj.weight": r(KV * D, E),
+               p + "self_attn.o_proj.weight": r(E, H * D),
                p + "self_attn.q_norm.weight": 1 + r(D), p + "self_attn.k_norm.weight": 1 + r(D),
                p + "mlp.gate_proj.weight": r(F, E), p + "mlp.up_proj.weight": r(F, E),
                p + "mlp.down_proj.weight": r(E, F)})
@@ -120,7 +122,8 @@ def reference(hf_model, sd, cfg, tokens=TOKENS):
     ctx_all = rms(torch.cat([hs[i + 1][0] for i in dc["target_layer_ids"]], -1)
                   @ sd["fc.weight"].T, sd["hidden_norm.weight"])
     for a in range(len(tokens) - bs + 1):
-      x = hf_model.model.embed_tokens.weight[torch.tensor([ids[a]] + [dc["mask_token_id"]] * (bs - 1))]
+      block = torch.tensor([ids[a]] + [dc["mask_token_id"]] * (bs - 1))
+      x = hf_model.model.embed_tokens.weight[block]
       for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
         w = lambda n: sd[p + n + ".weight"]  # noqa: E731
@@ -252,3 +255,46 @@ def test_bad_input_is_named(target, published, tmp_path):
     sj.MTP(heads)
   with pytest.raises(InputError, match="options of DFlash heads, not eagle"):
     sj.init_heads(target, "eagle", block_size=4)
+
+
+def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_path,
+                                                                  monkeypatch):
+  """`specjax train dflash` (train_heads on the shared trainer): a few steps on a small corpus
+  lower the held-out loss and record per-offset top-1; a run stopped at step 9 (the trainer
+  checkpoints on its way out) resumes to exactly the uninterrupted run's parameters."""
+  import functools
+
+  from specjax.training import heads as heads_train
+  from specjax.training import trainer
+  from tinyhf import FakeCorpus
+
+  rng = np.random.default_rng(0)
+  corpus = FakeCorpus([rng.integers(0, V - 1, 24).tolist() for _ in range(24)], [2] * 24, V)
+  kw = dict(steps=12, batch_size=4, seq_len=16, lr=1e-2, warmup=2, held_out=0.2, ckpt_every=6,
+            eval_every=6, progress=False, dflash=dict(block_size=BS, mask_token_id=MASK))
+  quiet = lambda *a: None  # noqa: E731
+  whole = heads_train.train_heads("dflash", target, corpus, out_dir=str(tmp_path / "a"),
+                                  export=str(tmp_path / "h.npz"), log=quiet, **kw)
+  held = [r for r in trainer.read_log(str(tmp_path / "a")) if r["split"] == "heldout"]
+  assert [r["step"] for r in held] == [0, 6, 12] and held[-1]["loss"] < held[0]["loss"], held
+  assert {"top1_0", "top1_1", "top1_2"} <= set(whole.meta["held_out"])
+  assert sj.load_heads(str(tmp_path / "h.npz"), target).config == whole.config
+
+  class Stop(Exception):
+    pass
+
+  def stop_at_9(step, params, metrics):
+    if step == 9:
+      raise Stop
+
+  train = trainer.train
+  monkeypatch.setattr(trainer, "train", functools.partial(train, callback=stop_at_9))
+  with pytest.raises(Stop):
+    heads_train.train_heads("dflash", target, corpus, out_dir=str(tmp_path / "b"), log=quiet, **kw)
+  monkeypatch.setattr(trainer, "train", train)
+  logs = []
+  again = heads_train.train_heads("dflash", target, corpus, out_dir=str(tmp_path / "b"),
+                                  log=logs.append, **kw)
+  assert any("resumed from checkpoint at step 9" in line for line in logs), logs
+  for name, x in whole.params.items():
+    assert np.array_equal(np.asarray(again.params[name]), np.asarray(x)), name

@@ -1,4 +1,4 @@
-"""DFlash: a block-diffusion drafter that drafts a whole block in one forward (Chen, Liang, Liu 2026).
+"""DFlash: a block-diffusion drafter drafts a whole block in one forward (Chen, Liang, Liu 2026).
 
 The drafter reads the target's residual stream after several of its layers (`target_layer_ids`,
 shallow to deep: id i is the state after the target's first i + 1 layers, raw), concatenated

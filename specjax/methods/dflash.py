@@ -119,9 +119,9 @@ class DFlash(Method):
     logits = nnx.merge(prog.graphdef, params).head(h[:, 1:])  # [B,G,V]
     q = sampling.probs(logits, state.sp)
     greedy = sampling.argmax(logits)
+    hot = state.sp.temperature[:, None] >= sampling.MIN_TEMPERATURE
     draft = jax.lax.cond(jnp.all(state.sp.temperature == 0), lambda: greedy,
-                         lambda: jnp.where(state.sp.temperature[:, None] >= sampling.MIN_TEMPERATURE,
-                                           sampling.sample_probs(key, q), greedy))
+                         lambda: jnp.where(hot, sampling.sample_probs(key, q), greedy))
     return draft, q, pos
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
