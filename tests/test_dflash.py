@@ -298,3 +298,19 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
   assert any("resumed from checkpoint at step 9" in line for line in logs), logs
   for name, x in whole.params.items():
     assert np.array_equal(np.asarray(again.params[name]), np.asarray(x)), name
+
+
+def test_block_size_comes_from_the_curve_and_an_explicit_one_wins(target, monkeypatch):
+  """methods/defaults.py: block = 1 + argmax tau(g) / (c(g + 1) + one drafter forward), tau from
+  the held-out per-offset top-1 the trainer records; nothing recorded: the trained block."""
+  from specjax import calibrate, methods
+
+  curve = {"now": {1: 1.0, 64: 1.0}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=6)
+  held = dataclasses.replace(heads, meta={"held_out": {f"top1_{k}": 0.8 for k in range(5)}})
+  assert methods.build("dflash", target, heads=held).block_size == 6  # verifying more is free
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}  # every verified token costs a forward
+  assert methods.build("dflash", target, heads=held).block_size == 2
+  assert methods.build("dflash", target, heads=held, block_size=5).block_size == 5
+  assert methods.build("dflash", target, heads=heads).block_size == 6
