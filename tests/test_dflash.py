@@ -24,6 +24,8 @@ from specjax import decode, sampling
 from specjax.drafters import export_heads, head_logits
 from specjax.errors import InputError, WeightsError
 
+from tinyhf import random_llama
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -35,19 +37,8 @@ TOKENS = np.array([5, 17, 3, 44, 8, 8, 59, 0, 12, 33, 21, 7], np.int32)
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-  torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=E, intermediate_size=48,
-                                 num_hidden_layers=LAYERS, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=512,
-                                 rope_theta=10000.0, tie_word_embeddings=False)
-  model = transformers.LlamaForCausalLM(cfg).eval()
-  with torch.no_grad():
-    for p in model.parameters():
-      if p.ndim > 1:
-        p.normal_(0.0, 0.2)
-  d = str(tmp_path_factory.mktemp("target"))
-  model.save_pretrained(d)
-  return d, model
+  return random_llama(str(tmp_path_factory.mktemp("target")), layers=LAYERS, vocab_size=V,
+                      hidden=E)
 
 
 @pytest.fixture(scope="module")

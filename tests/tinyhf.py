@@ -116,6 +116,27 @@ def torch_decoder_layer(x, residual, sd: dict, prefix: str, cfg: dict):
                       sd[m + "down_proj.weight"])
 
 
+def random_llama(path: str, *, layers: int, vocab_size: int = 61, hidden: int = 32,
+                 std: float = 0.2, seed: int = 0):
+  """A tiny random transformers LlamaForCausalLM (4 heads, 2 kv heads, every matrix N(0, std^2)),
+  saved to path for sj.load_model; returns (path, the torch module, for references)."""
+  import torch
+  import transformers
+
+  torch.manual_seed(seed)
+  cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=48,
+                                 num_hidden_layers=layers, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=512,
+                                 rope_theta=10000.0, tie_word_embeddings=False)
+  model = transformers.LlamaForCausalLM(cfg).eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.ndim > 1:
+        p.normal_(0.0, std)
+  model.save_pretrained(path)
+  return path, model
+
+
 class FakeCorpus:
   """training/corpus.Corpus's reading interface over in-memory sequences (prompt + response), with
   the same window semantics: consecutive windows overlapping by one token, mask[t] True where

@@ -83,7 +83,7 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
     raise InputError(f"head_logits: heads of kind {c.kind!r}; it reads {', '.join(SCORED)}")
   check_fits(heads, target)
   least = {"medusa": 1, "eagle": 2, "eagle3": 2, "mtp": c.num_heads + 1,
-           "dflash": c.block_size}[c.kind]
+           "dflash": getattr(c, "block_size", 0)}[c.kind]
   toks = _check_tokens(tokens, target.config.vocab_size, least)
   batched = toks.ndim == 2
   toks = jnp.asarray(toks if batched else toks[None])  # [B,T]
