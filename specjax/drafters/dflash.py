@@ -106,8 +106,9 @@ def check_config(c: DFlashConfig, num_target_layers: int | None = None, where: s
 # ----------------------------------------------------------------------------- the module
 
 
-def _param(rngs, shape, dtype, scale):
-  return nnx.Param(scale * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
+def _param(rng: np.random.Generator, shape, dtype, scale):
+  # numpy draws: one jax.random call per shape would compile a program per tensor.
+  return nnx.Param(jnp.asarray(scale * rng.standard_normal(shape, np.float32), dtype))
 
 
 def _ones(n, dtype):
@@ -121,18 +122,18 @@ def _norm(x, w, eps):
 class DFlashLayer(nnx.Module):
   """One drafter layer: attention over [context, block] with queries from the block, then MLP."""
 
-  def __init__(self, c: DFlashConfig, dtype, rngs: nnx.Rngs, scale: float = 0.02):
+  def __init__(self, c: DFlashConfig, dtype, rng: np.random.Generator, scale: float = 0.02):
     e, h, k, d, f = c.hidden_size, c.attn_heads, c.kv_heads, c.head_dim, c.intermediate_size
     self.eps = c.norm_eps
     self.attn_norm, self.mlp_norm = _ones(e, dtype), _ones(e, dtype)
-    self.wq = _param(rngs, (e, h, d), dtype, scale)
-    self.wk = _param(rngs, (e, k, d), dtype, scale)
-    self.wv = _param(rngs, (e, k, d), dtype, scale)
-    self.wo = _param(rngs, (h, d, e), dtype, scale)
+    self.wq = _param(rng, (e, h, d), dtype, scale)
+    self.wk = _param(rng, (e, k, d), dtype, scale)
+    self.wv = _param(rng, (e, k, d), dtype, scale)
+    self.wo = _param(rng, (h, d, e), dtype, scale)
     self.q_norm, self.k_norm = _ones(d, dtype), _ones(d, dtype)
-    self.w_gate = _param(rngs, (e, f), dtype, scale)
-    self.w_up = _param(rngs, (e, f), dtype, scale)
-    self.w_down = _param(rngs, (f, e), dtype, scale)
+    self.w_gate = _param(rng, (e, f), dtype, scale)
+    self.w_up = _param(rng, (e, f), dtype, scale)
+    self.w_down = _param(rng, (f, e), dtype, scale)
 
   def kv(self, x, rope):
     """x [B,T,E] (the context feature, or the normed block) -> k, v [B,T,K,D] (k normed, roped)."""
@@ -166,12 +167,13 @@ class DFlashDrafter(nnx.Module):
   """The drafter: `context_kv` turns target features into every layer's context K/V; calling it
   runs the block over them. Built from flat params with `drafter(config, params)`."""
 
-  def __init__(self, c: DFlashConfig, dtype=jnp.float32, *, rngs: nnx.Rngs, scale: float = 0.02):
+  def __init__(self, c: DFlashConfig, dtype=jnp.float32, *, seed: int = 0, scale: float = 0.02):
     n, e = len(c.target_layer_ids), c.hidden_size
+    rng = np.random.default_rng(seed)
     self.eps, self.theta, self.head_dim = c.norm_eps, c.rope_theta, c.head_dim
-    self.fc = _param(rngs, (n * e, e), dtype, scale / 0.02 / np.sqrt(n * e))
+    self.fc = _param(rng, (n * e, e), dtype, scale / 0.02 / np.sqrt(n * e))
     self.hidden_norm, self.norm = _ones(e, dtype), _ones(e, dtype)
-    self.layers = nnx.List([DFlashLayer(c, dtype, rngs, scale) for _ in range(c.num_layers)])
+    self.layers = nnx.List([DFlashLayer(c, dtype, rng, scale) for _ in range(c.num_layers)])
 
   def rope(self, positions):
     """positions [B,T] -> (cos, sin) [B,T,D/2]."""
@@ -199,7 +201,7 @@ class DFlashDrafter(nnx.Module):
 
 @functools.lru_cache(maxsize=16)
 def _template(c: DFlashConfig, dtype_name: str):
-  abstract = nnx.eval_shape(lambda: DFlashDrafter(c, jnp.dtype(dtype_name), rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: DFlashDrafter(c, jnp.dtype(dtype_name)))
   return nnx.split(abstract)
 
 
@@ -243,8 +245,7 @@ def init_params(target, *, block_size: int = 8, mask_token_id: int | None = None
                    intermediate_size=tc.intermediate_size, norm_eps=tc.norm_eps,
                    rope_theta=tc.rope_theta or 10000.0, num_target_layers=tc.num_layers)
   check_config(c)
-  module = DFlashDrafter(c, getattr(target, "dtype", jnp.float32), rngs=nnx.Rngs(seed),
-                         scale=scale)
+  module = DFlashDrafter(c, getattr(target, "dtype", jnp.float32), seed=seed, scale=scale)
   _, state = nnx.split(module)
   return c, {_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
 
