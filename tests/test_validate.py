@@ -248,38 +248,35 @@ def test_large_finite_weights_load():
 
 
 def test_a_missing_named_set_is_an_error_not_a_substitution(tmp_path, monkeypatch):
-  from specjax import bench
-
   monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
   for call in (lambda: prompts.load("spec_bench:summarization", 3),
-               lambda: bench.load_prompt_set("spec_bench:summarization", 3),
-               lambda: bench.check_prompt_set("spec_bench:summarization")):
+               lambda: prompts.load_prompt_set("spec_bench:summarization", 3),
+               lambda: prompts.check_prompt_set("spec_bench:summarization")):
     with pytest.raises(sj.InputError, match=r"'spec_bench:summarization' is not available: no "
                        rf"spec_bench.jsonl in {re.escape(str(tmp_path))}.*set SPECJAX_PROMPTS "
                        r"to that folder"):
       call()
-  ps, chat = bench.load_prompt_set("spec_bench:summarization", 3, fallback=True)
+  ps, chat = prompts.load_prompt_set("spec_bench:summarization", 3, fallback=True)
   assert ps == prompts.FALLBACK[:3] and ps.source.startswith("builtin (standing in for")
-  labels = {label for label, _, _ in bench.load_prompt_sets("mt_bench,builtin", 2, fallback=True)}
+  labels = {label for label, _, _ in prompts.load_prompt_sets("mt_bench,builtin", 2,
+                                                              fallback=True)}
   assert labels == {"builtin (standing in for mt_bench: not found)", "builtin"}
   assert prompts.load("builtin", 2) == prompts.FALLBACK[:2]  # named explicitly: always there
-  bench.check_prompt_set("builtin")
+  prompts.check_prompt_set("builtin")
 
 
 def test_bench_mt_bench_rows_without_turns(tmp_path, monkeypatch):
-  """bench reads MT-Bench round-robin over categories: a row without a prompt is an InputError
-  naming the file and line, not a KeyError."""
-  from specjax import bench
-
+  """bench reads MT-Bench round-robin over categories (prompts.load_prompt_set): a row without a
+  prompt is an InputError naming the file and line, not a KeyError."""
   monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
   rows = [{"category": "writing", "turns": ["w 0"]}, {"category": "math", "turns": ["m 0"]},
           {"category": "writing", "turns": ["w 1"]}]
   (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  ps, chat = bench.load_prompt_set("mt_bench", 3)
+  ps, chat = prompts.load_prompt_set("mt_bench", 3)
   assert list(ps) == ["w 0", "m 0", "w 1"] and chat
   (tmp_path / "mt_bench.jsonl").write_text(json.dumps({"category": "x", "question": 3}) + "\n")
   with pytest.raises(sj.InputError, match=r"mt_bench.jsonl line 1: a prompt row needs a string"):
-    bench.load_prompt_set("mt_bench", 1)
+    prompts.load_prompt_set("mt_bench", 1)
 
 
 def test_loaded_prompts_say_where_they_came_from(tmp_path, monkeypatch):
