@@ -109,9 +109,9 @@ def test_save_load_roundtrip(tmp_path, tiny):
 
 
 def test_missing_heads(monkeypatch, tmp_path):
-  from specjax import registry
+  from specjax import shipped
 
-  entry = registry.DRAFTERS["smollm2-135m-medusa"]
+  entry = shipped.DRAFTERS["smollm2-135m-medusa"]
   import specjax.heads as heads_mod  # as if the asset were not shipped:
   monkeypatch.setattr(heads_mod.os.path, "isfile", lambda p: False if p.endswith(entry.asset) else
                       os.path.exists(p))

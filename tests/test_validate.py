@@ -336,10 +336,10 @@ def test_dtypes_by_name_or_as_numpy_and_jax_types():
     (dict(kernels=1), "kernels=1 is invalid: must be True or False, not int"),
 ])
 def test_load_model_settings_a_draft_would_ignore(kwargs, match, tiny, monkeypatch):
-  from specjax import registry
+  from specjax import shipped
 
   monkeypatch.setattr(weights, "resolve", _never)
-  monkeypatch.setattr(registry, "build", _never)
+  monkeypatch.setattr(shipped, "build", _never)
   if kwargs.get("target") == "TINY":
     kwargs["target"] = tiny
   with pytest.raises(sj.InputError, match=match):
@@ -352,11 +352,11 @@ def test_load_model_settings_a_draft_would_ignore(kwargs, match, tiny, monkeypat
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory, tiny):
   """A heads file and a draft asset for the tiny model, and broken files beside them."""
-  from specjax import heads, registry
+  from specjax import heads, shipped
 
   d = tmp_path_factory.mktemp("assets")
   out = {"heads": heads.save_heads(sj.init_heads(tiny, "medusa", num_heads=2), str(d / "h.npz")),
-         "draft": registry.export_draft(registry.draft_from_target(tiny, 1), str(d / "d.npz"),
+         "draft": shipped.export_draft(shipped.draft_from_target(tiny, 1), str(d / "d.npz"),
                                         target_name="tiny")}
   raw = open(out["heads"], "rb").read()
   for name, data in (("empty", b""), ("truncated", raw[:len(raw) // 2]),
@@ -373,14 +373,14 @@ def assets(tmp_path_factory, tiny):
 
 
 def _readers(tiny):
-  from specjax import registry
+  from specjax import shipped
 
   heads = "expected heads (.npz written by sj.save_heads / `specjax train medusa|eagle|mtp --export`)"
   draft = ("expected a draft model asset (.npz written by export_draft / `specjax train draft "
            "--export`)")
   return {"load_heads": (sj.load_heads, heads),
-          "load_draft_asset": (lambda p: registry.load_draft_asset(p, tiny), draft),
-          "read_draft_header": (registry.read_draft_header, draft)}
+          "load_draft_asset": (lambda p: shipped.load_draft_asset(p, tiny), draft),
+          "read_draft_header": (shipped.read_draft_header, draft)}
 
 
 @pytest.mark.parametrize("reader", ["load_heads", "load_draft_asset", "read_draft_header"])
@@ -406,9 +406,9 @@ def test_a_damaged_array_is_named_too(tiny, assets):
 
 
 def test_a_file_of_the_other_kind_says_what_it_is(tiny, assets):
-  from specjax import registry
+  from specjax import shipped
 
-  for read in (registry.read_draft_header, lambda p: registry.load_draft_asset(p, tiny)):
+  for read in (shipped.read_draft_header, lambda p: shipped.load_draft_asset(p, tiny)):
     with pytest.raises(sj.WeightsError, match=re.escape(
         f"{assets['heads']} holds medusa heads (written by save_heads), not a draft model asset "
         f"(.npz written by export_draft / `specjax train draft --export`): load it with "
@@ -417,19 +417,19 @@ def test_a_file_of_the_other_kind_says_what_it_is(tiny, assets):
   with pytest.raises(sj.WeightsError, match=re.escape(
       f"{assets['draft']} is a draft model asset (export_draft), not heads")):
     sj.load_heads(assets["draft"])
-  assert registry.read_draft_header(assets["draft"])["target"] == "tiny"
+  assert shipped.read_draft_header(assets["draft"])["target"] == "tiny"
   assert sj.load_heads(assets["heads"], tiny).config.num_heads == 2
 
 
 def test_draft_assets_by_shipped_name():
-  from specjax import registry
+  from specjax import shipped
 
-  assert registry.read_draft_header("smollm2-135m-draft")["target"] == "smollm2-135m"
+  assert shipped.read_draft_header("smollm2-135m-draft")["target"] == "smollm2-135m"
   with pytest.raises(sj.InputError, match="'smollm2-135m-medusa' names shipped medusa heads, not "
                      r"a draft model: load them with sj.load_heads\('smollm2-135m-medusa', target\)"):
-    registry.read_draft_header("smollm2-135m-medusa")
+    shipped.read_draft_header("smollm2-135m-medusa")
   with pytest.raises(sj.WeightsError, match="no-such.npz: no such file; expected a draft model"):
-    registry.read_draft_header("no-such.npz")
+    shipped.read_draft_header("no-such.npz")
   with pytest.raises(sj.InputError, match=r"'smollm2-135m-draft' is a shipped draft model, not "
                      r"heads: load it with sj.load_model\('smollm2-135m-draft', target="):
     sj.load_heads("smollm2-135m-draft")
