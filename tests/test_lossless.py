@@ -45,7 +45,7 @@ def _random_draft(target, seed=7):
 
 
 def _layer_draft(target):
-  from specjax.registry import draft_from_target
+  from specjax.shipped import draft_from_target
   v = target.config.vocab_size
   return draft_from_target(target, 1, vocab=np.arange(0, v, 2) if v > 20 else np.arange(v - 3))
 
