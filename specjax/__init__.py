@@ -8,7 +8,7 @@ from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJax
                             WeightsError)
 from specjax.heads import init_heads, load_heads
 from specjax.invariance import BatchInvariance
-from specjax.methods import (MTP, Autoregressive, DraftModel, Eagle, Hybrid, Lookahead, Medusa,
+from specjax.methods import (MTP, Autoregressive, DFlash, DraftModel, Eagle, Hybrid, Lookahead, Medusa,
                              PromptLookup, QuantizedDraft, SelfSpeculative, SuffixDecoding,
                              SuffixStore)
 from specjax.methods import names as _method_names
@@ -18,7 +18,8 @@ from specjax.weights import load_model
 METHODS = tuple(_method_names())  # the registered method names (specjax.methods.REGISTRY)
 
 __all__ = [
-    "METHODS", "MTP", "Autoregressive", "BatchInvariance", "ConfigError", "DecodeState", "DraftModel", "Eagle",
+    "METHODS", "MTP", "Autoregressive", "BatchInvariance", "ConfigError", "DecodeState", "DFlash", "DraftModel",
+    "Eagle",
     "GenerateOutput", "Hybrid", "InputError", "Lookahead", "Medusa", "Method", "Model",
     "ModelConfig", "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative",
     "SpecJaxError", "SuffixDecoding", "SuffixStore", "WeightsError", "export_heads", "generate",

@@ -527,7 +527,18 @@ def cmd_train_heads(args) -> None:
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                       held_out=args.held_out, ckpt_every=args.ckpt_every,
                       eval_every=args.eval_every, max_minutes=args.max_minutes, seed=args.seed,
-                      unroll=args.unroll, init=args.init, taps=args.taps or ())
+                      unroll=args.unroll, init=args.init, taps=args.taps or (),
+                      dflash=_dflash_args(args))
+
+
+def _dflash_args(args) -> dict | None:
+  """`specjax train dflash`'s drafter shape: --block-size, --mask-token, --target-layers."""
+  if args.what != "dflash":
+    return None
+  out = {"block_size": args.block_size, "mask_token_id": args.mask_token}
+  if args.target_layers:
+    out["target_layer_ids"] = tuple(int(i) for i in args.target_layers.split(","))
+  return out
 
 
 def cmd_train_medusa2(args) -> None:
@@ -619,6 +630,8 @@ _HEADS_HELPS = {"medusa": "Medusa-1 heads (4 by default)", "eagle": "an EAGLE fe
                 "mtp": "multi-token-prediction modules (2 by default)",
                 "eagle3": "an EAGLE-3 head (SafeAILab's architecture; export it with "
                 "`specjax export --format eagle3`)",
+                "dflash": "a DFlash block-diffusion drafter (z-lab's architecture; export it "
+                "with `specjax export --format dflash`)",
                 "heads": "several kinds of heads at once (--kinds), sharing one target forward "
                 "per batch"}
 
@@ -630,7 +643,7 @@ def _add_train_run(p: argparse.ArgumentParser, differ: dict) -> None:
 
 
 def _add_train_commands(sub) -> None:
-  """`specjax train draft | medusa | eagle | mtp | eagle3 | heads | medusa2`."""
+  """`specjax train draft | medusa | eagle | mtp | eagle3 | dflash | heads | medusa2`."""
   t = sub.add_parser("train", help="train speculation drafts")
   tsub = t.add_subparsers(dest="what", required=True)
   td = tsub.add_parser("draft", help="distil a small same-tokenizer draft from the target on its "
@@ -662,6 +675,13 @@ def _add_train_commands(sub) -> None:
     tm.add_argument("--taps", default=None, help="EAGLE: fused features, the outputs of these "
                     "target layers beside the last (e.g. 2,15; 'auto': a low and a middle layer); "
                     "with --init from an unfused head, grows it")
+    if kind == "dflash":
+      tm.add_argument("--block-size", type=int, default=8, help="tokens per drafted block, the "
+                      "last verified one included")
+      tm.add_argument("--mask-token", type=int, required=True, help="the token id that fills a "
+                      "block (one the text never uses)")
+      tm.add_argument("--target-layers", default=None, help="0-based target layers read, e.g. "
+                      "1,15,27 (default: --num-layers of them spread from layer 1 to L - 3)")
     tm.set_defaults(fn=cmd_train_heads)
   m2 = tsub.add_parser("medusa2", help="Medusa-2: Medusa heads and LoRA adapters on the target's "
                        "layers trained together, with KL(original || adapted) keeping the adapted "
@@ -750,9 +770,9 @@ def main(argv=None) -> None:
   _add_train_commands(sub)
 
   x = sub.add_parser("export", help="write heads (.npz, a shipped name or published files) in a "
-                     "published layout: medusa (FasterDecoding's Medusa-1), eagle (EAGLE-1/2) or "
-                     "eagle3 (EAGLE-3)")
-  x.add_argument("--format", required=True, choices=("medusa", "eagle", "eagle3"))
+                     "published layout: medusa (FasterDecoding's Medusa-1), eagle (EAGLE-1/2), "
+                     "eagle3 (EAGLE-3) or dflash (z-lab's DFlash)")
+  x.add_argument("--format", required=True, choices=("medusa", "eagle", "eagle3", "dflash"))
   x.add_argument("heads")
   x.add_argument("out_dir")
   x.add_argument("--model", default=None, help="the target (default: the one the heads name; "

@@ -230,7 +230,7 @@ def random_draft(target, seed: int = 7, layers: int = 1):
 def method_options(name: str, target, seed: int = 4) -> dict:
   """Options that build the registered method `name` on `target` (specjax.methods.build) with
   small fixed settings and random drafters (Medusa heads at a spread that gets some candidates
-  accepted, EAGLE / MTP heads, a one-layer random draft)."""
+  accepted, EAGLE / MTP / DFlash heads, a one-layer random draft)."""
   from specjax import methods
   from specjax.heads import init_heads
 
@@ -251,6 +251,9 @@ def method_options(name: str, target, seed: int = 4) -> dict:
           methods.SuffixDecoding(num_nodes=4, max_depth=3, occurrences=2, max_match=3),
           methods.Medusa(medusa(), tree=[list(p) for p in MEDUSA_TREE])], num_nodes=10),
       "mtp": lambda: dict(heads=init_heads(target, "mtp", num_heads=2, seed=seed, scale=0.3)),
+      "dflash": lambda: dict(heads=init_heads(target, "dflash", block_size=4, seed=seed,
+                                              scale=0.3,
+                                              mask_token_id=target.config.vocab_size - 1)),
   }
   canonical = methods.get(name).name
   if canonical not in options:

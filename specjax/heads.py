@@ -70,7 +70,7 @@ from specjax import hub, registry
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 from specjax.packing import LAYER_SITES
 
-KINDS = ("medusa", "eagle", "mtp", "eagle3")
+KINDS = ("medusa", "eagle", "mtp", "eagle3", "dflash")
 FEATURE_KINDS = ("eagle", "mtp", "eagle3")  # one-decoder-layer modules on the target's features
 
 # Shipped heads in specjax/assets, from the one registry of shipped drafters:
@@ -107,6 +107,8 @@ class Heads:
 
   def __repr__(self):
     c = self.config
+    if c.kind == "dflash":
+      return c.describe()
     sub = f", vocab subset {c.vocab_subset}" if c.vocab_subset else ""
     sub += f", fused taps {list(c.taps)}" if c.taps else ""
     return (f"Heads({c.kind}: K={c.num_heads} x {c.num_layers} block(s), E={c.hidden_size}, "
@@ -126,15 +128,23 @@ def _check_vocab_ids(vocab, vocab_size: int) -> np.ndarray | None:
 
 def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, num_layers: int = 1,
                seed: int = 0, scale: float = 0.0, vocab=None, taps=(),
-               input_norm: bool = True) -> Heads:
+               input_norm: bool = True, **dflash) -> Heads:
   """Fresh heads for `target` (a specjax Model). Medusa (num_heads default 4): scale 0 (Medusa's
   init) makes every head the target's LM head; scale > 0 draws W ~ N(0, scale^2 / E) and
   b ~ N(0, scale^2) (tests). EAGLE (one module) and MTP (num_heads modules, default 2): see
   `init_feature_heads` (EAGLE also takes `taps`, fused features: see the module docstring, and
   input_norm=False: the published EAGLE-1/2 architecture, no norm on the layer's input). EAGLE-3:
-  `init_eagle3_heads` (vocab: its draft vocabulary)."""
+  `init_eagle3_heads` (vocab: its draft vocabulary). DFlash: num_layers drafter layers and
+  `dflash` = block_size, mask_token_id, target_layer_ids (specjax.drafters.dflash.init_params;
+  scale 0 there means its default 0.02)."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
+  if kind == "dflash":
+    from specjax.drafters import dflash as df
+    return Heads(*df.init_params(target, num_layers=num_layers, seed=seed, scale=scale or 0.02,
+                                 **dflash))
+  if dflash:
+    raise InputError(f"{', '.join(sorted(dflash))}: options of DFlash heads, not {kind}")
   if taps and kind not in ("eagle", "eagle3"):
     raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
   if input_norm is not True and (input_norm is not False or kind != "eagle"):
@@ -167,6 +177,9 @@ def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, nu
 def check_fits(heads: Heads, target) -> None:
   """Raises InputError unless `heads` were made for a target of this width and vocabulary."""
   c, t = heads.config, target.config
+  if c.kind == "dflash":
+    from specjax.drafters import dflash as df
+    return df.check_fits(c, heads.params, target, repr(heads))
   if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
     raise InputError(
         f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
@@ -247,15 +260,19 @@ def _read(path: str, dtype) -> Heads:
     vocab = z["__vocab__"]
     params = {k: jnp.asarray(z[k].astype(np.float32), dtype) for k in z.files
               if not k.startswith("__")}
-  fields = {f.name for f in dataclasses.fields(HeadsConfig)}
+  cls = _config_class(header["kind"])
+  fields = {f.name for f in dataclasses.fields(cls)}
   try:
-    cfg = HeadsConfig(**{k: tuple(header[k]) if k == "taps" else header[k]
-                         for k in fields if k in header})
+    cfg = cls(**{k: tuple(header[k]) if k in ("taps", "target_layer_ids") else header[k]
+                 for k in fields if k in header})
   except (TypeError, ValueError) as e:
     raise WeightsError(f"{path}: heads header does not describe heads ({e})") from e
   k, l, e = cfg.num_heads, cfg.num_layers, cfg.hidden_size
   want = {"w": (k, l, e, e), "b": (k, l, e)}
-  if cfg.kind == "eagle3":  # the layer's shapes are checked against a target (check_fits)
+  if cfg.kind == "dflash":
+    from specjax.drafters.dflash import param_shapes
+    want = param_shapes(cfg)
+  elif cfg.kind == "eagle3":  # the layer's shapes are checked against a target (check_fits)
     want = {"fuse_w": (1, 3 * e, e), "lm": (1, cfg.vocab_subset or cfg.vocab_size, e)}
   elif cfg.kind in FEATURE_KINDS:  # the layer's shapes are checked against a target (check_fits)
     want = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
@@ -319,13 +336,22 @@ def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | No
         np.asarray(params["embed"][0], np.float32),
         np.asarray(target.params["embed"][...], np.float32)):
       params = {k: v for k, v in params.items() if k != "embed"}  # a copy of the target's: share
-    heads = Heads(HeadsConfig(**{k: tuple(v) if k == "taps" else v for k, v in fields.items()}),
+    heads = Heads(_config_class(fields.get("kind"))(
+        **{k: tuple(v) if k in ("taps", "target_layer_ids") else v for k, v in fields.items()}),
                   {k: jnp.asarray(v, dt) for k, v in params.items()}, vocab, meta)
   else:
     heads = _read(path, dt)
   if target is not None:
     check_fits(heads, target)
   return heads
+
+
+def _config_class(kind):
+  """The config type of heads of `kind` (DFlash drafters have their own shape)."""
+  if kind == "dflash":
+    from specjax.drafters.dflash import DFlashConfig
+    return DFlashConfig
+  return HeadsConfig
 
 
 def _check_shared(path: str, shared, target) -> None:

@@ -23,7 +23,7 @@ from specjax.errors import InputError, WeightsError
 from specjax.model import forward_sequence
 
 from conftest import random_prompts
-from tinyhf import torch_decoder_layer
+from tinyhf import random_llama, torch_decoder_layer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -36,19 +36,8 @@ TOKENS = np.array([5, 17, 3, 44, 8, 8, 60, 0, 12, 33, 21, 7], np.int32)
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
   """A tiny random transformers Llama (saved, and the module itself for the reference)."""
-  torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=E, intermediate_size=48,
-                                 num_hidden_layers=LAYERS, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=512,
-                                 rope_theta=10000.0, tie_word_embeddings=False)
-  model = transformers.LlamaForCausalLM(cfg).eval()
-  with torch.no_grad():
-    for p in model.parameters():
-      if p.ndim > 1:
-        p.normal_(0.0, 0.2)
-  d = str(tmp_path_factory.mktemp("target"))
-  model.save_pretrained(d)
-  return d, model
+  return random_llama(str(tmp_path_factory.mktemp("target")), layers=LAYERS, vocab_size=V,
+                      hidden=E)
 
 
 @pytest.fixture(scope="module")

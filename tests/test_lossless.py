@@ -222,6 +222,22 @@ SAMPLING_METHODS += [
 ]
 
 
+# ---- methods/dflash.py (issue 49): a DFlash drafter drafts a whole block in one forward (random,
+# scaled so that some drafts are accepted); the chain is verified with the drafter's own q.
+
+
+def _dflash(block_size=None):
+  def make(target):
+    heads = sj.init_heads(target, "dflash", mask_token_id=target.config.vocab_size - 1,
+                          block_size=4, seed=4, scale=0.3)
+    return sj.DFlash(heads, block_size=block_size)
+  return make
+
+
+GREEDY_METHODS += [("dflash/random", _dflash())]
+SAMPLING_METHODS += [("dflash/exact", _dflash(block_size=3))]
+
+
 @pytest.fixture(scope="module")
 def target():
   return tiny_model(seed=0)

@@ -16,47 +16,7 @@ from specjax.training import draft as train
 from specjax.training import trainer
 
 from conftest import random_prompts, tiny_model
-
-
-class FakeCorpus:
-  """training/corpus.Corpus's reading interface over in-memory sequences (prompt + response), with
-  the same window semantics: consecutive windows overlapping by one token, mask[t] True where
-  tok[t+1] is a response token, held-out sequences chosen by a pure function of (seed, index)."""
-
-  def __init__(self, seqs, prompt_lens, vocab_size, model="tiny"):
-    self.seqs = [np.asarray(s, np.int32) for s in seqs]
-    self.prompt_lens = list(prompt_lens)
-    self.path = "<fake>"
-    self.meta = {"model": model, "vocab_size": vocab_size, "weights_sha256": ""}
-
-  def __len__(self):
-    return len(self.seqs)
-
-  def sequence(self, i):
-    return self.seqs[i], self.prompt_lens[i]
-
-  def check_compatible(self, target):
-    if self.meta["vocab_size"] != target.config.vocab_size:
-      raise sj.InputError(f"corpus vocab_size={self.meta['vocab_size']} != target's "
-                          f"{target.config.vocab_size}")
-
-  def windows(self, seq_len, split="train", held_out=0.02, seed=0):
-    chosen = (np.random.default_rng([seed, 7919]).random(len(self)) < held_out) == (split == "heldout")
-    toks, masks = [], []
-    for i in np.flatnonzero(chosen):
-      seq, p = self.sequence(i)
-      for s in range(0, max(len(seq) - 1, 1), seq_len - 1):
-        t = np.zeros(seq_len, np.int32)
-        w = seq[s:s + seq_len]
-        t[:len(w)] = w
-        nxt = s + 1 + np.arange(seq_len)
-        m = (nxt < len(seq)) & (nxt >= p)
-        if m.any():
-          toks.append(t)
-          masks.append(m)
-    if not toks:
-      return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), bool)
-    return np.stack(toks), np.stack(masks)
+from tinyhf import FakeCorpus  # noqa: F401  (also imported from here by other tests)
 
 
 def _learnable_target():

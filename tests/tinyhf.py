@@ -3,11 +3,16 @@
 Experiment scripts and notebooks take `--model NAME_OR_DIR`; the tests point them at this
 directory so that every script runs end to end (tokenise, chat template, generate, detokenise) in
 seconds, with no download. The tokenizer is a byte-level BPE trained here on a few sentences.
+Also `FakeCorpus`, an in-memory corpus for the trainers' tests.
 """
 
 from __future__ import annotations
 
 import os
+
+import numpy as np
+
+from specjax.errors import InputError
 
 TEXT = [
     "The quick brown fox jumps over the lazy dog. " * 4,
@@ -109,3 +114,65 @@ def torch_decoder_layer(x, residual, sd: dict, prefix: str, cfg: dict):
   y = y * sd[prefix + "post_attention_layernorm.weight"]
   return h + F.linear(F.silu(F.linear(y, sd[m + "gate_proj.weight"])) * F.linear(y, sd[m + "up_proj.weight"]),
                       sd[m + "down_proj.weight"])
+
+
+def random_llama(path: str, *, layers: int, vocab_size: int = 61, hidden: int = 32,
+                 std: float = 0.2, seed: int = 0):
+  """A tiny random transformers LlamaForCausalLM (4 heads, 2 kv heads, every matrix N(0, std^2)),
+  saved to path for sj.load_model; returns (path, the torch module, for references)."""
+  import torch
+  import transformers
+
+  torch.manual_seed(seed)
+  cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=48,
+                                 num_hidden_layers=layers, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=512,
+                                 rope_theta=10000.0, tie_word_embeddings=False)
+  model = transformers.LlamaForCausalLM(cfg).eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.ndim > 1:
+        p.normal_(0.0, std)
+  model.save_pretrained(path)
+  return path, model
+
+
+class FakeCorpus:
+  """training/corpus.Corpus's reading interface over in-memory sequences (prompt + response), with
+  the same window semantics: consecutive windows overlapping by one token, mask[t] True where
+  tok[t+1] is a response token, held-out sequences chosen by a pure function of (seed, index)."""
+
+  def __init__(self, seqs, prompt_lens, vocab_size, model="tiny"):
+    self.seqs = [np.asarray(s, np.int32) for s in seqs]
+    self.prompt_lens = list(prompt_lens)
+    self.path = "<fake>"
+    self.meta = {"model": model, "vocab_size": vocab_size, "weights_sha256": ""}
+
+  def __len__(self):
+    return len(self.seqs)
+
+  def sequence(self, i):
+    return self.seqs[i], self.prompt_lens[i]
+
+  def check_compatible(self, target):
+    if self.meta["vocab_size"] != target.config.vocab_size:
+      raise InputError(f"corpus vocab_size={self.meta['vocab_size']} != target's "
+                          f"{target.config.vocab_size}")
+
+  def windows(self, seq_len, split="train", held_out=0.02, seed=0):
+    chosen = (np.random.default_rng([seed, 7919]).random(len(self)) < held_out) == (split == "heldout")
+    toks, masks = [], []
+    for i in np.flatnonzero(chosen):
+      seq, p = self.sequence(i)
+      for s in range(0, max(len(seq) - 1, 1), seq_len - 1):
+        t = np.zeros(seq_len, np.int32)
+        w = seq[s:s + seq_len]
+        t[:len(w)] = w
+        nxt = s + 1 + np.arange(seq_len)
+        m = (nxt < len(seq)) & (nxt >= p)
+        if m.any():
+          toks.append(t)
+          masks.append(m)
+    if not toks:
+      return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), bool)
+    return np.stack(toks), np.stack(masks)

@@ -25,15 +25,15 @@ import numpy as np
 from flax import nnx
 
 from specjax import cache as kv
-from specjax.drafters import layouts
+from specjax.drafters import dflash, layouts
 from specjax.drafters.layouts import LAYOUTS
 from specjax.errors import InputError
 from specjax.heads import (Heads, check_fits, eagle3_logits, feature_module, fuse_features,
                            medusa_hidden, module_arrays, module_out)
 from specjax.model import forward_sequence
 
-FORMATS = ("medusa", "eagle", "eagle3")  # export formats
-SCORED = ("medusa", "eagle", "eagle3", "mtp")  # head kinds head_logits scores
+FORMATS = ("medusa", "eagle", "eagle3", "dflash")  # export formats
+SCORED = ("medusa", "eagle", "eagle3", "mtp", "dflash")  # head kinds head_logits scores
 
 __all__ = ["FORMATS", "LAYOUTS", "export_files", "export_heads", "head_logits"]
 
@@ -71,8 +71,10 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
   over the target's three tapped layers at t, through the head's own norm and LM head. MTP with
   K modules: [T-K,K,V], module k at position t reading token t + k + 1 and module k - 1's
   output at t (the target's feature for k = 0): its guess for token t + k + 2, as in
-  DeepSeek-V3's training. Tokens outside a heads' vocabulary subset (EAGLE-3: its draft
-  vocabulary) get -inf.
+  DeepSeek-V3's training. DFlash with blocks of bs: [T-bs+1,bs-1,V], the block anchored at
+  t (token t, then mask tokens; the context of positions < t) at offset j >= 1: its guess for
+  token t + j. Tokens outside a heads' vocabulary subset (EAGLE-3: its draft vocabulary) get
+  -inf.
   """
   if not isinstance(heads, Heads):
     raise InputError(f"heads={heads!r} is invalid: must be specjax Heads (sj.load_heads(...))")
@@ -80,7 +82,8 @@ def head_logits(target, heads: Heads, tokens) -> jax.Array:
   if c.kind not in SCORED:
     raise InputError(f"head_logits: heads of kind {c.kind!r}; it reads {', '.join(SCORED)}")
   check_fits(heads, target)
-  least = {"medusa": 1, "eagle": 2, "eagle3": 2, "mtp": c.num_heads + 1}[c.kind]
+  least = {"medusa": 1, "eagle": 2, "eagle3": 2, "mtp": c.num_heads + 1,
+           "dflash": getattr(c, "block_size", 0)}[c.kind]
   toks = _check_tokens(tokens, target.config.vocab_size, least)
   batched = toks.ndim == 2
   toks = jnp.asarray(toks if batched else toks[None])  # [B,T]
@@ -96,8 +99,11 @@ def _logits(params, p, vocab, toks, *, graphdef, config, heads_config, dtype):
   or [B,T-1,V] (EAGLE)."""
   dec = nnx.merge(graphdef, params)
   _, hidden, _ = forward_sequence(config, dec, toks, dtype=jnp.dtype(dtype),
-                                  taps=heads_config.taps, raw_taps=heads_config.kind == "eagle3")
+                                  taps=heads_config.taps,
+                                  raw_taps=heads_config.kind in ("eagle3", "dflash"))
   v = config.vocab_size
+  if heads_config.kind == "dflash":
+    return _dflash_logits(dec, p, heads_config, toks, hidden)
   if heads_config.kind == "medusa":
     z = medusa_hidden(p, hidden)  # [B,T,K,E]
     if "lm" in p:
@@ -127,6 +133,17 @@ def _eagle_features(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
   return out
 
 
+def _dflash_logits(dec, params, c, toks, hidden) -> jax.Array:
+  """A DFlash drafter's block logits [B,T-bs+1,bs-1,V], one block anchored at every position."""
+  b, t = toks.shape
+  anchors = jnp.broadcast_to(jnp.arange(t - c.block_size + 1, dtype=jnp.int32),
+                             (b, t - c.block_size + 1))
+  feats = hidden[..., :len(c.target_layer_ids) * c.hidden_size]
+  h = dflash.anchored_hidden(dflash.drafter(c, params), dec.embed[...], toks, feats, anchors,
+                             c.block_size, c.mask_token_id)
+  return dec.head(h[:, :, 1:])
+
+
 def _mtp_logits(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
   """The MTP modules' logits [B,T-K,K,V] over positions 0..T-K-1, teacher-forced."""
   b, t = toks.shape
@@ -148,7 +165,8 @@ def _mtp_logits(cfg, dec, params, toks, hidden, dtype) -> jax.Array:
 
 
 def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
-  """Writes `heads` to out_dir in a published layout: "medusa" (FasterDecoding's Medusa-1:
+  """Writes `heads` to out_dir in a published layout: "dflash" (z-lab's DFlash: Qwen3
+  config.json with dflash_config + model.safetensors), "medusa" (FasterDecoding's Medusa-1:
   config.json + medusa_lm_head.safetensors), "eagle" (SafeAILab's EAGLE-1/2: Llama config.json
   + model.safetensors; needs `target` for its rope and norm settings) or "eagle3" (SafeAILab's
   EAGLE-3, likewise, with d2t / t2d). Returns out_dir."""
@@ -161,6 +179,8 @@ def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
     raise InputError(f"format={fmt!r}, but these are {c.kind} heads")
   fields = dataclasses.asdict(c)
   params = {k: np.asarray(x) for k, x in heads.params.items()}
+  if fmt == "dflash":  # z-lab's layout: config.json + model.safetensors
+    return layouts._save(*dflash.to_published(c, params), out_dir, "model.safetensors")
   if fmt == "medusa":
     return layouts.write_medusa(fields, params, heads.vocab, out_dir)
   if target is None:
@@ -173,7 +193,7 @@ def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
 
 
 def export_files(heads: str, fmt: str, out_dir: str, model: str | None = None) -> str:
-  """`specjax export --format medusa|eagle|eagle3 HEADS OUT_DIR [--model M]`: heads from a file, a
+  """`specjax export --format medusa|eagle|eagle3|dflash HEADS OUT_DIR [--model M]`: heads from a file, a
   directory or a shipped name, written in a published layout. The target (`model`, else the one
   the heads were made for) is loaded for EAGLE / EAGLE-3, whose config.json carries its rope and
   norm settings, and for any heads when `model` is given (to check they fit it)."""

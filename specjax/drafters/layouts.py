@@ -66,6 +66,8 @@ LAYOUTS = {
     "mtp-deepseek": "DeepSeek-V3-style MTP layers in an HF checkpoint (num_nextn_predict_layers; "
                     "model.layers.{L+k}.{enorm,hnorm,eh_proj,shared_head}.*)",
     "eagle3": "SafeAILab EAGLE-3 (fc.weight [E,3E], midlayer.*, lm_head.weight [Vd,E], d2t, t2d)",
+    "dflash": "z-lab DFlash (config.json dflash_config; fc.weight [E,nE], hidden_norm.weight, "
+              "layers.{i}.self_attn.{q,k}_norm.weight)",
     "npz": "specjax's own heads (.npz from save_heads)",
 }
 # Trainer state an HF output directory may hold beside the weights: never read.
@@ -218,6 +220,8 @@ def detect(names, cfg: dict) -> str:
     return "medusa-1"
   if names and all(_VLLM.match(n) for n in names) and any(n.startswith("blocks.") for n in names):
     return "medusa-vllm"
+  if "fc.weight" in names and ("hidden_norm.weight" in names or "dflash_config" in cfg):
+    return "dflash"
   if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
     return "eagle"
   if any(_MTP_LAYER.match(n) for n in names):
@@ -243,8 +247,10 @@ def read(path: str, target_config=None):
     layout = detect(ts, cfg)
   except WeightsError as e:
     raise WeightsError(f"{path}: {e}") from None
+  from specjax.drafters.dflash import from_published
+
   reader = {"medusa-1": _medusa1, "medusa-vllm": _medusa_vllm, "eagle": _eagle,
-            "mtp-deepseek": _mtp_deepseek, "eagle3": _eagle3}[layout]
+            "mtp-deepseek": _mtp_deepseek, "eagle3": _eagle3, "dflash": from_published}[layout]
   fields, params, vocab, meta = reader(path, ts, cfg, target_config)
   name = cfg.get("base_model_name_or_path") or ""
   fields.setdefault("target", name if isinstance(name, str) else "")

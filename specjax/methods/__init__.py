@@ -22,6 +22,7 @@ from specjax import registry as assets
 from specjax.errors import InputError
 from specjax.methods import defaults
 from specjax.methods.autoregressive import Autoregressive
+from specjax.methods.dflash import DFlash
 from specjax.methods.draft import DraftModel, SelfSpeculative
 from specjax.methods.eagle import Eagle
 from specjax.methods.hybrid import Hybrid
@@ -246,8 +247,11 @@ register(Entry("hybrid", Hybrid, lambda target, heads=None, **o: Hybrid.default(
 register(Entry("mtp", MTP, _with_heads(MTP, "mtp"),
                "multi-token-prediction modules draft a chain (DeepSeek-V3)", trained=True,
                requires=_needs_shipped("mtp", "heads")))
+register(Entry("dflash", DFlash, _with_heads(DFlash, "dflash"),
+               "a block-diffusion drafter drafts a whole block in one forward (DFlash)",
+               trained=True, requires=_needs_shipped("dflash", "heads")))
 
-__all__ = ["Autoregressive", "DraftModel", "Eagle", "Entry", "Hybrid", "Lookahead", "MTP",
+__all__ = ["Autoregressive", "DFlash", "DraftModel", "Eagle", "Entry", "Hybrid", "Lookahead", "MTP",
            "Medusa", "PromptLookup", "QuantizedDraft", "REGISTRY", "SelfSpeculative",
            "SuffixDecoding", "SuffixStore", "available", "build", "canonical", "get", "names",
            "register", "resolve", "shipped"]

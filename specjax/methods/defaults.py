@@ -14,6 +14,7 @@ its training wrote into its file:
     medusa       heads.meta held_out top1_k / top5_k per head (tree.per_rank_accuracy)
     eagle        heads.meta held_out top1, top1_2 .. top1_D: the head's top-1 at each unrolled depth
     mtp          heads.meta held_out top1_k: module k's top-1
+    dflash       heads.meta held_out top1_k: block offset k + 1's top-1 given offsets <= k agreed
     layer-skip   nothing is recorded: LAYER_SKIP_PRIOR (measured at exit L/4 on SmolLM2-135M)
     quantized    nothing is recorded: QUANTIZED_PRIOR by bit width (measured on SmolLM2-135M)
 
@@ -174,6 +175,22 @@ def mtp_gamma(target, heads, cost) -> Choice:
   return _chain(cost, acc, m, k, "mtp held-out top-1 per module")
 
 
+def dflash_block(target, heads, cost) -> Choice:
+  """dflash: block_size = gamma + 1, gamma = argmax tau(g) / (c(g + 1) + f), tau(g) = 1 + sum_i
+  prod_{j<=i} top1_j (offset j's held-out top-1) and f = reads(the drafter's layers + fc nE x E +
+  head): one drafter forward per block, whatever its size."""
+  c = heads.config
+  held = _held(heads.meta)
+  acc = [held[f"top1_{i}"] for i in range(c.block_size - 1) if f"top1_{i}" in held]
+  if not acc:
+    return Choice({})
+  e = target.config.hidden_size
+  f = reads(target, c.num_layers, len(c.target_layer_ids) * e * e, c.vocab_size)
+  r = trees.choose_chain(cost, acc, max_gamma=min(len(acc), MAX_GAMMA), step_overhead=f)
+  return Choice({"block_size": r["gamma"] + 1}, r["speedup"], r["tau"], tuple(r["table"]),
+                "dflash held-out top-1 per block offset", True)
+
+
 def medusa_tree(target, heads, cost) -> Choice:
   """medusa: the tree of N nodes (build_tree on per-rank accuracies, tree.per_rank_accuracy) with
   N = argmax (1 + E[accepted](N)) / (c(N + 1) + h), h = reads(the K heads' blocks + one head
@@ -236,6 +253,7 @@ CHOOSERS = {
     "medusa": (medusa_tree, ("tree",), "heads"),
     "eagle": (eagle_budget, ("tree", "num_nodes", "depth", "top_k"), "heads"),
     "mtp": (mtp_gamma, ("gamma",), "heads"),
+    "dflash": (dflash_block, ("block_size",), "heads"),
     "prompt-lookup": (lookup_tokens, ("num_tokens",), "ngram"),
     "lookahead": (lookahead_shape, ("window", "ngram", "guess"), None),
     "quantized": (quantized_gamma, ("gamma",), "bits"),

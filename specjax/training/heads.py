@@ -1,14 +1,15 @@
-"""One corpus trainer for every kind of heads (Medusa, EAGLE, MTP, EAGLE-3) on a frozen target.
+"""One corpus trainer for every kind of heads (Medusa, EAGLE, MTP, EAGLE-3, DFlash), frozen target.
 
-    specjax train medusa | eagle | mtp | eagle3 | heads --corpus DIR
+    specjax train medusa | eagle | mtp | eagle3 | dflash | heads --corpus DIR
       ->   train_heads(kind, target, corpus, ...)
 
-Each kind supplies only its loss, `make_loss(target, heads)` in training/medusa.py, eagle.py and
-mtp.py; this module is the one place that composes them (`make_loss` here: one frozen target
-forward per batch shared by every kind). The data (response windows of the self-distillation
-corpus), the vocabulary subset, the frozen target and the loop (training/trainer.py: AdamW,
-warmup + cosine, clipping, orbax checkpoints, resume, held-out evaluation, log and plot) are
-shared. Dependencies point down: this module imports the kinds' modules, never the reverse.
+Each kind supplies only its loss, `make_loss(target, heads)` in training/medusa.py, eagle.py,
+mtp.py, eagle3.py and dflash.py; this module is the one place that composes them (`make_loss`
+here: one frozen target forward per batch shared by every kind). The data (response windows of the
+self-distillation corpus), the vocabulary subset, the frozen target and the loop
+(training/trainer.py: AdamW, warmup + cosine, clipping, orbax checkpoints, resume, held-out
+evaluation, log and plot) are shared. Dependencies point down: this module imports the kinds'
+modules, never the reverse.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from specjax import lora, validate
 from specjax.errors import InputError, check_int
 from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
                            save_heads)
-from specjax.training import eagle, eagle3, folders, medusa, medusa2, mtp, trainer
+from specjax.training import dflash, eagle, eagle3, folders, medusa, medusa2, mtp, trainer
 from specjax.training.draft import setup_run, vocab_subset
 from specjax.training.features import frozen_arrays, target_features
 
@@ -48,7 +49,8 @@ def parse_kinds(kind) -> tuple[str, ...]:
 
 
 TRAIN_KINDS = KINDS
-DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2, "eagle3": 1}
+DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2, "eagle3": 1, "dflash": 1}
+ALONE = ("eagle3", "dflash")  # kinds that read other target features than the rest: trained alone
 
 
 def make_loss(target, heads_by: dict, *, unroll: int = 1):
@@ -61,9 +63,10 @@ def make_loss(target, heads_by: dict, *, unroll: int = 1):
   metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss)."""
   kinds = tuple(heads_by)
   joint = len(kinds) > 1
-  if kinds == ("eagle3",):  # its own target forward (the raw states at its three taps)
-    loss3 = eagle3.make_loss(target, heads_by["eagle3"], unroll=unroll)
-    return lambda params, batch, rng, frozen: loss3(
+  if kinds[0] in ALONE:  # its own target forward (the raw states at its taps)
+    own = (dflash.make_loss(target, heads_by["dflash"]) if kinds[0] == "dflash" else
+           eagle3.make_loss(target, heads_by["eagle3"], unroll=unroll))
+    return lambda params, batch, rng, frozen: own(
         params, {"tokens": batch[0], "mask": batch[2]}, rng, frozen)
   makers = {"medusa": medusa.make_loss, "mtp": mtp.make_loss,
             "eagle": lambda t, h: eagle.make_loss(t, h, unroll=unroll)}
@@ -96,9 +99,10 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                 grad_clip: float = 1.0, held_out: float = 0.02, max_held_out_windows: int = 32,
                 ckpt_every: int = 50, eval_every: int = 50, max_minutes: float = 0.0,
                 seed: int = 0, unroll: int = 1, init: str | None = None, taps=(),
-                progress: bool = True, log=print):
-  """Trains `kind` heads ("medusa", "eagle", "mtp", "eagle3") on a frozen target over a
-  self-distillation corpus with the shared trainer; resumable (rerun the same call).
+                progress: bool = True, dflash: dict | None = None, log=print):
+  """Trains `kind` heads ("medusa", "eagle", "mtp", "eagle3", "dflash") on a frozen target over a
+  self-distillation corpus with the shared trainer; resumable (rerun the same call). dflash:
+  block_size, mask_token_id, target_layer_ids of fresh DFlash heads (num_layers: its layers).
 
   Several kinds at once ("eagle,medusa,mtp" or a tuple): every kind reads the same target
   forward per batch, which is most of a step's cost (on SmolLM2 the forward over 4 x 256 tokens
@@ -109,10 +113,9 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   "heads-{kind}.npz"; a dict kind -> Heads is returned.
 
   Losses: training/medusa.py (CE per head, 0.8^k), eagle.py (smooth-L1 on the next feature + 0.1
-  soft CE, noise), mtp.py (CE per depth, 0.8^k), eagle3.py (EAGLE-3's soft CE, 0.8^d; alone). The
-  target's features are computed inside each update step (one frozen forward per batch), never
-  stored. num_heads: None = each kind's default (4 / 1 / 2), an int (one kind),
-  or a dict kind -> int. Only response positions are learned (corpus windows' mask).
+  soft CE, noise), mtp.py (CE per depth, 0.8^k), eagle3.py (EAGLE-3's soft CE, 0.8^d; alone),
+  dflash.py (block CE at random anchors; alone, full vocabulary). Target features are computed
+  per batch, never stored. num_heads: None = each kind's default, an int or a dict kind -> int.
   vocab_size > 0: the heads score only the corpus's `vocab_size` most frequent next tokens (rows
   of the target's LM head; labels outside it are skipped), which makes both training and
   proposing several times cheaper on a CPU; 0: the full vocabulary. Held-out metrics per head:
@@ -139,17 +142,17 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   with folders.removed_on_failure(out_dir, trainer.has_checkpoint):
     inits = {} if init is None else _load_inits(init, kinds, num_heads, per_kind)
     config, corpus, target, target_name = setup_run(
-        target, corpus, held_out=held_out, vocab_size=0 if inits else vocab_size, out_dir=out_dir,
-        steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-        ckpt_every=ckpt_every, eval_every=eval_every, seed=seed, max_minutes=max_minutes,
-        progress=progress, clip_groups=joint)
+        target, corpus, held_out=held_out, vocab_size=0 if inits or kinds == ("dflash",) else
+        vocab_size, out_dir=out_dir, steps=steps, lr=lr, warmup=warmup, weight_decay=weight_decay,
+        grad_clip=grad_clip, ckpt_every=ckpt_every, eval_every=eval_every, seed=seed,
+        max_minutes=max_minutes, progress=progress, clip_groups=joint)
     taps = check_taps(taps, target.config.num_layers) if taps else ()
     tok, mask, held = _windows(corpus, seq_len, held_out, seed, max_held_out_windows, batch_size,
                                log)
     valid = response_valid(mask)
     heads_by, vocab = _starting_heads(inits, init, target, kinds, per_kind, tok, mask,
                                       vocab_size=vocab_size, num_layers=num_layers, seed=seed,
-                                      taps=taps, log=log)
+                                      taps=taps, dflash=dflash, log=log)
     # One frozen set for every kind: the target's params and the LM-head rows the heads score.
     frozen = frozen_arrays(target, heads_by[kinds[0]])
 
@@ -285,9 +288,9 @@ def _check_args(kinds: tuple, per_kind: dict, *, export, num_layers, vocab_size,
                      ("max_held_out_windows", max_held_out_windows, 1)):
     check_int(arg, v, lo)
   check_int("unroll", unroll, 1)
-  if "eagle3" in kinds and joint:
-    raise InputError(f"kind={','.join(kinds)!r}: EAGLE-3 heads train alone (they read other "
-                     f"target features than the rest)")
+  if joint and set(kinds) & set(ALONE):
+    raise InputError(f"kind={','.join(kinds)!r}: EAGLE-3 and DFlash heads train alone (they "
+                     f"read other target features than the rest)")
   if "eagle3" in kinds and (per_kind["eagle3"] != 1 or num_layers != 1):
     raise InputError(f"num_heads={per_kind['eagle3']}, num_layers={num_layers}: an EAGLE-3 head "
                      f"is one module of one layer")
@@ -349,11 +352,14 @@ def _windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_wind
 
 
 def _starting_heads(inits: dict, init, target, kinds: tuple, per_kind: dict, tok, mask, *,
-                    vocab_size: int, num_layers: int, seed: int, taps: tuple, log):
+                    vocab_size: int, num_layers: int, seed: int, taps: tuple, dflash, log):
   """The heads training starts from: the loaded `inits` (trained heads named by `init`) if any,
   else fresh ones. Returns (kind -> Heads, their vocabulary subset or None)."""
   if inits:
     return _from_inits(inits, target, taps, init, log)
+  if kinds == ("dflash",):  # the whole vocabulary (it scores through the target's own head)
+    return {"dflash": init_heads(target, "dflash", num_layers=num_layers, seed=seed,
+                                 **(dflash or {}))}, None
   return _fresh_heads(target, kinds, per_kind, tok, mask, vocab_size=vocab_size,
                       num_layers=num_layers, seed=seed, taps=taps, log=log)
 

@@ -1,0 +1,143 @@
+"""DFlash: a block-diffusion drafter drafts a whole block in one forward; the target verifies it.
+
+Chen, Liang, Liu 2026 (arXiv 2602.06036). The drafter (specjax/drafters/dflash.py, heads of kind
+"dflash") reads the target's raw states after a few of its layers, projected into one context
+feature per committed position, whose keys and values it keeps in its own static KV cache. One
+step, all rows at once, all shapes static:
+
+  draft     the block [x_L, m, .., m] (x_L the pending token, m the mask token, block_size
+            tokens at positions L .. L + bs - 1) runs through the drafter once, attending to the
+            context cache (positions < L) and to the whole block; the target's LM head on the
+            drafter's output at offsets 1 .. bs - 1 gives q_1 .. q_{bs-1}, the distributions of
+            x_{L+1} .. x_{L+bs-1}. Each d_j is drawn from q_j (argmax at temperature 0).
+  verify    the shared chain step (`verify.chain`): the target scores [x_L, d_1 .. d_{bs-1}]
+            causally; greedy token matching at temperature 0, else exact rejection sampling
+            with the drafter's q_j. Exact: each q_j depends on the context alone (the block's
+            other tokens are masks), so d_j ~ q_j is a draw fixed before the target's coins.
+  update    the target's tapped states over the block are the context features of positions
+            L .. L + bs - 1; their K/V are written into the drafter's cache at those slots and
+            its length follows the target's (L + n + 1): entries past it are rewritten next round.
+
+Statistics: the accepted-depth histogram and per block offset the acceptance rate given the
+offset before it was accepted (the per-position acceptance curve DFlash reports).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax import acceptance, sampling
+from specjax import cache as kv
+from specjax.decode import DRAFT, DecodeState, Method, Program, phase
+from specjax.drafters.dflash import drafter
+from specjax.errors import check_int
+from specjax.heads import check_fits
+from specjax.methods import verify
+from specjax.methods.features import check_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlash(Method):
+  """DFlash decoding with `heads` (sj.init_heads(target, "dflash", mask_token_id=...) or
+  sj.load_heads(...)). block_size: tokens per block, the pending one included (default: the
+  block the heads were trained for; at most that)."""
+  heads: Any = dataclasses.field(default=None, compare=False, repr=False)
+  block_size: int | None = None
+  key: tuple = dataclasses.field(default=(), init=False, repr=False)
+
+  name = "dflash"
+  lossless = True
+  raw_taps = True  # the drafter reads the raw residual stream after its target layers
+
+  def __post_init__(self):
+    check_heads(self.heads, "dflash", "DFlash")
+    c = self.heads.config
+    bs = c.block_size if self.block_size is None else self.block_size
+    check_int("block_size", bs, 2, c.block_size,
+              f" (these heads were trained for blocks of {c.block_size})")
+    object.__setattr__(self, "block_size", bs)
+    object.__setattr__(self, "key", (c,))
+
+  @property
+  def taps(self) -> tuple:
+    return self.heads.config.taps
+
+  @property
+  def extra_slots(self) -> int:
+    return self.block_size
+
+  @property
+  def max_emit(self) -> int:
+    return self.block_size
+
+  def validate(self, model) -> None:
+    check_fits(self.heads, model)
+
+  def arrays(self, model):
+    return {"p": dict(self.heads.params), "embed": model.params["embed"][...]}
+
+  def _context(self, arrays, ctx: kv.KVCache, hidden, positions, start):
+    """ctx with the context K/V of hidden [B,T,(n+1)E] (the taps, then the final feature) at
+    positions [B,T] written at slots start [B]."""
+    c = self.heads.config
+    feats = hidden[..., :len(c.target_layer_ids) * c.hidden_size]
+    new = drafter(c, arrays["p"]).context_kv(feats, positions)
+    return ctx.replace(layers=tuple(kv.write_layer(layer, k, v, start)
+                                    for layer, (k, v) in zip(ctx.layers, new)))
+
+  def init(self, prog, arrays, state, hidden):
+    """The drafter's cache over the prompt: the context of positions [0, prompt length)."""
+    c = self.heads.config
+    b, p = hidden.shape[:2]
+    ctx = kv.init(c.num_layers, b, prog.max_len + self.block_size, c.kv_heads, c.head_dim,
+                  arrays["p"]["fc"].dtype)
+    pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    ctx = self._context(arrays, ctx, hidden, pos, jnp.zeros((b,), jnp.int32))
+    return {"ctx": ctx.replace(lengths=state.cache.lengths),
+            **verify.depth_counts(b, self.block_size - 1)}
+
+  def draft(self, prog: Program, params, arrays, state: DecodeState, key):
+    """One drafter forward over the block. Returns (draft [B,G] token ids, q [B,G,V] the
+    distributions they were drawn from, positions [B,G+1] of the block), G = block_size - 1."""
+    c = self.heads.config
+    ctx = state.method["ctx"]
+    b, bs = state.seq.shape[0], self.block_size
+    lengths = ctx.lengths
+    toks = jnp.concatenate([state.last_token[:, None],
+                            jnp.full((b, bs - 1), c.mask_token_id, jnp.int32)], axis=1)
+    pos = lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)[None, :]  # [B,bs]
+    see_ctx = jnp.arange(ctx.max_len)[None, None, :] < lengths[:, None, None]  # [B,1,S]
+    mask = jnp.concatenate([jnp.broadcast_to(see_ctx, (b, bs, ctx.max_len)),
+                            jnp.ones((b, bs, bs), bool)], axis=-1)
+    layers = [(layer["k"], layer["v"]) for layer in ctx.layers]
+    h = drafter(c, arrays["p"])(arrays["embed"][toks], pos, layers, mask)
+    logits = nnx.merge(prog.graphdef, params).head(h[:, 1:])  # [B,G,V]
+    q = sampling.probs(logits, state.sp)
+    greedy = sampling.argmax(logits)
+    hot = state.sp.temperature[:, None] >= sampling.MIN_TEMPERATURE
+    draft = jax.lax.cond(jnp.all(state.sp.temperature == 0), lambda: greedy,
+                         lambda: jnp.where(hot, sampling.sample_probs(key, q), greedy))
+    return draft, q, pos
+
+  def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
+    m = state.method
+    active = ~state.done
+    key, k_draft, k_acc = jax.random.split(state.key, 3)
+    start = m["ctx"].lengths
+    with phase(DRAFT):
+      draft, q, pos = self.draft(prog, params, arrays, state, k_draft)
+
+    def rule(k, d, logits, sp):  # exact rejection sampling with the drafter's own q
+      return acceptance.verify_chain(k, d, q, logits, sp)
+
+    state, n, hidden = verify.chain(prog, params, state.replace(key=key), k_acc, draft, rule=rule)
+    ctx = self._context(arrays, m["ctx"], hidden, pos, start).replace(lengths=state.cache.lengths)
+    return state.replace(method=verify.count(dict(m, ctx=ctx), active, n))
+
+  def stats(self, state) -> dict:
+    return dict(verify.depth_stats(state.method), block_size=self.block_size)

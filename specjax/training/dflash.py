@@ -1,0 +1,79 @@
+"""DFlash drafter training: block-wise cross-entropy at random anchors on a frozen target.
+
+As the paper trains its drafter (Chen, Liang, Liu 2026): each window gets A random anchor
+positions a (where the next token is the target's own text); the block at a is x_a followed by
+bs - 1 mask tokens, sees the context features of positions < a and the whole block (the same
+mask the decoding step uses, specjax/drafters/dflash.py `anchored_hidden`), and offset j >= 1 is
+scored against x_{a+j}, the token the target wrote there (the self-distillation corpus). All A
+blocks of a window run in one drafter forward over the window's context, and the target runs
+once per batch with the drafter's taps (the raw residual stream after its target layers).
+
+    loss_fn = make_loss(target, heads)          # loss_fn(params, batch, rng, frozen)
+
+metrics: loss, top1 (every offset), top1_k per offset k + 1 given offsets 1 .. k were all right
+(the chain's per-position acceptance, which methods/defaults.py sizes the block from), count.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.dflash import anchored_hidden, drafter
+from specjax.training.features import target_features
+
+
+def anchors_per_window(seq_len: int, block_size: int) -> int:
+  """A: blocks per window, about one per block_size positions (at least one)."""
+  return max(1, seq_len // block_size)
+
+
+def sample_anchors(rng, mask, num: int):
+  """num anchors per row, drawn without replacement among positions a <= T - 2 whose next token
+  counts (mask [B,T]). Returns (anchors [B,A] int32, ok [B,A]: False where a row had fewer)."""
+  b, t = mask.shape
+  allowed = mask & (jnp.arange(t) <= t - 2)[None, :]
+  score = jnp.where(allowed, jax.random.gumbel(rng, (b, t)), -jnp.inf)
+  top, idx = jax.lax.top_k(score, num)
+  return idx.astype(jnp.int32), jnp.isfinite(top)
+
+
+def make_loss(target, heads):
+  """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for a DFlash drafter on `target`.
+
+  batch: {"tokens" [B,T], "mask" [B,T] (True where the next token is the target's text)}.
+  frozen: training/features.frozen_arrays (the target's params, its LM head's rows)."""
+  c = heads.config
+  graphdef = target.graphdef
+  bs, g = c.block_size, c.block_size - 1
+  n_feats = len(c.target_layer_ids) * c.hidden_size
+
+  def loss_fn(params, batch, rng, frozen):
+    tokens, mask = batch["tokens"], batch["mask"]
+    b, t = tokens.shape
+    feats = target_features(graphdef, frozen["target"], tokens, c.taps, raw_taps=True)
+    anchors, ok = sample_anchors(rng, mask, anchors_per_window(t, bs))
+    h = anchored_hidden(drafter(c, params), frozen["target"]["embed"][...], tokens,
+                        feats[..., :n_feats], anchors, bs, c.mask_token_id)  # [B,A,bs,E]
+    logits = jnp.einsum("bage,ve->bagv", h[:, :, 1:], frozen["head"]).astype(jnp.float32)
+    at = anchors[:, :, None] + jnp.arange(1, bs)[None, None, :]  # [B,A,G] label positions
+    inside = at < t
+    at = jnp.minimum(at, t - 1)
+    labels = jnp.take_along_axis(tokens, at.reshape(b, -1), axis=1).reshape(at.shape)
+    counted = jnp.take_along_axis(mask, (at - 1).reshape(b, -1), axis=1).reshape(at.shape)
+    valid = ok[:, :, None] & inside & counted  # [B,A,G]
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), labels[..., None], -1)[..., 0]
+    n = jnp.maximum(jnp.sum(valid), 1)
+    loss = -jnp.sum(jnp.where(valid, lp, 0.0)) / n
+    right = (jnp.argmax(logits, -1) == labels) & valid
+    metrics = {"loss": loss, "top1": jnp.sum(right) / n, "count": jnp.sum(valid)}
+    prefix = jnp.cumprod(right | ~valid, axis=-1).astype(bool)  # offsets 1 .. k all right
+    reached = valid[:, :, 0]
+    for k in range(g):
+      hit = prefix[:, :, k] & valid[:, :, k]
+      metrics[f"top1_{k}"] = jnp.sum(hit & reached) / jnp.maximum(jnp.sum(reached), 1)
+      if k + 1 < g:
+        reached = hit & valid[:, :, k + 1]
+    return loss, metrics
+
+  return loss_fn
