@@ -267,24 +267,33 @@ def _ship_medusa(monkeypatch, target, path):
   monkeypatch.setattr(methods, "shipped", lambda kind, t: str(path) if kind == "medusa" else None)
 
 
-def test_auto_reports_its_choice_and_is_exact(monkeypatch, tmp_path):
+def test_auto_compares_every_method_it_can_predict_and_is_exact(monkeypatch, tmp_path):
+  """Every available method is in auto's table; all with a prediction compete (the quantized
+  self-draft on its prior, the hybrid on its heads' records), the highest wins, and the output is
+  autoregressive's."""
+  from specjax import auto
+
   target = tiny_model()
-  prompts = random_prompts(3, target.config.vocab_size, seed=2)
-  ref = sj.generate(target, prompts, max_new_tokens=12).tokens
-  plain = sj.generate(target, prompts, "auto", max_new_tokens=12)
-  assert plain.tokens == ref and plain.stats["auto"]["method"] == "autoregressive"
+  _, plain = auto.choose(target)  # no drafter shipped: the hybrid copies only
+  rows = {r["method"]: r for r in plain["table"]}
+  assert rows["quantized"]["predicted_speedup"] > 1.0 and "prior" in rows["quantized"]["basis"]
+  assert rows["hybrid"]["predicted_speedup"] is None
   _ship_medusa(monkeypatch, target, tmp_path / "medusa.npz")
-  out = sj.generate(target, prompts, "auto", max_new_tokens=12)
-  report = out.stats["auto"]
-  assert out.tokens == ref and out.stats["method"] == "medusa"
-  assert report["method"] == "medusa" and report["predicted_speedup"] > 1.0
-  assert report["cost_source"] == "default" and report["settings"]["tree"]["num_nodes"] >= 1
+  _, report = auto.choose(target)
   rows = {r["method"]: r for r in report["table"]}
   assert list(rows) == methods.available(target)
   assert rows["autoregressive"]["predicted_speedup"] == 1.0
-  for name in ("prompt-lookup", "lookahead", "layer-skip"):
+  assert rows["hybrid"]["predicted_speedup"] == rows["medusa"]["predicted_speedup"] > 1.0
+  assert rows["hybrid"]["settings"]["medusa"] == rows["medusa"]["settings"]
+  for name in ("prompt-lookup", "lookahead", "suffix"):
     assert rows[name]["predicted_speedup"] is None and "not compared" in rows[name]["basis"]
+  best = max(rows.values(), key=lambda r: r["predicted_speedup"] or 0)
+  assert report["method"] == best["method"] and report["cost_source"] == "default"
   json.dumps(report)  # plain data
+  prompts = random_prompts(3, target.config.vocab_size, seed=2)
+  out = sj.generate(target, prompts, "auto", max_new_tokens=12)
+  assert out.stats["method"] == report["method"]
+  assert out.tokens == sj.generate(target, prompts, max_new_tokens=12).tokens
 
 
 def test_auto_in_the_cli_and_a_bad_name(monkeypatch, tmp_path):
