@@ -39,6 +39,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from tqdm import tqdm
 
 from specjax import cache as kv
 from specjax import packing
@@ -72,8 +73,11 @@ def folder() -> str:
 def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
                     reps: int = REPS) -> dict[int, float]:
   """{T: median seconds of one T-token forward}: model.apply jitted per T (compiled and run once
-  before timing), then `reps` rounds that each time every size once."""
+  before timing), then `reps` rounds that each time every size once. On a terminal a progress
+  bar on stderr counts the compiles and the rounds (tqdm: silent elsewhere)."""
   sizes = sorted(set([1, *sizes]))
+  bar = tqdm(total=len(sizes) + reps, desc="cost curve: compiling, then timing", unit="step",
+             file=sys.stderr, disable=None, leave=False)
   fns = {}
   for t in sizes:
     cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
@@ -83,6 +87,7 @@ def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: i
     f = jax.jit(lambda p, c, toks=toks, pos=pos, mask=mask: model.apply(p, toks, pos, c, mask)[0])
     jax.block_until_ready(f(model.params, cache))
     fns[t] = (f, cache)
+    bar.update()
   times = {t: [] for t in sizes}
   for _ in range(reps):
     for t in sizes:
@@ -90,6 +95,8 @@ def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: i
       t0 = time.perf_counter()
       jax.block_until_ready(f(model.params, cache))
       times[t].append(time.perf_counter() - t0)
+    bar.update()
+  bar.close()
   return {t: float(statistics.median(v)) for t, v in times.items()}
 
 

@@ -253,12 +253,18 @@ def cmd_demo(args) -> None:
   with bench.timed_step(f"loading {args.model}") as step:
     model = _load(args)
     step["note"] = str(model)
+  from tqdm import tqdm
+
   methods = {}
-  for name in _registry_names():
+  # (building loads drafters and packs the quantized draft; the first measures the cost curve)
+  bar = tqdm(_registry_names(), desc="choosing each method's settings", unit="method",
+             file=sys.stderr, disable=None, leave=False)
+  for name in bar:
+    bar.set_postfix_str(name)
     try:
       methods[name] = _make_method(name, model, args)
     except Exception as e:  # e.g. a draft model that is not installed: show why, run the rest
-      print(f"(skipping {name}: {e})")
+      bar.write(f"(skipping {name}: {e})", file=sys.stdout)
   print(f"Compiling and running {len(methods)} methods on one prompt, greedy:", flush=True)
   warm = bench.warm_methods(model, methods, DEMO_PROMPTS[0], max_new_tokens=args.max_new_tokens)
   print(f"\n>>> {DEMO_PROMPTS[0]}\n{warm['autoregressive']['text']}\n")

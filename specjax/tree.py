@@ -265,6 +265,12 @@ def per_rank_accuracy(meta: Mapping, num_heads: int, ranks: int = 5) -> np.ndarr
   return out
 
 
+def capacity(depth: int, top_k: int) -> int:
+  """How many nodes EAGLE-2's expansion drafts to `depth` keeping `top_k` per level (and the most
+  a dynamic tree's num_nodes can keep)."""
+  return top_k + (depth - 1) * top_k * top_k
+
+
 def default_tree(num_heads: int, num_nodes: int = 15) -> Tree:
   """The tree `build_tree` gives for `prior_accuracies` (use measured ones when you have them)."""
   from specjax.errors import check_int

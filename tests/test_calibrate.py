@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import specjax as sj
-from specjax import calibrate, methods
+from specjax import calibrate, decode, methods
 from specjax import tree as T
 from specjax.heads import save_heads
 
@@ -157,6 +157,53 @@ def test_defaults_come_from_the_curve_and_explicit_arguments_win(monkeypatch):
   assert methods.build("mtp", target, heads=unrecorded).gamma == 2  # nothing recorded: the class's
 
 
+def test_a_method_built_by_class_is_sized_as_the_one_built_by_name(monkeypatch):
+  """A size left out means "from the cost curve" whichever way a method is built: the class,
+  prepared for its target (as sj.generate does first), equals the registry's; explicit sizes
+  win. The curve here makes every chosen size differ from the class's own."""
+  target = tiny_model(num_layers=8)
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.5,
+                                                               16: 2.5})
+  draft = tiny_model(seed=1, num_layers=1)
+  draft.asset_header = {"held_out_top1": 0.8}
+  eagle = _heads(target, "eagle", {"top1": 0.8, "top1_2": 0.7, "top1_3": 0.6})
+  medusa = _heads(target, "medusa", MEDUSA_HELD)
+  mtp = _heads(target, "mtp", {"top1_0": 0.9, "top1_1": 0.5, "top1_2": 0.3}, num_heads=3)
+  by_class = {
+      "draft": (sj.DraftModel(draft), dict(draft=draft)),
+      "eagle": (sj.Eagle(eagle), dict(heads=eagle)),
+      "medusa": (sj.Medusa(medusa), dict(heads=medusa)),
+      "mtp": (sj.MTP(mtp), dict(heads=mtp)),
+      "prompt-lookup": (sj.PromptLookup(), {}),
+      "lookahead": (sj.Lookahead(), {}),
+      "layer-skip": (sj.SelfSpeculative(exit_layer=2), {}),
+      "quantized": (sj.QuantizedDraft(), {}),
+      "hybrid": (sj.Hybrid([sj.PromptLookup(), sj.Eagle(eagle)]), dict(heads=eagle)),
+  }
+  for name, (method, options) in by_class.items():
+    named = methods.build(name, target, **options)
+    assert method.prepare(target) == named, name
+    assert method != named, name  # (the class's own sizes, before it meets its target)
+  compiled = []  # what sj.generate would compile (stopped there: nothing compiles here)
+
+  def stop(prog, args):
+    compiled.append(prog.method)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(decode.compile_cache, "get", stop)
+  with pytest.raises(KeyboardInterrupt):
+    sj.generate(target, [[1, 2, 3]], by_class["draft"][0], max_new_tokens=3)
+  assert compiled == [methods.build("draft", target, draft=draft)]
+  assert compiled[0].gamma != 5
+  assert sj.DraftModel(draft, gamma=5).prepare(target).gamma == 5
+  e = sj.Eagle(eagle, num_nodes=16).prepare(target)
+  assert (e.num_nodes, e.depth, e.top_k) == (16, 5, 8)  # a knob given: the class fills the rest
+  h = sj.Hybrid([sj.PromptLookup(num_tokens=4), sj.Eagle(eagle)], num_nodes=9).prepare(target)
+  assert (h.num_nodes, h.drafters[0].num_tokens) == (9, 4)
+  assert h.drafters[1] == methods.build("eagle", target, heads=eagle)
+  assert sj.Lookahead(window=2).prepare(target) == sj.Lookahead(window=2)
+
+
 def test_quantized_gamma_follows_the_kernel_and_the_curve(monkeypatch):
   """The quantized self-draft's gamma: its prior acceptance over a draft forward that costs 0.3
   of a target step on the integer-dot kernel and 1.5 without it; explicit gamma wins."""
@@ -220,24 +267,33 @@ def _ship_medusa(monkeypatch, target, path):
   monkeypatch.setattr(methods, "shipped", lambda kind, t: str(path) if kind == "medusa" else None)
 
 
-def test_auto_reports_its_choice_and_is_exact(monkeypatch, tmp_path):
+def test_auto_compares_every_method_it_can_predict_and_is_exact(monkeypatch, tmp_path):
+  """Every available method is in auto's table; all with a prediction compete (the quantized
+  self-draft on its prior, the hybrid on its heads' records), the highest wins, and the output is
+  autoregressive's."""
+  from specjax import auto
+
   target = tiny_model()
-  prompts = random_prompts(3, target.config.vocab_size, seed=2)
-  ref = sj.generate(target, prompts, max_new_tokens=12).tokens
-  plain = sj.generate(target, prompts, "auto", max_new_tokens=12)
-  assert plain.tokens == ref and plain.stats["auto"]["method"] == "autoregressive"
+  _, plain = auto.choose(target)  # no drafter shipped: the hybrid copies only
+  rows = {r["method"]: r for r in plain["table"]}
+  assert rows["quantized"]["predicted_speedup"] > 1.0 and "prior" in rows["quantized"]["basis"]
+  assert rows["hybrid"]["predicted_speedup"] is None
   _ship_medusa(monkeypatch, target, tmp_path / "medusa.npz")
-  out = sj.generate(target, prompts, "auto", max_new_tokens=12)
-  report = out.stats["auto"]
-  assert out.tokens == ref and out.stats["method"] == "medusa"
-  assert report["method"] == "medusa" and report["predicted_speedup"] > 1.0
-  assert report["cost_source"] == "default" and report["settings"]["tree"]["num_nodes"] >= 1
+  _, report = auto.choose(target)
   rows = {r["method"]: r for r in report["table"]}
   assert list(rows) == methods.available(target)
   assert rows["autoregressive"]["predicted_speedup"] == 1.0
-  for name in ("prompt-lookup", "lookahead", "layer-skip"):
+  assert rows["hybrid"]["predicted_speedup"] == rows["medusa"]["predicted_speedup"] > 1.0
+  assert rows["hybrid"]["settings"]["medusa"] == rows["medusa"]["settings"]
+  for name in ("prompt-lookup", "lookahead", "suffix"):
     assert rows[name]["predicted_speedup"] is None and "not compared" in rows[name]["basis"]
+  best = max(rows.values(), key=lambda r: r["predicted_speedup"] or 0)
+  assert report["method"] == best["method"] and report["cost_source"] == "default"
   json.dumps(report)  # plain data
+  prompts = random_prompts(3, target.config.vocab_size, seed=2)
+  out = sj.generate(target, prompts, "auto", max_new_tokens=12)
+  assert out.stats["method"] == report["method"]
+  assert out.tokens == sj.generate(target, prompts, max_new_tokens=12).tokens
 
 
 def test_auto_in_the_cli_and_a_bad_name(monkeypatch, tmp_path):

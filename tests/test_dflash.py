@@ -305,5 +305,6 @@ def test_block_size_comes_from_the_curve_and_an_explicit_one_wins(target, monkey
   assert methods.build("dflash", target, heads=held).block_size == 6  # verifying more is free
   curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}  # every verified token costs a forward
   assert methods.build("dflash", target, heads=held).block_size == 2
+  assert sj.DFlash(held).prepare(target).block_size == 2  # built by class: the same choice
   assert methods.build("dflash", target, heads=held, block_size=5).block_size == 5
   assert methods.build("dflash", target, heads=heads).block_size == 6

@@ -31,6 +31,10 @@ def w4a8(gguf_file):
   return sj.load_model(gguf_file, tokenizer=False, weights="blocks", activations="int8")
 
 
+def test_a_w4a8_model_prints_its_arithmetic(w4a8):
+  assert repr(w4a8).endswith(", GGUF blocks x int8 activations)")
+
+
 def _copies(model):
   module = model.module()
   layer = module.layers[1]

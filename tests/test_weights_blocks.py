@@ -98,6 +98,11 @@ def test_every_product_reads_blocks(pair):
   assert b.weights == "blocks"
 
 
+def test_a_blocks_model_prints_its_arithmetic(pair):
+  f, b = pair
+  assert repr(f).endswith(", float32)") and repr(b).endswith(", GGUF blocks x float32 activations)")
+
+
 def test_packed_blocks_are_the_files_bytes(tiny_gguf, pair):
   """attn_output (no reordering) and the tied head hold exactly the GGUF tensor's bytes."""
   _, b = pair

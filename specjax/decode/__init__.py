@@ -20,7 +20,7 @@ Import from `specjax.decode`, not from these files: the names below are the pack
 """
 
 from specjax.decode._generate import (GenerateOutput, arrays_cache, bucket_prompt_len,
-                                      check_arguments, generate)
+                                      check_arguments, generate, prepared_cache)
 from specjax.decode._loop import compile_cache
 from specjax.decode._method import DRAFT, VERIFY, Method, Program, check_method, phase
 from specjax.decode._prefill import prefill, prefill_chunk
@@ -31,6 +31,6 @@ from specjax.decode._text import _encode
 __all__ = [
     "DRAFT", "REPLICATED", "ROWS", "VERIFY", "DecodeState", "GenerateOutput", "Method", "Program",
     "arrays_cache", "bucket_prompt_len", "check_arguments", "check_method", "compile_cache",
-    "constrain", "emit", "emitted", "generate", "phase", "prefill", "prefill_chunk",
+    "constrain", "emit", "emitted", "generate", "phase", "prefill", "prefill_chunk", "prepared_cache",
     "replicated", "rows", "_encode",
 ]

@@ -44,12 +44,14 @@ def bucket_prompt_len(n: int) -> int:
 
 
 class _ArraysCache:
-  """method.arrays(model), kept while the method and the model live and model.params is the same
-  object. Building them repacks heads for the CPU kernel and gathers a vocabulary subset's
-  LM-head rows: 10-80 ms for SmolLM2's shipped heads and draft, paid on every generate call
-  before this (a tenth of a 64-token EAGLE call). `count` tells tests when arrays were built."""
+  """build(method, model) (default: method.arrays(model)), kept while the method and the model
+  live and model.params is the same object. Building arrays repacks heads for the CPU kernel and
+  gathers a vocabulary subset's LM-head rows: 10-80 ms for SmolLM2's shipped heads and draft,
+  paid on every generate call before this (a tenth of a 64-token EAGLE call); a prepared method
+  (`prepare`) is kept so that its arrays are too. `count` tells tests when one was built."""
 
-  def __init__(self):
+  def __init__(self, build=lambda method, model: method.arrays(model)):
+    self._build = build
     self._entries = {}
     self.count = 0
 
@@ -58,7 +60,7 @@ class _ArraysCache:
     hit = self._entries.get(key)
     if hit is not None and hit[0]() is method and hit[1]() is model and hit[2]() is model.params:
       return hit[3]
-    arrays = method.arrays(model)
+    arrays = self._build(method, model)
     self.count += 1
     drop = lambda _ref: self._entries.pop(key, None)  # noqa: E731
     try:
@@ -70,6 +72,15 @@ class _ArraysCache:
 
 
 arrays_cache = _ArraysCache()
+
+
+def _prepare(method, model):
+  """method.prepare(model) where the method has that verb (the contract's optional one)."""
+  prepare = getattr(method, "prepare", None)
+  return method if prepare is None else prepare(model)
+
+
+prepared_cache = _ArraysCache(_prepare)
 
 
 def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
@@ -94,6 +105,7 @@ def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
   a = check_arguments(max_new_tokens, temperature, top_k, top_p, seed, chat, stop_at_eos)
   max_new_tokens = a["max_new_tokens"]
   check_method(method)
+  method = prepared_cache.get(method, model)
   method.validate(model)
   ids = _encode(model, prompts, a["chat"])
   _check_context(model, ids, max_new_tokens)

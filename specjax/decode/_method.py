@@ -43,6 +43,8 @@ class Method(Protocol):
                   features); () for the rest
 
   Verbs:
+    prepare(model) -> method         optional: the method with the sizes it left out chosen for
+                                     this target (methods/sizing.py); the driver calls it first
     validate(model)                  host-side checks, raising InputError before anything compiles
     arrays(model)                    the device arrays it needs (a draft model's params, heads)
     init(prog, arrays, state, prefill_hidden [B,P,E]) -> its own state (inside jit, after prefill)

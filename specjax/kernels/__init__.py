@@ -15,6 +15,8 @@
                 softmax in one pass) beside its XLA form: `attend`
     library.py  one C++ library as Python sees it: build, load, ISA choice, FFI registration
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
+    isa.h, handler.h, pool.h  what the four C++ sources share: the instruction-set parts and
+                their dispatch, the FFI handler shape and ctypes exports, the thread pool
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
 load_model packs) is specjax/packing.py; model.py calls only `dense` (blocks.dense: a packed

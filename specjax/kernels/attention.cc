@@ -34,14 +34,7 @@
 #include <cstdint>
 #include <cstring>
 
-#define SJ_MAIN 0
-#define SJ_AVX512 1
-#define SJ_AVX2 2
-#define SJ_SCALAR 3
-
-#ifndef SJ_PART
-#error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
-#endif
+#include "isa.h"
 
 // One call's operands (row-major, dense) and sizes.
 struct Call {
@@ -351,41 +344,16 @@ void sj_attn_rows_scalar(const Call* c, long bi, long h, long r0, long r1, float
 #include <atomic>
 #include <vector>
 
-#include "pool.h"
-#include "xla/ffi/api/ffi.h"
+#include "handler.h"
 
-#if defined(__x86_64__)
-extern "C" RowsFn sj_attn_rows_avx512, sj_attn_rows_avx2, sj_attn_rows_scalar;
-#else
-extern "C" RowsFn sj_attn_rows_scalar;
-#define sj_attn_rows_avx512 sj_attn_rows_scalar
-#define sj_attn_rows_avx2 sj_attn_rows_scalar
-#endif
-
-namespace ffi = xla::ffi;
+SJ_PATHS(RowsFn, sj_attn_rows);
 
 namespace {
 
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512f+fma.
+SJ_ISA(SJ_CPU("avx512f") && SJ_CPU("fma"), SJ_CPU("avx2") && SJ_CPU("fma"))
 
-int detect_isa() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
-#endif
-  return kScalar;
-}
-
-std::atomic<int> g_isa{detect_isa()};
-
-RowsFn* path() {
-  switch (g_isa.load(std::memory_order_relaxed)) {
-    case kAvx512: return sj_attn_rows_avx512;
-    case kAvx2: return sj_attn_rows_avx2;
-    default: return sj_attn_rows_scalar;
-  }
-}
+RowsFn* path() { return SJ_PICK(sj_attn_rows); }
 
 // Below this many multiply-adds a call runs on the calling thread alone.
 constexpr long kThreadedWork = 1 << 15;
@@ -433,18 +401,18 @@ ffi::Error AttentionF32(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc,
   auto qd = q.dimensions(), cd = kc.dimensions(), nd = kn.dimensions(), md = mask.dimensions();
   if (qd.size() != 5 || cd.size() != 4 || nd.size() != 4 || md.size() != 3 ||
       vc.dimensions().size() != 4 || vn.dimensions().size() != 4)
-    return ffi::Error::InvalidArgument(
+    return sj_ffi::invalid(
         "specjax_attention_f32: expected q[B,T,K,G,D], cache k/v [B,K,S,D], new k/v [B,T,K,D], "
         "mask [B,T,S+T]");
   const long b = qd[0], t = qd[1], k = qd[2], g = qd[3], d = qd[4], s = cd[2];
   for (auto dims : {cd, vc.dimensions()})
     if (dims[0] != b || dims[1] != k || dims[2] != s || dims[3] != d)
-      return ffi::Error::InvalidArgument("specjax_attention_f32: cache shape mismatch");
+      return sj_ffi::invalid("specjax_attention_f32: cache shape mismatch");
   for (auto dims : {nd, vn.dimensions()})
     if (dims[0] != b || dims[1] != t || dims[2] != k || dims[3] != d)
-      return ffi::Error::InvalidArgument("specjax_attention_f32: new entries' shape mismatch");
+      return sj_ffi::invalid("specjax_attention_f32: new entries' shape mismatch");
   if (md[0] != b || md[1] != t || md[2] != s + t)
-    return ffi::Error::InvalidArgument("specjax_attention_f32: mask shape mismatch");
+    return sj_ffi::invalid("specjax_attention_f32: mask shape mismatch");
   if (b == 0 || t == 0 || k == 0 || g == 0 || d == 0) return ffi::Error::Success();
   Call c{q.typed_data(), kc.typed_data(), vc.typed_data(), kn.typed_data(), vn.typed_data(),
          reinterpret_cast<const uint8_t*>(mask.typed_data()), o->typed_data(),
@@ -469,7 +437,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttentionF32, AttentionF32,
 
 extern "C" {
 
-// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512f (detect_isa).
 SJ_LIBRARY_EXPORTS(specjax_attention)
 
 }  // extern "C"

@@ -47,24 +47,9 @@ LIBRARY = Library("attention", "specjax_attention", "SpecjaxAttentionF32", TARGE
                   lacking="this CPU has neither AVX-512 nor AVX2+FMA: the portable kernel would "
                   "be slower than XLA", detect=lambda lib: _detect_isa(lib))
 
-
-def available() -> bool:
-  """Whether the kernel is switched on, built and loaded here (builds it on first call)."""
-  return not switched_off() and LIBRARY.available()
-
-
-def isa() -> str | None:
-  """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  return LIBRARY.isa()
-
-
-def set_isa(name: str) -> str:
-  """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  return LIBRARY.set_isa(name)
-
-
-def _reset_for_tests():
-  LIBRARY.reset()
+# The module's loading and ISA control are its Library's (library.py).
+load, available, isa, set_isa, threads = LIBRARY.api()
+_reset_for_tests = LIBRARY.reset
 
 
 def _xla(q, kc, vc, kn, vn, mask, scale: float, softcap: float | None):

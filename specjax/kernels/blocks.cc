@@ -41,14 +41,7 @@
 #include <cstdint>
 #include <cstring>
 
-#define SJ_MAIN 0
-#define SJ_AVX512 1
-#define SJ_AVX2 2
-#define SJ_SCALAR 3
-
-#ifndef SJ_PART
-#error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
-#endif
+#include "isa.h"
 
 namespace {
 
@@ -483,45 +476,18 @@ extern "C" void sj_blocks_scalar(int qtype, const float* x, long ldx, const uint
 #include <string>
 #include <vector>
 
-#include "pool.h"
-#include "xla/ffi/api/ffi.h"
+#include "handler.h"
 
-#if defined(__x86_64__)
-extern "C" GroupFn sj_blocks_avx512, sj_blocks_avx2, sj_blocks_scalar;
-#else  // only the portable path is built elsewhere
-extern "C" GroupFn sj_blocks_scalar;
-#define sj_blocks_avx512 sj_blocks_scalar
-#define sj_blocks_avx2 sj_blocks_scalar
-#endif
-
-namespace ffi = xla::ffi;
+SJ_PATHS(GroupFn, sj_blocks);
 
 namespace {
 
 // ----------------------------------------------------------------------------- ISA choice
 
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// The isa codes: 0 scalar, 1 avx2+fma+f16c, 2 avx512f.
+SJ_ISA(SJ_CPU("avx512f"), SJ_CPU("avx2") && SJ_CPU("fma") && SJ_CPU("f16c"))
 
-int detect_isa() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return kAvx2;
-#endif
-  return kScalar;
-}
-
-std::atomic<int> g_isa{detect_isa()};
-
-GroupFn* group_fn() {
-  switch (g_isa.load(std::memory_order_relaxed)) {
-    case kAvx512: return sj_blocks_avx512;
-    case kAvx2: return sj_blocks_avx2;
-    default: return sj_blocks_scalar;
-  }
-}
+GroupFn* group_fn() { return SJ_PICK(sj_blocks); }
 
 // ----------------------------------------------------------------------------- one call
 
@@ -570,46 +536,40 @@ void blocks_dense(int qtype, const float* x, const uint8_t* w, float* y, long m,
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-ffi::Error BlocksF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                     ffi::ResultBuffer<ffi::F32> y, int32_t qtype) {
-  auto xd = x.dimensions();
-  auto wd = w.dimensions();
-  auto yd = y->dimensions();
+// Checks x[M,K], w[ng, K/block, record], y[M,N] against qtype's packed layout; returns an error
+// message, or "" if they agree.
+std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
+                  ffi::Span<const int64_t> yd, int32_t qtype) {
   if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
-    return ffi::Error::InvalidArgument(
-        "specjax_blocks_f32: expected x[M,K], w[ng,K/block,record], y[M,N]");
+    return "specjax_blocks_f32: expected x[M,K], w[ng,K/block,record], y[M,N]";
   if (qtype < 0 || qtype >= kNumTypes)
-    return ffi::Error::InvalidArgument("specjax_blocks_f32: unknown qtype " +
-                                       std::to_string(qtype));
+    return "specjax_blocks_f32: unknown qtype " + std::to_string(qtype);
   const long m = xd[0], k = xd[1], ng = wd[0], n = yd[1];
-  if (yd[0] != m || m > kMaxM)
-    return ffi::Error::InvalidArgument("specjax_blocks_f32: M mismatch or M > 64");
+  if (yd[0] != m || m > kMaxM) return "specjax_blocks_f32: M mismatch or M > 64";
   if (k % kBlockOf[qtype] != 0 || wd[1] != k / kBlockOf[qtype] || wd[2] != kRecord[qtype] ||
       n > ng * kGroup || n <= (ng - 1) * kGroup)
-    return ffi::Error::InvalidArgument("specjax_blocks_f32: bad packed block layout");
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  if (k == 0) {
-    std::memset(y->typed_data(), 0, m * n * sizeof(float));
-    return ffi::Error::Success();
-  }
-  blocks_dense(qtype, x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
-  return ffi::Error::Success();
+    return "specjax_blocks_f32: bad packed block layout";
+  return "";
+}
+
+ffi::Error BlocksF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                     ffi::ResultBuffer<ffi::F32> y, int32_t qtype) {
+  std::string err = check(x.dimensions(), w.dimensions(), y->dimensions(), qtype);
+  if (!err.empty()) return sj_ffi::invalid(err);
+  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  return sj_ffi::product(y->typed_data(), m, k, n, [&] {
+    blocks_dense(qtype, x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
+  });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxBlocksF32, BlocksF32,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int32_t>("qtype"));
+SJ_PRODUCT_HANDLER(SpecjaxBlocksF32, BlocksF32, ffi::F32, ffi::U8, .Attr<int32_t>("qtype"));
 
 // ----------------------------------------------------------------------------- ctypes API
 
 extern "C" {
 
-// The isa codes: 0 scalar, 1 avx2+fma+f16c, 2 avx512f (detect_isa).
 SJ_LIBRARY_EXPORTS(specjax_blocks)
 
 // y = x @ dequant(w)^T on host pointers, outside XLA (benchmarks without a jit in between).

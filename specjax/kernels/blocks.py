@@ -201,33 +201,12 @@ def _detect_isa(lib) -> int:
 LIBRARY = Library("blocks", "specjax_blocks", "SpecjaxBlocksF32", TARGET,
                   instead="dequantising in JAX instead",
                   lacking="this CPU has neither AVX-512 nor AVX2+FMA+F16C: the portable kernel "
-                  "would be slower than dequantising in XLA", detect=lambda lib: _detect_isa(lib))
+                  "would be slower than dequantising in XLA", detect=lambda lib: _detect_isa(lib),
+                  switchable=False)
 
-
-def load(cxx: str | None = None, cache_dir: str | None = None):
-  """The loaded blocks library (ctypes.CDLL), building it on first use; None if unavailable.
-  Tried once per process: a failure warns once (KernelFallbackWarning) and is remembered."""
-  return LIBRARY.load(cxx, cache_dir)
-
-
-def available() -> bool:
-  """Whether the blocks kernel is built, loaded and worth using here (builds it on first call)."""
-  return LIBRARY.available()
-
-
-def isa() -> str | None:
-  """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  return LIBRARY.isa()
-
-
-def set_isa(name: str) -> str:
-  """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  return LIBRARY.set_isa(name)
-
-
-def _reset_for_tests():
-  """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
-  LIBRARY.reset()
+# The module's loading and ISA control are its Library's (library.py).
+load, available, isa, set_isa, threads = LIBRARY.api()
+_reset_for_tests = LIBRARY.reset
 
 
 # ----------------------------------------------------------------------------- the op

@@ -5,9 +5,11 @@ attention) is one
 source compiled once per instruction-set part and linked into its own shared library.
 
 The shared library lands in `$SPECJAX_CACHE/kernels/<key>/` (default `~/.cache/specjax`), where
-<key> hashes the source, the build flags, the machine architecture and the installed jaxlib
-version (the XLA FFI headers come from that jaxlib), so a new jaxlib or an edited kernel builds a
-new library and an old one is never loaded against the wrong headers. A build holds a lock file
+<key> hashes the source and every header of ours it includes (found by reading its `#include
+"..."` lines, so a header cannot be left out of the key: isa.h, handler.h, pool.h), the build
+flags, the machine architecture and the installed jaxlib version (the XLA FFI headers come from
+that jaxlib), so a new jaxlib or an edited kernel or header builds a new library and an old one is
+never loaded against the wrong headers. A build holds a lock file
 beside the library (`<library>.lock`, flock), so processes that need the same library at once
 (a test run's workers on a fresh cache) compile it once: the others wait, then load it. It
 writes to a temporary name and renames it into place, so a reader never sees half a library.
@@ -21,6 +23,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,23 +34,23 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-Wall")
 PARTS_X86 = (("SJ_MAIN", ()), ("SJ_AVX512", ("-mavx512f", "-mavx512vl", "-mavx2", "-mfma")),
              ("SJ_AVX2", ("-mavx2", "-mfma")), ("SJ_SCALAR", ()))
 PARTS_OTHER = (("SJ_MAIN", ()), ("SJ_SCALAR", ()))
-# name -> (source, library file, extra flags per part (or "*" for every part), headers whose text
-# joins the cache key). blocks.cc needs F16C on its AVX2 path (fp16 scales) and no FMA contraction
-# (its dequantised weights round as the reference's do).
+# name -> (source, library file, extra flags per part (or "*" for every part)). blocks.cc needs
+# F16C on its AVX2 path (fp16 scales) and no FMA contraction (its dequantised weights round as the
+# reference's do).
 LIBRARIES = {
-    "matmul": ("matmul.cc", LIB_NAME, {"*": ("-ffp-contract=off",)}, ("pool.h",)),
+    "matmul": ("matmul.cc", LIB_NAME, {"*": ("-ffp-contract=off",)}),
     "blocks": ("blocks.cc", "libspecjax_blocks.so",
-               {"*": ("-ffp-contract=off",), "SJ_AVX2": ("-mf16c",)}, ("pool.h",)),
+               {"*": ("-ffp-contract=off",), "SJ_AVX2": ("-mf16c",)}),
     # qdot.cc's AVX-512 path needs BW and VNNI (vpdpbusd); no contraction, so that every path folds
     # the blocks with the same explicit fmas.
     "qdot": ("qdot.cc", "libspecjax_qdot.so",
-             {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni")},
-             ("pool.h",)),
+             {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni")}),
     # attention.cc: no contraction (its arithmetic names every fma); the avx512 part runs the
     # AVX2 code, so it needs FMA.
     "attention": ("attention.cc", "libspecjax_attention.so",
-                  {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mfma",)}, ("pool.h",)),
+                  {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mfma",)}),
 }
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
 class BuildError(RuntimeError):
@@ -84,13 +87,27 @@ def _parts():
   return PARTS_X86 if platform.machine() in ("x86_64", "AMD64") else PARTS_OTHER
 
 
+def headers(source: str) -> tuple[str, ...]:
+  """The paths of the headers of ours that `source` includes, directly or through one another
+  (`#include "name"` lines naming a file beside it; the XLA FFI headers come from jaxlib, whose
+  version is in the key), sorted."""
+  found, todo = set(), [source]
+  while todo:
+    with open(todo.pop()) as f:
+      for name in _INCLUDE.findall(f.read()):
+        path = os.path.join(os.path.dirname(source), name)
+        if os.path.isfile(path) and path not in found:
+          found.add(path)
+          todo.append(path)
+  return tuple(sorted(found))
+
+
 def _library(library: str):
   if library not in LIBRARIES:
     raise ValueError(f"library={library!r}: expected one of {sorted(LIBRARIES)}")
-  source, lib_name, extra, headers = LIBRARIES[library]
-  here = os.path.dirname(__file__)
-  return (os.path.join(here, source), lib_name, extra,
-          tuple(os.path.join(here, h) for h in headers))
+  source, lib_name, extra = LIBRARIES[library]
+  source = os.path.join(os.path.dirname(__file__), source)
+  return source, lib_name, extra, headers(source)
 
 
 def build_key(library: str = "matmul") -> str:

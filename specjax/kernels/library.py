@@ -4,7 +4,7 @@ process through ctypes, its instruction-set path chosen at run time, its FFI tar
 Each kernel module (matmul.py, blocks.py, qdot.py, attention.py) holds one `Library` and exposes
 at least its `available`, `isa` and `set_isa`. The C++ side of every library exports
 `<prefix>_isa`, `<prefix>_detected_isa`, `<prefix>_set_isa(int)` and `<prefix>_threads` beside
-its XLA FFI handler (pool.h's SJ_LIBRARY_EXPORTS).
+its XLA FFI handler (handler.h's SJ_LIBRARY_EXPORTS; isa.h holds the parts and the dispatch).
 
 Environment: SPECJAX_KERNELS=0 (all kernels off), SPECJAX_KERNELS_ISA=avx512|avx2|scalar (force a
 path; an error if the CPU lacks it).
@@ -51,12 +51,15 @@ class Library:
   the FFI handler's symbol, registered as `target`; lacking: why a CPU below AVX2 gets no kernel;
   instead: what runs instead (for the one warning a failed load gives); detect(lib) -> the best
   ISA code (a hook the module resolves late, so tests can simulate another CPU); setup(lib):
-  further ctypes declarations."""
+  further ctypes declarations; switchable: whether SPECJAX_KERNELS=0 makes `available` False (the
+  blocks module's does not: its products check the switch themselves, as before)."""
 
   def __init__(self, name: str, prefix: str, handler: str, target: str, *, lacking: str,
-               instead: str, detect: Callable, setup: Callable | None = None):
+               instead: str, detect: Callable, setup: Callable | None = None,
+               switchable: bool = True):
     self.name, self.prefix, self.handler, self.target = name, prefix, handler, target
     self.lacking, self.instead, self.detect, self.setup = lacking, instead, detect, setup
+    self.switchable = switchable
     self._lock = threading.Lock()
     self.state: dict = {"tried": False, "lib": None, "reason": None, "registered": False}
 
@@ -110,7 +113,9 @@ class Library:
     return lib
 
   def available(self) -> bool:
-    return self.load() is not None
+    """Whether the kernel is switched on (SPECJAX_KERNELS, where switchable), built, loaded and
+    worth using on this CPU (builds it on first call; switched off, nothing is built)."""
+    return not (self.switchable and switched_off()) and self.load() is not None
 
   def isa(self) -> str | None:
     """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
@@ -128,6 +133,10 @@ class Library:
     """The thread-pool size (1 when unavailable)."""
     lib = self.load()
     return 1 if lib is None else self._fn(lib, "threads")()
+
+  def api(self) -> tuple:
+    """(load, available, isa, set_isa, threads): what each kernel module exposes as its own."""
+    return self.load, self.available, self.isa, self.set_isa, self.threads
 
   def reset(self) -> None:
     """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""

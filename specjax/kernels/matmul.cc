@@ -28,14 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
-#define SJ_MAIN 0
-#define SJ_AVX512 1
-#define SJ_AVX2 2
-#define SJ_SCALAR 3
-
-#ifndef SJ_PART
-#error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
-#endif
+#include "isa.h"
 
 // Rows per call of a block function; more rows are processed in groups of this many.
 static constexpr long kMaxRows = 64;
@@ -298,54 +291,27 @@ extern "C" void sj_block_scalar(const void* xv, long ldx, const void* wv, long k
 #include <string>
 #include <vector>
 
-#include "pool.h"
-#include "xla/ffi/api/ffi.h"
+#include "handler.h"
 
+SJ_PATHS(BlockFn, sj_block);
 #if defined(__x86_64__)
-extern "C" BlockFn sj_block_avx512, sj_block_avx2, sj_block_scalar, sj_block_bf16;
-#else  // only the portable path is built elsewhere
-extern "C" BlockFn sj_block_scalar;
-#define sj_block_avx512 sj_block_scalar
-#define sj_block_avx2 sj_block_scalar
+extern "C" BlockFn sj_block_bf16;
+#else
 #define sj_block_bf16 nullptr
 #endif
-
-namespace ffi = xla::ffi;
 
 namespace {
 
 // ----------------------------------------------------------------------------- ISA choice
 
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-
-int detect_isa() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
-#endif
-  return kScalar;
-}
+// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512f.
+SJ_ISA(SJ_CPU("avx512f"), SJ_CPU("avx2") && SJ_CPU("fma"))
 
 bool detect_bf16() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
+  return SJ_CPU("avx512f") && SJ_CPU("avx512bw") && SJ_CPU("avx512vl") && SJ_CPU("avx512bf16");
 }
 
-std::atomic<int> g_isa{detect_isa()};
-
-BlockFn* block_fn() {
-  switch (g_isa.load(std::memory_order_relaxed)) {
-    case kAvx512: return sj_block_avx512;
-    case kAvx2: return sj_block_avx2;
-    default: return sj_block_scalar;
-  }
-}
+BlockFn* block_fn() { return SJ_PICK(sj_block); }
 
 // ----------------------------------------------------------------------------- one call
 
@@ -442,54 +408,36 @@ std::string check(const char* name, ffi::Span<const int64_t> xd, ffi::Span<const
 ffi::Error DenseF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                     ffi::ResultBuffer<ffi::F32> y) {
   std::string err = check("specjax_dense_f32", x.dimensions(), w.dimensions(), y->dimensions(), 1);
-  if (!err.empty()) return ffi::Error::InvalidArgument(err);
+  if (!err.empty()) return sj_ffi::invalid(err);
   const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  if (k == 0) {
-    std::memset(y->typed_data(), 0, m * n * sizeof(float));
-    return ffi::Error::Success();
-  }
-  dense_f32(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, w.dimensions()[2],
-            w.dimensions()[0]);
-  return ffi::Error::Success();
+  return sj_ffi::product(y->typed_data(), m, k, n, [&] {
+    dense_f32(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, w.dimensions()[2],
+              w.dimensions()[0]);
+  });
 }
 
 ffi::Error DenseBF16(ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                      ffi::ResultBuffer<ffi::F32> y) {
   std::string err = check("specjax_dense_bf16", x.dimensions(), w.dimensions(), y->dimensions(), 2);
-  if (!err.empty()) return ffi::Error::InvalidArgument(err);
-  if (!detect_bf16()) return ffi::Error::InvalidArgument("specjax_dense_bf16: no AVX512-BF16");
+  if (err.empty() && !detect_bf16()) err = "specjax_dense_bf16: no AVX512-BF16";
+  if (!err.empty()) return sj_ffi::invalid(err);
   const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  if (k == 0) {
-    std::memset(y->typed_data(), 0, m * n * sizeof(float));
-    return ffi::Error::Success();
-  }
-  dense_bf16(reinterpret_cast<const uint16_t*>(x.untyped_data()),
-             reinterpret_cast<const uint16_t*>(w.untyped_data()), y->typed_data(), m, k, n,
-             w.dimensions()[2] / 2, w.dimensions()[0]);
-  return ffi::Error::Success();
+  return sj_ffi::product(y->typed_data(), m, k, n, [&] {
+    dense_bf16(reinterpret_cast<const uint16_t*>(x.untyped_data()),
+               reinterpret_cast<const uint16_t*>(w.untyped_data()), y->typed_data(), m, k, n,
+               w.dimensions()[2] / 2, w.dimensions()[0]);
+  });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxDenseF32, DenseF32,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxDenseBF16, DenseBF16,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+SJ_PRODUCT_HANDLER(SpecjaxDenseF32, DenseF32, ffi::F32, ffi::F32);
+SJ_PRODUCT_HANDLER(SpecjaxDenseBF16, DenseBF16, ffi::BF16, ffi::BF16);
 
 // ----------------------------------------------------------------------------- ctypes API
 
 extern "C" {
 
-// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512f (detect_isa).
 SJ_LIBRARY_EXPORTS(specjax_kernel)
 
 // Whether this CPU runs the bf16 path (AVX-512 F/BW/VL and BF16).

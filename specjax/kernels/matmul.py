@@ -86,17 +86,9 @@ LIBRARY = Library("matmul", "specjax_kernel", "SpecjaxDenseF32", TARGET, instead
                   lacking="this CPU has neither AVX-512 nor AVX2+FMA: the portable kernel would "
                   "be slower than XLA", detect=lambda lib: _detect_isa(lib), setup=_setup)
 
-
-def load(cxx: str | None = None, cache_dir: str | None = None):
-  """The loaded kernel library (ctypes.CDLL), building it on first use; None if unavailable.
-  Tried once per process: a failure warns once (KernelFallbackWarning) and is remembered."""
-  return LIBRARY.load(cxx, cache_dir)
-
-
-def available() -> bool:
-  """Whether the kernel is switched on (SPECJAX_KERNELS), built, loaded and worth using on this
-  CPU (builds it on first call)."""
-  return not switched_off() and LIBRARY.available()
+# The module's loading and ISA control are its Library's (library.py).
+load, available, isa, set_isa, threads = LIBRARY.api()
+_reset_for_tests = LIBRARY.reset
 
 
 def bf16_available() -> bool:
@@ -104,26 +96,6 @@ def bf16_available() -> bool:
   AVX512-BF16."""
   lib = load()
   return lib is not None and isa() == "avx512" and _detect_bf16(lib)
-
-
-def isa() -> str | None:
-  """The instruction-set path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  return LIBRARY.isa()
-
-
-def set_isa(name: str) -> str:
-  """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  return LIBRARY.set_isa(name)
-
-
-def threads() -> int:
-  """The kernel's thread-pool size (1 when it is unavailable)."""
-  return LIBRARY.threads()
-
-
-def _reset_for_tests():
-  """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
-  LIBRARY.reset()
 
 
 # ----------------------------------------------------------------------------- the packed layout

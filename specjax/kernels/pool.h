@@ -134,21 +134,3 @@ inline Pool& pool() {
 }
 
 }  // namespace sj_pool
-
-// ----------------------------------------------------------------------------- library exports
-
-// The C entry points every kernel library exports beside its XLA FFI handler (library.py reads
-// them through ctypes): <prefix>_isa, the instruction set in use (0 scalar, 1 avx2, 2 avx512);
-// <prefix>_detected_isa, the best one this CPU supports (what _isa starts as); <prefix>_set_isa,
-// which forces a path (tests run every path on one machine), refuses one the CPU lacks and
-// returns the path in use afterwards; <prefix>_threads, the size of this library's pool. The
-// library defines kScalar, detect_isa() and std::atomic<int> g_isa first; use inside extern "C".
-#define SJ_EXPORT __attribute__((visibility("default")))
-#define SJ_LIBRARY_EXPORTS(prefix)                                     \
-  SJ_EXPORT int prefix##_isa() { return g_isa.load(); }                \
-  SJ_EXPORT int prefix##_detected_isa() { return detect_isa(); }       \
-  SJ_EXPORT int prefix##_set_isa(int isa) {                            \
-    if (isa >= kScalar && isa <= detect_isa()) g_isa.store(isa);       \
-    return g_isa.load();                                               \
-  }                                                                    \
-  SJ_EXPORT int prefix##_threads() { return sj_pool::pool().threads; }

@@ -38,14 +38,7 @@
 #include <cstdint>
 #include <cstring>
 
-#define SJ_MAIN 0
-#define SJ_AVX512 1
-#define SJ_AVX2 2
-#define SJ_SCALAR 3
-
-#ifndef SJ_PART
-#error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
-#endif
+#include "isa.h"
 
 namespace {
 
@@ -329,55 +322,26 @@ void sj_qdot_quant_scalar(const float* x, long k, int8_t* xq, float* dx, float* 
 #include <string>
 #include <vector>
 
-#include "pool.h"
-#include "xla/ffi/api/ffi.h"
+#include "handler.h"
 
-#if defined(__x86_64__)
-extern "C" GroupFn sj_qdot_group_avx512, sj_qdot_group_avx2, sj_qdot_group_scalar;
-extern "C" QuantFn sj_qdot_quant_avx512, sj_qdot_quant_avx2, sj_qdot_quant_scalar;
-#else  // only the portable path is built elsewhere
-extern "C" GroupFn sj_qdot_group_scalar;
-extern "C" QuantFn sj_qdot_quant_scalar;
-#define sj_qdot_group_avx512 sj_qdot_group_scalar
-#define sj_qdot_group_avx2 sj_qdot_group_scalar
-#define sj_qdot_quant_avx512 sj_qdot_quant_scalar
-#define sj_qdot_quant_avx2 sj_qdot_quant_scalar
-#endif
-
-namespace ffi = xla::ffi;
+SJ_PATHS(GroupFn, sj_qdot_group);
+SJ_PATHS(QuantFn, sj_qdot_quant);
 
 namespace {
 
 // ----------------------------------------------------------------------------- ISA choice
 
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-
-int detect_isa() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-      __builtin_cpu_supports("fma"))
-    return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
-#endif
-  return kScalar;
-}
-
-std::atomic<int> g_isa{detect_isa()};
+// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni.
+SJ_ISA(SJ_CPU("avx512f") && SJ_CPU("avx512bw") && SJ_CPU("avx512vl") && SJ_CPU("avx512vnni") &&
+           SJ_CPU("fma"),
+       SJ_CPU("avx2") && SJ_CPU("fma"))
 
 struct Path {
   GroupFn* group;
   QuantFn* quant;
 };
 
-Path path() {
-  switch (g_isa.load(std::memory_order_relaxed)) {
-    case kAvx512: return {sj_qdot_group_avx512, sj_qdot_quant_avx512};
-    case kAvx2: return {sj_qdot_group_avx2, sj_qdot_quant_avx2};
-    default: return {sj_qdot_group_scalar, sj_qdot_quant_scalar};
-  }
-}
+Path path() { return {SJ_PICK(sj_qdot_group), SJ_PICK(sj_qdot_quant)}; }
 
 // ----------------------------------------------------------------------------- one call
 
@@ -448,42 +412,38 @@ void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-ffi::Error QdotF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                   ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions();
-  auto wd = w.dimensions();
-  auto yd = y->dimensions();
+// Checks x[M,K], w[ng, K/32, 384], y[M,N] against the packed layout; returns an error message,
+// or "" if they agree.
+std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
+                  ffi::Span<const int64_t> yd) {
   if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
-    return ffi::Error::InvalidArgument(
-        "specjax_qdot_f32: expected x[M,K], w[ng,K/32,384], y[M,N]");
+    return "specjax_qdot_f32: expected x[M,K], w[ng,K/32,384], y[M,N]";
   const long m = xd[0], k = xd[1], ng = wd[0], n = yd[1];
-  if (yd[0] != m || m > kMaxM)
-    return ffi::Error::InvalidArgument("specjax_qdot_f32: M mismatch or M > 64");
+  if (yd[0] != m || m > kMaxM) return "specjax_qdot_f32: M mismatch or M > 64";
   if (k % kBlock != 0 || wd[1] != k / kBlock || wd[2] != kRecord || n > ng * kGroup ||
       n <= (ng - 1) * kGroup)
-    return ffi::Error::InvalidArgument("specjax_qdot_f32: bad packed layout");
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  if (k == 0) {
-    std::memset(y->typed_data(), 0, m * n * sizeof(float));
-    return ffi::Error::Success();
-  }
-  qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
-  return ffi::Error::Success();
+    return "specjax_qdot_f32: bad packed layout";
+  return "";
+}
+
+ffi::Error QdotF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                   ffi::ResultBuffer<ffi::F32> y) {
+  std::string err = check(x.dimensions(), w.dimensions(), y->dimensions());
+  if (!err.empty()) return sj_ffi::invalid(err);
+  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  return sj_ffi::product(y->typed_data(), m, k, n, [&] {
+    qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
+  });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQdotF32, QdotF32,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+SJ_PRODUCT_HANDLER(SpecjaxQdotF32, QdotF32, ffi::F32, ffi::U8);
 
 // ----------------------------------------------------------------------------- ctypes API
 
 extern "C" {
 
-// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni (detect_isa).
 SJ_LIBRARY_EXPORTS(specjax_qdot)
 
 // The activation quantization alone (tests): x[m][k] -> xq[m][k], dx[m][k/32], dxs[m][k/32].

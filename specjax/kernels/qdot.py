@@ -150,32 +150,9 @@ LIBRARY = Library("qdot", "specjax_qdot", "SpecjaxQdotF32", TARGET,
                   "would be slower than the reference in XLA", detect=lambda lib: _detect_isa(lib),
                   setup=_declare)
 
-
-def load(cxx: str | None = None, cache_dir: str | None = None):
-  """The loaded library (ctypes.CDLL), building it on first use; None if unavailable. Tried once
-  per process: a failure warns once (KernelFallbackWarning) and is remembered."""
-  return LIBRARY.load(cxx, cache_dir)
-
-
-def available() -> bool:
-  """Whether the kernel is switched on, built, loaded and worth using here (builds it on first
-  call; SPECJAX_KERNELS=0 gives False without building)."""
-  return not switched_off() and LIBRARY.available()
-
-
-def isa() -> str | None:
-  """The path in use ("avx512", "avx2", "scalar"), or None if unavailable."""
-  return LIBRARY.isa()
-
-
-def set_isa(name: str) -> str:
-  """Forces a path the CPU supports (tests run all of them); returns the path now in use."""
-  return LIBRARY.set_isa(name)
-
-
-def threads() -> int:
-  """The kernel's thread-pool size (1 when it is unavailable)."""
-  return LIBRARY.threads()
+# The module's loading and ISA control are its Library's (library.py).
+load, available, isa, set_isa, threads = LIBRARY.api()
+_reset_for_tests = LIBRARY.reset
 
 
 def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
@@ -191,11 +168,6 @@ def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
   dxs = np.zeros((m, k // BLOCK), np.float32)
   lib.specjax_qdot_quantize(x.ctypes.data, m, k, xq.ctypes.data, dx.ctypes.data, dxs.ctypes.data)
   return xq, dx
-
-
-def _reset_for_tests():
-  """Forgets the load attempt, so the next call retries (tests of the fallback paths)."""
-  LIBRARY.reset()
 
 
 # ----------------------------------------------------------------------------- the op

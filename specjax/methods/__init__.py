@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from specjax import registry as assets
 from specjax.errors import InputError
-from specjax.methods import defaults
 from specjax.methods.autoregressive import Autoregressive
 from specjax.methods.dflash import DFlash
 from specjax.methods.draft import DraftModel, SelfSpeculative
@@ -38,9 +37,10 @@ from specjax.methods.suffix import SuffixDecoding, SuffixStore
 class Entry:
   """One registered method.
 
-  factory(target, **options) -> the method for `target` (a specjax Model) with its defaults
-  (a size knob's default is chosen from the device's cost curve: methods/defaults.py);
-  options override them (the class's own arguments, plus `draft=` / `heads=` where a drafter is
+  factory(target, **options) -> the method for `target` (a specjax Model) with its defaults:
+  the class built with `options` and prepared for target (`prepare`: a size knob left out is
+  chosen from the device's cost curve, methods/sizing.py and methods/defaults.py, exactly as
+  when the class is built by hand and meets its target in sj.generate); options override them (the class's own arguments, plus `draft=` / `heads=` where a drafter is
   needed: an object, or a shipped name / file to load). requires(target) -> None where the
   method can run on target without further options, else the reason (e.g. no shipped heads)."""
   name: str
@@ -175,28 +175,19 @@ def _heads(kind: str, heads, target):
 
 
 def _with_heads(cls, kind: str):
-  """A heads method's factory: its defaults chosen from the cost curve (methods/defaults.py)."""
+  """A heads method's factory: the class on the heads, prepared for target."""
   def factory(target, heads=None, **options):
-    h = _heads(kind, heads, target)
-    return cls(h, **defaults.choose(kind, target, h, options))
+    return cls(_heads(kind, heads, target), **options).prepare(target)
   return factory
 
 
 def _draft(target, draft=None, **options):
-  d = _draft_model(draft, target)
-  return DraftModel(d, **defaults.choose("draft", target, d, options))
+  return DraftModel(_draft_model(draft, target), **options).prepare(target)
 
 
-def _prompt_lookup(target, ngram=3, **options):
-  return PromptLookup(ngram=ngram, **defaults.choose("prompt-lookup", target, ngram, options))
-
-
-def _lookahead(target, **options):
-  return Lookahead(**defaults.choose("lookahead", target, None, options))
-
-
-def _quantized(target, bits=4, **options):
-  return QuantizedDraft(bits=bits, **defaults.choose("quantized", target, bits, options))
+def _prepared(cls):
+  """A drafter-free method's factory: the class with `options`, prepared for target."""
+  return lambda target, **options: cls(**options).prepare(target)
 
 
 def _hybrid_heads(target):
@@ -207,7 +198,7 @@ def _hybrid_heads(target):
 
 def _layer_skip(target, exit_layer=None, **options):
   k = exit_layer or max(1, target.config.num_layers // 4)
-  return SelfSpeculative(exit_layer=k, **defaults.choose("layer-skip", target, k, options))
+  return SelfSpeculative(exit_layer=k, **options).prepare(target)
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -215,12 +206,12 @@ def _layer_skip(target, exit_layer=None, **options):
 # Training-free methods first, then those with a drafter (the order tables list them in).
 register(Entry("autoregressive", Autoregressive, lambda target, **o: Autoregressive(**o),
                "one target call per token: the baseline"))
-register(Entry("prompt-lookup", PromptLookup, _prompt_lookup,
+register(Entry("prompt-lookup", PromptLookup, _prepared(PromptLookup),
                "copies what followed an earlier occurrence of the last n-gram", aliases=("pld",)))
 register(Entry("suffix", SuffixDecoding, lambda target, **o: SuffixDecoding(**o),
                "a tree of what followed earlier occurrences of the suffix, in the context and "
                "earlier outputs (SuffixDecoding, Oliaro et al. 2024)", aliases=("suffix-decoding",)))
-register(Entry("lookahead", Lookahead, _lookahead,
+register(Entry("lookahead", Lookahead, _prepared(Lookahead),
                "Jacobi iterations make n-grams that become drafts (Fu et al. 2024)"))
 register(Entry("draft", DraftModel, _draft,
                "a small draft model proposes gamma tokens (Leviathan et al. 2023)", trained=True,
@@ -230,7 +221,7 @@ register(Entry("layer-skip", SelfSpeculative, _layer_skip,
                requires=lambda t: None if t.config.num_layers >= 2 else
                "layer-skip needs a target of at least 2 layers",
                aliases=("self-spec", "self-speculative", "selfspeculative")))
-register(Entry("quantized", QuantizedDraft, _quantized,
+register(Entry("quantized", QuantizedDraft, _prepared(QuantizedDraft),
                "the target drafts for itself with 4-bit weights and int8 activations (QSpec)",
                aliases=("qspec", "quantized-draft", "quantized-self-draft")))
 register(Entry("medusa", Medusa, _with_heads(Medusa, "medusa"),

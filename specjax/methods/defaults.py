@@ -21,8 +21,8 @@ its training wrote into its file:
 Drafting costs are the weights a drafter reads per forward over those the target reads (`reads`):
 at batch 1 a forward streams its weights once, so that ratio is its cost in target forwards.
 
-Each function returns a Choice; `recorded` says whether tau rests on a measurement (method="auto"
-compares only those, see specjax/auto.py). Prompt lookup and lookahead record no acceptance (their
+Each function returns a Choice; `recorded` says whether tau rests on the drafter's recorded
+acceptance rather than a prior (method="auto" reports which, see specjax/auto.py). Prompt lookup and lookahead record no acceptance (their
 acceptance is the text's, not a drafter's): both are sized by the curve alone, to verify for
 nearly the price of one token (`lookup_tokens`, `lookahead_shape`).
 """
@@ -34,7 +34,6 @@ import dataclasses
 import numpy as np
 
 from specjax import tree as trees
-from specjax.methods.eagle import capacity
 
 MAX_GAMMA = 16  # the longest chain a default may draft (each gamma is its own compiled program)
 MAX_NODES = 64  # the largest tree a default may verify
@@ -238,7 +237,7 @@ def eagle_budget(target, heads, cost) -> Choice:
   tree = r["tree"]
   n = tree.num_nodes  # (a head with few recorded ranks may grow fewer nodes than asked for)
   top_k = min(tree.ranks_needed(), n)
-  while capacity(tree.max_depth, top_k) < n:
+  while trees.capacity(tree.max_depth, top_k) < n:
     top_k += 1
   settings = {"num_nodes": n, "depth": tree.max_depth, "top_k": top_k}
   return Choice(settings, r["speedup"], r["tau"], tuple(r["table"]),

@@ -37,18 +37,20 @@ from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.drafters.dflash import drafter
 from specjax.errors import check_int
 from specjax.heads import check_fits
-from specjax.methods import verify
+from specjax.methods import sizing, verify
 from specjax.methods.features import check_heads
 
 
 @dataclasses.dataclass(frozen=True)
 class DFlash(Method):
   """DFlash decoding with `heads` (sj.init_heads(target, "dflash", mask_token_id=...) or
-  sj.load_heads(...)). block_size: tokens per block, the pending one included (default: the
-  block the heads were trained for; at most that)."""
+  sj.load_heads(...)). block_size: tokens per block, the pending one included, at most the block
+  the heads were trained for (left out: chosen from the cost curve when the method meets its
+  target, see methods/sizing.py; the trained block where the heads record no acceptance)."""
   heads: Any = dataclasses.field(default=None, compare=False, repr=False)
   block_size: int | None = None
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "dflash"
   lossless = True
@@ -57,11 +59,15 @@ class DFlash(Method):
   def __post_init__(self):
     check_heads(self.heads, "dflash", "DFlash")
     c = self.heads.config
-    bs = c.block_size if self.block_size is None else self.block_size
-    check_int("block_size", bs, 2, c.block_size,
+    sizing.left_out(self, {"block_size": c.block_size})
+    check_int("block_size", self.block_size, 2, c.block_size,
               f" (these heads were trained for blocks of {c.block_size})")
-    object.__setattr__(self, "block_size", bs)
     object.__setattr__(self, "key", (c,))
+
+  def prepare(self, model) -> "DFlash":
+    """block_size, if left out, from the cost curve and the heads' held-out top-1 per block
+    offset (sizing); without those numbers, the block the heads were trained for."""
+    return sizing.prepare(self, "dflash", model, self.heads)
 
   @property
   def taps(self) -> tuple:

@@ -40,7 +40,7 @@ from specjax import cache as kv
 from specjax import sampling
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
-from specjax.methods import verify
+from specjax.methods import sizing, verify
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 
@@ -272,17 +272,19 @@ class DraftModel(_Speculative):
   its (tied or untied) LM head, so the full [E,V] head is never multiplied.
   """
   draft: Any = dataclasses.field(default=None, compare=False, repr=False)
-  gamma: int = 5
+  gamma: int | None = None  # None: from the cost curve (methods/sizing.py), else 5
   adaptive: bool = False
   min_gamma: int = 1
   threshold: float = 0.0
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "draft"
   refeed = 2
 
   def __post_init__(self):
+    sizing.left_out(self, {"gamma": 5})
     super().__post_init__()
     from specjax.model import Model
 
@@ -295,6 +297,10 @@ class DraftModel(_Speculative):
     c = self.draft.config
     object.__setattr__(self, "key", (self.draft.graphdef, c, None if vocab is None else vocab.size,
                                      str(self.draft.dtype)))
+
+  def prepare(self, model) -> "DraftModel":
+    """gamma, if left out, from the cost curve and the draft's held-out agreement (sizing)."""
+    return sizing.prepare(self, "draft", model, self.draft)
 
   def validate(self, model) -> None:
     t, d = model.config, self.draft.config
@@ -359,18 +365,24 @@ class SelfSpeculative(_Speculative):
   `vocab_subset`): the exit head then multiplies Vs rows of the LM head instead of all V.
   """
   exit_layer: int = 0
-  gamma: int = 5
+  gamma: int | None = None  # None: from the cost curve (methods/sizing.py), else 5
   adaptive: bool = False
   min_gamma: int = 1
   threshold: float = 0.0
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "layer-skip"
 
   def __post_init__(self):
+    sizing.left_out(self, {"gamma": 5})
     super().__post_init__()
     check_int("exit_layer", self.exit_layer, 1)
     object.__setattr__(self, "vocab", _check_vocab(self.vocab))
+
+  def prepare(self, model) -> "SelfSpeculative":
+    """gamma, if left out, from the cost curve and the untrained exit's prior (sizing)."""
+    return sizing.prepare(self, "layer-skip", model, self.exit_layer)
 
   def validate(self, model) -> None:
     n = model.config.num_layers

@@ -49,20 +49,16 @@ import numpy as np
 
 from specjax import cache as kv
 from specjax import tree as trees
+from specjax.tree import capacity
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
-from specjax.methods import verify
+from specjax.methods import sizing, verify
 from specjax.methods.features import (catch_up, check_heads, embed, feature_buffer, head_arrays,
                                       lm_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
-
-
-def capacity(depth: int, top_k: int) -> int:
-  """How many nodes EAGLE-2's expansion drafts (and the most num_nodes can keep)."""
-  return top_k + (depth - 1) * top_k * top_k
 
 
 def check_common(method, rules=RULES) -> None:
@@ -82,18 +78,20 @@ class Eagle(Method):
   num_nodes then come from the tree). acceptance: "exact" | "greedy" | "typical".
   """
   heads: Any = dataclasses.field(default=None, compare=False, repr=False)
-  tree: Any = "dynamic"
-  depth: int = 5
-  top_k: int = 8
-  num_nodes: int = 32
+  tree: Any = None  # None here and below: from the cost curve (methods/sizing.py), else
+  depth: int | None = None  # EAGLE's paper sizes: "dynamic", depth 5, top_k 8, 32 nodes
+  top_k: int | None = None
+  num_nodes: int | None = None
   acceptance: str = "exact"
   epsilon: float = 0.09
   delta: float = 0.3
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "eagle"
 
   def __post_init__(self):
+    sizing.left_out(self, {"tree": "dynamic", "depth": 5, "top_k": 8, "num_nodes": 32})
     check_heads(self.heads, ("eagle", "eagle3"), "EAGLE")
     c = self.heads.config
     check_common(self)
@@ -122,6 +120,11 @@ class Eagle(Method):
                                      else self.heads.vocab.tobytes()))
 
   # ------------------------------------------------------------------ protocol
+
+  def prepare(self, model) -> "Eagle":
+    """The tree's sizes, if all left out, from the cost curve and the head's held-out top-1 per
+    depth (sizing)."""
+    return sizing.prepare(self, "eagle", model, self.heads)
 
   @property
   def dynamic(self) -> bool:

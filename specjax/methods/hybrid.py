@@ -57,7 +57,7 @@ import numpy as np
 from specjax import tree as trees
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
-from specjax.methods import merge, verify
+from specjax.methods import merge, sizing, verify
 from specjax.methods.eagle import Eagle, absorb
 from specjax.methods.medusa import Medusa
 from specjax.methods.prompt_lookup import PromptLookup, ngram_search
@@ -114,7 +114,8 @@ class Hybrid(Method):
 
   drafters: a list of PromptLookup and SuffixDecoding objects and at most one Medusa or Eagle
   (their own acceptance settings are not used: the hybrid tree has one); num_nodes: the tree
-  verified per step (N; default: the nodes the drafters would verify alone, added up);
+  verified per step (N; left out: the predicting drafter's budget once `prepare` has sized it
+  from the cost curve, else the nodes the drafters would verify alone, added up);
   acceptance: "exact" | "greedy"; measured: scale the copying drafters' scores by their measured
   first-token acceptance (module docstring).
   """
@@ -122,6 +123,7 @@ class Hybrid(Method):
   num_nodes: int | None = None
   acceptance: str = "exact"
   measured: bool = True
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "hybrid"
   lossless = True
@@ -150,8 +152,7 @@ class Hybrid(Method):
     if not isinstance(self.measured, (bool, np.bool_)):
       raise InputError(f"measured={self.measured!r} is invalid: must be True or False")
     total = sum(_size(d) for d in ds)
-    if self.num_nodes is None:
-      object.__setattr__(self, "num_nodes", min(total, sum(_budget(d) for d in ds)))
+    sizing.left_out(self, {"num_nodes": min(total, sum(_budget(d) for d in ds))})
     check_int("num_nodes", self.num_nodes, 1, total,
               f" (the drafters list {total} candidates per step)")
 
@@ -162,20 +163,37 @@ class Hybrid(Method):
     come from the device's cost curve as the method's own default does (methods/defaults.py; the
     copied chain may take up to N of them); without heads, prompt lookup beside suffix
     decoding."""
-    if drafters is not None:
-      return cls(drafters, **options)
-    if heads is None:
-      return cls([PromptLookup(), SuffixDecoding()], **options)
-    from specjax.heads import load_heads
-    from specjax.methods import defaults
+    if drafters is None and heads is None:
+      drafters = [PromptLookup(), SuffixDecoding()]
+    elif drafters is None:
+      from specjax.heads import load_heads
 
-    if isinstance(heads, (str, os.PathLike)):
-      heads = load_heads(heads, target)
-    kind = "eagle" if heads.config.kind in ("eagle", "eagle3") else "medusa"
-    pred = (Eagle if kind == "eagle" else Medusa)(heads, **defaults.choose(kind, target, heads, {}))
-    n = _budget(pred)
-    options.setdefault("num_nodes", n)
-    return cls([PromptLookup(num_tokens=min(10, n)), pred], **options)
+      if isinstance(heads, (str, os.PathLike)):
+        heads = load_heads(heads, target)
+      kind = Eagle if heads.config.kind in ("eagle", "eagle3") else Medusa
+      drafters = [PromptLookup(), kind(heads)]
+    return cls(drafters, **options).prepare(target)
+
+  def prepare(self, target) -> "Hybrid":
+    """The sizes left out, as the registry's hybrid chooses them: the predicting drafter's own
+    (its `prepare`: the cost curve and its heads' held-out numbers), a copied chain of up to
+    min(10, N) tokens with N the predictor's budget, and num_nodes N where the predictor's
+    sizes were left out too (given, its whole tree and the copies are kept: the class's rule).
+    Copies alone keep their class sizes."""
+    pred = next((d for d in self.drafters if isinstance(d, PREDICTORS)), None)
+    if pred is None:
+      return self
+    sized = pred.prepare(target)
+    n = _budget(sized)
+    drafters = tuple(
+        sized if d is pred else dataclasses.replace(d, num_tokens=min(10, n))
+        if isinstance(d, PromptLookup) and d.left_out else d for d in self.drafters)
+    nodes = self.num_nodes
+    if "num_nodes" in self.left_out:
+      nodes = n if sizing.open_sizes(pred, pred.name) else None
+    if all(a is b for a, b in zip(drafters, self.drafters)) and nodes in (None, self.num_nodes):
+      return self
+    return dataclasses.replace(self, drafters=drafters, num_nodes=nodes)
 
   @property
   def max_depth(self) -> int:

@@ -38,6 +38,7 @@ from specjax import acceptance, sampling
 from specjax import cache as kv
 from specjax.decode import DRAFT, DecodeState, Method, Program, emit, emitted, phase
 from specjax.errors import InputError, check_int
+from specjax.methods import sizing
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,20 +129,26 @@ class LookaheadState:
 class Lookahead(Method):
   """Lookahead decoding. window W: Jacobi columns; ngram N: n-gram size (the window has N-1
   levels, candidates N-1 tokens); guess G: candidates verified per step (= pool slots per key).
-  One step's forward runs 1 + (W + G) * (N - 1) tokens."""
-  window: int = 4
-  ngram: int = 3
-  guess: int = 4
+  One step's forward runs 1 + (W + G) * (N - 1) tokens. All three left out (None): the largest
+  shape that verifies nearly free on the target's cost curve (methods/sizing.py), else (4, 3, 4)."""
+  window: int | None = None
+  ngram: int | None = None
+  guess: int | None = None
   name: str = dataclasses.field(default="lookahead", init=False)
   lossless: bool = dataclasses.field(default=True, init=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   def __post_init__(self):
+    sizing.left_out(self, {"window": 4, "ngram": 3, "guess": 4})
     check_int("window", self.window, 1)
     check_int("ngram", self.ngram, 1)
     if self.ngram < 2:
       raise InputError(f"ngram={self.ngram!r} is invalid: must be an integer >= 2 (an n-gram of "
                        f"one token proposes nothing)")
     check_int("guess", self.guess, 1)
+
+  def prepare(self, model) -> "Lookahead":
+    return sizing.prepare(self, "lookahead", model, None)
 
   @property
   def tokens_per_step(self) -> int:

@@ -34,7 +34,7 @@ from flax import nnx
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
-from specjax.methods import verify
+from specjax.methods import sizing, verify
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 from specjax.tree import Tree, default_tree
@@ -66,10 +66,12 @@ class Medusa(Method):
   delta: float = 0.3
   top_k: int = 10
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "medusa"
 
   def __post_init__(self):
+    sizing.left_out(self, {"tree": None})  # (None: default_tree below)
     if not isinstance(self.heads, Heads):
       raise InputError(f"heads={self.heads!r} is invalid: must be specjax Heads (sj.init_heads("
                        f"target, 'medusa') or sj.load_heads(...))")
@@ -99,6 +101,10 @@ class Medusa(Method):
     object.__setattr__(self, "tree", tree)
     object.__setattr__(self, "key", (c, None if self.heads.vocab is None
                                      else self.heads.vocab.tobytes()))
+
+  def prepare(self, model) -> "Medusa":
+    """The tree, if left out, from the cost curve and the heads' held-out accuracies (sizing)."""
+    return sizing.prepare(self, "medusa", model, self.heads)
 
   @property
   def lossless(self) -> bool:

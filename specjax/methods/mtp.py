@@ -36,7 +36,7 @@ from specjax import sampling
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
-from specjax.methods import verify
+from specjax.methods import sizing, verify
 from specjax.methods.features import (catch_up, check_heads, feature_buffer, head_arrays,
                                       mtp_logits, prompt_pass, shift_in, to_tokens)
 
@@ -54,6 +54,7 @@ class MTP(Method):
   gamma: int | None = None
   acceptance: str = "exact"
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "mtp"
 
@@ -63,13 +64,16 @@ class MTP(Method):
     if self.acceptance not in RULES:
       raise InputError(f"acceptance={self.acceptance!r} is invalid: must be one of "
                        f"{', '.join(RULES)} (a chain is verified exactly; greedy at temperature 0)")
-    gamma = c.num_heads if self.gamma is None else self.gamma
-    check_int("gamma", gamma, 1, c.num_heads, f" (the heads have {c.num_heads} modules)")
-    object.__setattr__(self, "gamma", gamma)
+    sizing.left_out(self, {"gamma": c.num_heads})
+    check_int("gamma", self.gamma, 1, c.num_heads, f" (the heads have {c.num_heads} modules)")
     object.__setattr__(self, "key", (c, None if self.heads.vocab is None
                                      else self.heads.vocab.tobytes()))
 
   lossless = True
+
+  def prepare(self, model) -> "MTP":
+    """gamma, if left out, from the cost curve and each module's held-out top-1 (sizing)."""
+    return sizing.prepare(self, "mtp", model, self.heads)
 
   @property
   def extra_slots(self) -> int:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import check_int
-from specjax.methods import verify
+from specjax.methods import sizing, verify
 
 
 def ngram_search(seq: jax.Array, seq_len: jax.Array, ngram: int, num_tokens: int):
@@ -69,15 +69,21 @@ class LookupState:
 @dataclasses.dataclass(frozen=True)
 class PromptLookup(Method):
   """Prompt lookup decoding. ngram: longest suffix to match (falls back to 1);
-  num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens)."""
+  num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens; None:
+  as many as verify nearly free on the target's cost curve, methods/sizing.py; else 10)."""
   ngram: int = 3
-  num_tokens: int = 10
+  num_tokens: int | None = None
   name: str = dataclasses.field(default="prompt-lookup", init=False)
   lossless: bool = dataclasses.field(default=True, init=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   def __post_init__(self):
+    sizing.left_out(self, {"num_tokens": 10})
     check_int("ngram", self.ngram, 1)
     check_int("num_tokens", self.num_tokens, 1)
+
+  def prepare(self, model) -> "PromptLookup":
+    return sizing.prepare(self, "prompt-lookup", model, self.ngram)
 
   @property
   def extra_slots(self) -> int:

@@ -51,6 +51,7 @@ from specjax import packing
 from specjax.decode import DecodeState
 from specjax.errors import InputError, check_int
 from specjax.kernels import quant
+from specjax.methods import sizing
 from specjax.methods.draft import _check_vocab, _Speculative
 from specjax.methods.prompt_lookup import ngram_search
 from specjax.model import forward_sequence, head_rows
@@ -110,7 +111,7 @@ class QuantizedDraft(_Speculative):
   gamma, adaptive, min_gamma, threshold: as for every chain method (methods/draft.py).
   """
   bits: int = 4
-  gamma: int = 4  # measured best on SmolLM2 (experiments/quantized); the registry chooses
+  gamma: int | None = None  # None: from the cost curve (methods/sizing.py), else 4
   adaptive: bool = False
   min_gamma: int = 1
   threshold: float = 0.0
@@ -119,10 +120,12 @@ class QuantizedDraft(_Speculative):
   ngram: int = 3
   vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
   key: Any = dataclasses.field(default=None, init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "quantized"
 
   def __post_init__(self):
+    sizing.left_out(self, {"gamma": 4})  # (4: measured best on SmolLM2, experiments/quantized)
     if isinstance(self.bits, bool) or not isinstance(self.bits, (int, np.integer)) or \
         self.bits not in quant.BITS:
       raise InputError(f"bits={self.bits!r} is invalid: must be 4 (Q4_1 blocks) or 8 (Q8_0 blocks)")
@@ -142,6 +145,10 @@ class QuantizedDraft(_Speculative):
     object.__setattr__(self, "vocab", vocab)
     # Programs differ by the subset's size, not by its ids (they are an argument).
     object.__setattr__(self, "key", None if vocab is None else vocab.size)
+
+  def prepare(self, model) -> "QuantizedDraft":
+    """gamma, if left out, from the cost curve and the bit width's prior (sizing)."""
+    return sizing.prepare(self, "quantized", model, self.bits)
 
   def validate(self, model) -> None:
     if self.vocab is not None:
