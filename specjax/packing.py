@@ -19,7 +19,7 @@ XLA (SmolLM2's shipped draft: 3.0 -> 1.9 ms a forward). A draft being trained is
 The model reads a copy where it multiplies (model._packed).
 
 Packed copies are a load-time transform: `weights.load_model` makes them (`maybe_pack`: by default
-on a single CPU device in float32, or bfloat16 where the CPU has AVX512-BF16, unless
+on a single CPU device in float32 or bfloat16, unless
 SPECJAX_KERNELS is "0"; `kernels=False` never packs;
 `kernels=True` packs or warns), nothing saves them (drafts' own tensors and checkpoints are
 written from unpacked models), and they are derived data: if you change a packed model's
@@ -114,8 +114,7 @@ def on_kernel(model) -> bool:
 def pack(model, *, warn: bool = True, head: bool = True):
   """A new Model whose params also carry packed copies of every dense weight (see the module
   docstring), float32 or bfloat16 as the model's weights; the model itself if the kernel is
-  unavailable (warned once), if its dtype is neither (or bfloat16 on a CPU without AVX512-BF16:
-  warned), or if it is already packed. head=False leaves the LM head unpacked: a draft that
+  unavailable (warned once), if its dtype is neither, or if it is already packed. head=False leaves the LM head unpacked: a draft that
   scores a vocabulary subset never multiplies by the whole head (subset_head packs its rows)."""
   if is_packed(model):
     return model
@@ -126,11 +125,6 @@ def pack(model, *, warn: bool = True, head: bool = True):
                     f"bfloat16 only); using XLA", KernelFallbackWarning, stacklevel=2)
     return model
   if not kernels.available():
-    return model
-  if dtype == jnp.bfloat16 and not kernels.matmul.bf16_available():
-    if warn:
-      warnings.warn("specjax.kernels: bfloat16 weights need AVX512-BF16, which this CPU (or the "
-                    "forced kernel path) lacks; using XLA", KernelFallbackWarning, stacklevel=2)
     return model
   nt = kernels.threads()
   module = model.module()

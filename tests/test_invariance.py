@@ -95,6 +95,15 @@ def test_every_family_op():
   _assert_invariant(probe, TREES[1], context=12, batch=4)
 
 
+def test_bfloat16_weights_and_activations():
+  """A bf16 model on the kernels: products in vdpbf16ps's arithmetic (the instruction or its
+  fp32-FMA form: the same bits), attention read into float32 on the attention kernel."""
+  model = sj.Model.random(tiny_model().config, seed=0, scale=0.3, dtype=jnp.bfloat16)
+  probe = BatchInvariance(packing.pack(model), cache_len=96)
+  _assert_chains(probe, (1, 8, 64), context=30)
+  _assert_invariant(probe, TREES[1], context=12, batch=4)
+
+
 @pytest.mark.parametrize("activations", ["float32", "int8"])
 def test_gguf_blocks_float_and_int8_activations(tmp_path, activations):
   """Products over a GGUF's own blocks: float32 activations (the blocks kernel) and int8 ones

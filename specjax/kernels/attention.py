@@ -109,7 +109,17 @@ def attend(q, kc, vc, kn, vn, mask, *, scale: float, softcap: float | None = Non
   under mask; see `_xla` for the shapes. kernel: run attention.cc where it applies (float32
   operands, the library available), else XLA. An empty cache (a prompt's prefill) goes to the
   kernel as one of 0 slots: it reads, per chunk of rows, the new entries up to the last one a row
-  of the chunk sees (about half of a causal block's)."""
+  of the chunk sees (about half of a causal block's).
+
+  bfloat16 operands (a bf16 model on the kernels) are read into float32 and attend there, on the
+  kernel, the output rounded back to bf16: XLA's bf16 attention rounds by shape (a row of an
+  8-token block differed from its one-token forward, by up to 0.5 in the logits), the kernel's
+  float32 sums do not."""
+  floats = {a.dtype for a in (q, kn, vn) + (() if kc is None else (kc, vc))}
+  if kernel and floats == {jnp.dtype(jnp.bfloat16)} and mask.dtype == jnp.bool_ and available():
+    f32 = lambda a: None if a is None else a.astype(jnp.float32)  # noqa: E731
+    return attend(f32(q), f32(kc), f32(vc), f32(kn), f32(vn), mask, scale=scale,
+                  softcap=softcap, kernel=True).astype(q.dtype)
   cache_ok = kc is None or kc.dtype == vc.dtype == jnp.float32
   if (kernel and cache_ok and q.dtype == kn.dtype == vn.dtype == jnp.float32
           and mask.dtype == jnp.bool_ and available()):

@@ -13,8 +13,9 @@
 // This one file is compiled four times (SJ_PART = main, avx512, avx2, scalar) and linked into one
 // shared library, so each instruction-set path is built with its own -m flags and chosen at run
 // time (see specjax/kernels/build.py). Part `main` holds the XLA FFI handlers, the ISA choice and
-// the call's split over the thread pool (pool.h). The bf16 path needs AVX512-BF16 (`vdpbf16ps`):
-// its functions carry their own target attribute in part avx512 and run only where the CPU has it.
+// the call's split over the thread pool (pool.h). bf16 runs `vdpbf16ps` where the CPU has
+// AVX512-BF16 (functions with their own target attribute in part avx512), and the same arithmetic
+// from fp32 FMAs on the AVX2 and scalar paths, so every path gives the same bits.
 //
 // Numerics, fp32: every output is a sequential fused multiply-add over k = 0..K-1 (the scalar path
 // too, through std::fma), whatever M is and however the rows are tiled, so a row's result does not
@@ -24,6 +25,7 @@
 // zero and rounds to nearest even.
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -238,6 +240,68 @@ void block_bf16(const void* xv, long ldx, const void* wv, long k, long bw, long 
 }
 #endif
 
+#if SJ_PART == SJ_AVX2
+// ----------------------------------------------------------------------------- bf16, emulated
+
+// vdpbf16ps's arithmetic from fp32 FMAs, for CPUs without AVX512-BF16 (and the tests, which run
+// every path): per pair, acc = fma(x_odd, w_odd, acc), then acc = fma(x_even, w_even, acc). Each
+// product is exact in fp32, so each step rounds once, as the instruction's two accumulations do;
+// MXCSR's DAZ and FTZ give its denormals-as-zero inputs and flushed outputs, round to nearest.
+struct FlushDenormals {
+  unsigned saved;
+  FlushDenormals() : saved(_mm_getcsr()) { _mm_setcsr((saved & ~0x6000u) | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved); }
+};
+
+// out[MT][16] = x[MT][2*k2] @ w[k2][16][2] (w row stride ldw uint16s): 2 weight vectors per half
+// of the pair, 2 accumulators per row (MT <= 4: 8 + 4 + 2 broadcasts of 16 ymm).
+template <int MT>
+void tile_bf16_fma(const uint16_t* __restrict x, long ldx, const uint16_t* __restrict w, long ldw,
+                   long k2, float* __restrict out, long ldo, bool acc) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256 c[MT][2];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < 2; ++v)
+      c[m][v] = acc ? _mm256_loadu_ps(out + m * ldo + v * 8) : _mm256_setzero_ps();
+  for (long e = 0; e < k2; ++e) {
+    __m256 odd[2], even[2];
+    for (int v = 0; v < 2; ++v) {  // 8 columns' pairs: bf16 k = 2p in the low half of each dword
+      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + e * ldw + v * 16));
+      odd[v] = _mm256_castsi256_ps(_mm256_and_si256(d, high));
+      even[v] = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+    }
+    for (int m = 0; m < MT; ++m) {
+      uint32_t pair;
+      std::memcpy(&pair, x + m * ldx + 2 * e, 4);
+      const __m256 ao = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(pair & 0xffff0000u)));
+      const __m256 ae = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(pair << 16)));
+      for (int v = 0; v < 2; ++v) {
+        c[m][v] = _mm256_fmadd_ps(ao, odd[v], c[m][v]);
+        c[m][v] = _mm256_fmadd_ps(ae, even[v], c[m][v]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ldo + v * 8, c[m][v]);
+}
+
+typedef void TileBf16FmaFn(const uint16_t*, long, const uint16_t*, long, long, float*, long, bool);
+constexpr TileBf16FmaFn* kTilesBf16Fma[4] = {&tile_bf16_fma<1>, &tile_bf16_fma<2>,
+                                             &tile_bf16_fma<3>, &tile_bf16_fma<4>};
+
+void block_bf16_fma(const void* xv, long ldx, const void* wv, long k, long bw, long rows,
+                    float* out, long ldo, const void* next) {
+  const FlushDenormals flush;
+  const uint16_t* x = static_cast<const uint16_t*>(xv);
+  const uint16_t* w = static_cast<const uint16_t*>(wv);
+  passes<4>(rows, bw / 16, k / 2, bw * 4, w, next,
+            [&](long s, long r, long mt, long e0, long n, int, Prefetch) {
+              kTilesBf16Fma[mt - 1](x + r * ldx + 2 * e0, ldx, w + e0 * 2 * bw + s * 32, 2 * bw,
+                                    n, out + r * ldo + s * 16, ldo, e0 > 0);
+            });
+}
+#endif
+
 }  // namespace
 
 #if SJ_PART == SJ_AVX512
@@ -265,6 +329,11 @@ extern "C" void sj_block_avx2(const void* x, long ldx, const void* w, long k, lo
                               float* out, long ldo, const void* next) {
   block_f32<2>(x, ldx, w, k, bw, rows, out, ldo, next);  // bw is a multiple of 16
 }
+
+extern "C" void sj_block_bf16_avx2(const void* x, long ldx, const void* w, long k, long bw,
+                                   long rows, float* out, long ldo, const void* next) {
+  block_bf16_fma(x, ldx, w, k, bw, rows, out, ldo, next);
+}
 #endif
 
 #elif SJ_PART == SJ_SCALAR
@@ -286,6 +355,35 @@ extern "C" void sj_block_scalar(const void* xv, long ldx, const void* wv, long k
   }
 }
 
+// bf16 as vdpbf16ps computes it (see the AVX2 part): the pair's odd product, then its even one,
+// each a once-rounded fma, with denormal inputs read as zero and denormal results flushed.
+static inline float flush(float f) { return std::fabs(f) < FLT_MIN ? std::copysign(0.0f, f) : f; }
+
+static inline float from_bf16(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return flush(f);
+}
+
+extern "C" void sj_block_bf16_scalar(const void* xv, long ldx, const void* wv, long k, long bw,
+                                     long rows, float* buf, long ldo, const void*) {
+  const uint16_t* x = static_cast<const uint16_t*>(xv);
+  const uint16_t* w = static_cast<const uint16_t*>(wv);
+  for (long m = 0; m < rows; ++m) {
+    float* out = buf + m * ldo;
+    for (long j = 0; j < bw; ++j) out[j] = 0.0f;
+    for (long e = 0; e < k / 2; ++e) {
+      const float ao = from_bf16(x[m * ldx + 2 * e + 1]), ae = from_bf16(x[m * ldx + 2 * e]);
+      const uint16_t* wr = w + e * 2 * bw;
+      for (long j = 0; j < bw; ++j) {
+        out[j] = flush(std::fma(ao, from_bf16(wr[2 * j + 1]), out[j]));
+        out[j] = flush(std::fma(ae, from_bf16(wr[2 * j]), out[j]));
+      }
+    }
+  }
+}
+
 #elif SJ_PART == SJ_MAIN
 
 #include <string>
@@ -294,10 +392,12 @@ extern "C" void sj_block_scalar(const void* xv, long ldx, const void* wv, long k
 #include "handler.h"
 
 SJ_PATHS(BlockFn, sj_block);
+extern "C" BlockFn sj_block_bf16_scalar;
 #if defined(__x86_64__)
-extern "C" BlockFn sj_block_bf16;
+extern "C" BlockFn sj_block_bf16, sj_block_bf16_avx2;
 #else
 #define sj_block_bf16 nullptr
+#define sj_block_bf16_avx2 sj_block_bf16_scalar
 #endif
 
 namespace {
@@ -312,6 +412,14 @@ bool detect_bf16() {
 }
 
 BlockFn* block_fn() { return SJ_PICK(sj_block); }
+
+// bf16: vdpbf16ps on the AVX-512 path of a CPU with AVX512-BF16; its arithmetic from fp32 FMAs on
+// the AVX2 path (and the AVX-512 path of a CPU without the instruction); plain loops on scalar.
+BlockFn* bf16_fn() {
+  const int isa = g_isa.load(std::memory_order_relaxed);
+  if (isa == kAvx512 && detect_bf16()) return sj_block_bf16;
+  return isa == kScalar ? sj_block_bf16_scalar : sj_block_bf16_avx2;
+}
 
 // ----------------------------------------------------------------------------- one call
 
@@ -386,7 +494,7 @@ void dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k, 
     x = padded.data();
   }
   Job j{reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(w), y, m, 2 * k2, n, bw,
-        nb, 2 * k2, 2, k2 * bw * 4, nb, sj_block_bf16};
+        nb, 2 * k2, 2, k2 * bw * 4, nb, bf16_fn()};
   run(j);
 }
 
@@ -419,7 +527,6 @@ ffi::Error DenseF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
 ffi::Error DenseBF16(ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                      ffi::ResultBuffer<ffi::F32> y) {
   std::string err = check("specjax_dense_bf16", x.dimensions(), w.dimensions(), y->dimensions(), 2);
-  if (err.empty() && !detect_bf16()) err = "specjax_dense_bf16: no AVX512-BF16";
   if (!err.empty()) return sj_ffi::invalid(err);
   const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
   return sj_ffi::product(y->typed_data(), m, k, n, [&] {
@@ -440,7 +547,7 @@ extern "C" {
 
 SJ_LIBRARY_EXPORTS(specjax_kernel)
 
-// Whether this CPU runs the bf16 path (AVX-512 F/BW/VL and BF16).
+// Whether this CPU has vdpbf16ps (AVX-512 F/BW/VL and BF16); every path computes its arithmetic.
 SJ_EXPORT int specjax_kernel_detected_bf16() { return detect_bf16(); }
 
 // How long idle workers spin before sleeping (tuning; default 200 or $SPECJAX_KERNEL_SPIN_US).
@@ -452,10 +559,10 @@ SJ_EXPORT void specjax_dense_f32(const float* x, const float* w, float* y, long 
   dense_f32(x, w, y, m, k, n, bw, (n + bw - 1) / bw);
 }
 
-// The same for bf16 x [m, k] and bf16 w [nb, ceil(k/2), bw, 2]; does nothing without the ISA.
+// The same for bf16 x [m, k] and bf16 w [nb, ceil(k/2), bw, 2], on the path in use.
 SJ_EXPORT void specjax_dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k,
                                   long n, long bw) {
-  if (detect_bf16()) dense_bf16(x, w, y, m, k, n, bw, (n + bw - 1) / bw);
+  dense_bf16(x, w, y, m, k, n, bw, (n + bw - 1) / bw);
 }
 
 }  // extern "C"

@@ -15,18 +15,19 @@ the bytes: the register tiles reach up to ~90% of one core's measured FMA peak.
 
 bfloat16 weights (a model loaded with dtype=jnp.bfloat16): the packed copy holds each column's
 pairs (k = 2p, 2p + 1) side by side, half the bytes, and the kernel multiplies bf16 activations by
-it with AVX512-BF16's `vdpbf16ps` (two products per fp32 lane, exact, accumulated in fp32 pair by
-pair), then rounds to bf16 as XLA's bf16 dot does; the result equals XLA's up to fp32 summation
-order (so it can differ from XLA's in the last bf16 bit), and a row's result never depends on the
-other rows of the call. A CPU without AVX512-BF16 (or the kernel forced to another path) runs
-bf16 products on XLA.
+it in AVX512-BF16's `vdpbf16ps` arithmetic (two exact products per fp32 lane, the odd one then
+the even one added to the fp32 accumulator, pair by pair, denormals flushed), then rounds to bf16
+as XLA's bf16 dot does; the result equals XLA's up to fp32 summation order (so it can differ from
+XLA's in the last bf16 bit), and a row's result never depends on the other rows of the call. The
+instruction itself runs on a CPU with AVX512-BF16; the AVX2 and scalar paths compute the same
+arithmetic from fp32 FMAs, so every path gives the same bits.
 
 This file knows matrices, not models: `pack_weight` lays one [K, N] weight out for the kernel and
 `dense` multiplies by it. Which of a model's weights get packed copies, and where those copies
 live, is specjax/packing.py.
 
 When the kernel runs. `dense(x, w, packed)` calls the kernel at trace time iff a packed copy is
-present, x, w and the copy are all float32 (or all bfloat16, on a CPU with AVX512-BF16) and
+present, x, w and the copy are all float32 (or all bfloat16) and
 M = prod(x.shape[:-1]) <= MAX_ROWS; otherwise, and whenever it is differentiated (a custom_vjp
 whose forward rule is XLA's dot), it is XLA's dot on the original weight. If the kernel cannot be built (no compiler, a failed build) or the CPU has neither AVX-512
 nor AVX2+FMA, specjax warns once (KernelFallbackWarning) and stays on XLA: same tokens, XLA's
@@ -92,8 +93,14 @@ _reset_for_tests = LIBRARY.reset
 
 
 def bf16_available() -> bool:
-  """Whether bf16 products run on the kernel: it is available, on its AVX-512 path, on a CPU with
-  AVX512-BF16."""
+  """Whether bf16 products run on the kernel: wherever it is available. Every path computes
+  vdpbf16ps's arithmetic (the instruction on a CPU with AVX512-BF16, fp32 FMAs elsewhere)."""
+  return available()
+
+
+def bf16_instruction() -> bool:
+  """Whether bf16 products run on `vdpbf16ps` itself (the AVX-512 path of a CPU with
+  AVX512-BF16) rather than on its arithmetic from fp32 FMAs."""
   lib = load()
   return lib is not None and isa() == "avx512" and _detect_bf16(lib)
 
@@ -178,8 +185,8 @@ _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
 def _on_kernel(x, w, packed) -> bool:
-  """Whether the kernel takes this product: float32 throughout, or bfloat16 throughout on a CPU
-  with AVX512-BF16 (x, w and the packed copy of one dtype)."""
+  """Whether the kernel takes this product: float32 or bfloat16 throughout (x, w and the packed
+  copy of one dtype)."""
   if packed is None or not x.dtype == w.dtype == packed.dtype:
     return False
   if x.dtype == jnp.float32:
@@ -192,7 +199,7 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
   """x [..., K] @ w [K, *out] -> [..., *out]; transposed: w [N, K] -> [..., N] (a tied head).
 
   packed: w's packed copy (pack_weight); with it, M = prod(x.shape[:-1]) in [1, MAX_ROWS] and
-  operands of its dtype (float32, or bfloat16 where the CPU has AVX512-BF16), the product runs in
+  operands of its dtype (float32 or bfloat16), the product runs in
   the kernel, else in XLA's dot.
   """
   k = x.shape[-1]
