@@ -23,6 +23,7 @@ import numpy as np
 
 from specjax import cache as kv
 from specjax import compile_options
+from specjax import distributed
 from specjax import kernels
 from specjax import malloc
 from specjax import sampling
@@ -542,6 +543,8 @@ def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
   ids = _encode(model, prompts, a["chat"])
   _check_context(model, ids, max_new_tokens)
   mesh = _plan_mesh(model, mesh, len(ids))
+  if distributed.spans_processes(mesh):
+    distributed.check_same([ids, a], "prompts and generation settings")
   p, s = _plan_shapes(ids, max_new_tokens, method)
   args = _device_args(model, method, ids, p, max_new_tokens,
                       SamplingParams.make(len(ids), a["temperature"], a["top_k"], a["top_p"]),
