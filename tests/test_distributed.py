@@ -87,3 +87,18 @@ def test_lost_peers_after_heartbeats_stand_still():
   assert lost({0: None}, seen, s + 1, me=1) == [0]
   msg = distributed.lost_message([0], 1, 2, "127.0.0.1:5")
   assert "process 1 of 2 lost process 0 (the coordinator, 127.0.0.1:5)" in msg
+
+
+@pytest.mark.parametrize("cmd", [["generate", "--prompt", "hi"], ["bench"],
+                                 ["train", "medusa", "--corpus", "c"]])
+def test_cli_takes_distributed_settings(cmd, capsys, monkeypatch):
+  """generate | bench | train take --coordinator / --num-processes / --process-id; incomplete
+  settings are a named error before jax starts (exit status 2)."""
+  from specjax import cli
+
+  for v in distributed.ENV.values():
+    monkeypatch.delenv(v, raising=False)
+  with pytest.raises(SystemExit) as e:
+    cli.main(cmd + ["--coordinator", "127.0.0.1:1", "--process-id", "0"])
+  assert e.value.code == 2
+  assert "num_processes (or $JAX_NUM_PROCESSES) not given" in capsys.readouterr().err
