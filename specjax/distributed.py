@@ -155,9 +155,11 @@ def _beat(client, me: int, n: int, count: int) -> dict:
 
 def _watch(n: int, me: int, coordinator: str) -> None:
   """The watchdog's loop: beats every POLL_S, and ends the process when a peer's beat has
-  stood still for LOST_S (process 0's too when the service, which it runs, stops answering)."""
+  stood still for LOST_S (process 0's too when the service, which it runs, stops answering).
+  A process that is ending (at exit, waiting in jax's shutdown for the others) still beats, so
+  that the others, still working, do not count it lost, but judges no more."""
   client, last_seen, count = _client(), {}, 0
-  while _client() is client and not _state["ending"]:
+  while _client() is client:
     count += 1
     beats = _beat(client, me, n, count)
     if me != 0 and beats[me] is None:
