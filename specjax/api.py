@@ -1,6 +1,6 @@
 """sj.generate: the driver (specjax.decode.generate) with method names resolved.
 
-It lives above both the driver and the methods so that decode.py never imports a method: the
+It lives above both the driver and the methods so that decode/ never imports a method: the
 default (None -> autoregressive) and registered names ("eagle", "pld", ...) are resolved here,
 through the registry in specjax/methods.
 """

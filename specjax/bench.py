@@ -25,7 +25,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specjax import distributed
-from specjax import prompts as _prompts
+# The prompt sets live in specjax/prompts.py; the CLI and the experiments read them from here too.
+from specjax.prompts import (MT_BENCH_CATEGORIES, PROMPT_SETS,  # noqa: F401
+                             SPEC_BENCH_CATEGORIES, check_prompt_set, load_prompt_set,
+                             load_prompt_sets, spec_bench_categories)
 
 
 def median(xs: Sequence[float]) -> float:
@@ -254,97 +257,6 @@ def _cpu_model() -> str:
       return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
   except OSError:
     return ""
-
-
-# ----------------------------------------------------------------------------- prompt sets
-
-PROMPT_SETS = tuple(_prompts.SETS) + (_prompts.BUILTIN,)  # the named sets prompts.load reads
-# Spec-Bench's six categories; its "multi-turn conversation" is MT-Bench's 80 questions, stored
-# in spec_bench.jsonl under their eight MT-Bench categories, so "mt_bench" stands for all eight.
-SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
-                       "humanities")
-
-
-def check_prompt_set(spec, what: str = "--prompts", fallback: bool = False) -> None:
-  """Raises InputError unless `spec` is a prompt set (PROMPT_SETS) whose file is here (or
-  fallback: the built-in sample may stand in), "spec_bench:CATEGORY" or an existing .jsonl /
-  .jsonl.gz / .txt file. Cheap: reads no prompts."""
-  from specjax.errors import InputError
-
-  if not isinstance(spec, str) or not spec:
-    raise InputError(f"{what} {spec!r} is invalid: name a prompt set ({', '.join(PROMPT_SETS)}), "
-                     f"spec_bench:CATEGORY or a .jsonl/.txt file")
-  if spec.endswith((".jsonl", ".jsonl.gz", ".txt")) or os.sep in spec:
-    if not os.path.isfile(spec):
-      raise InputError(f"{what} {spec!r}: no such file")
-    if not spec.endswith(_prompts.FILE_TYPES):
-      raise InputError(f"{what} {spec!r} is invalid: a prompt file must end in "
-                       f"{', '.join(_prompts.FILE_TYPES)}")
-    return
-  name, sep, category = spec.partition(":")
-  if name not in PROMPT_SETS:
-    raise InputError(f"{what} {spec!r} is unknown: use one of {', '.join(PROMPT_SETS)}, "
-                     f"spec_bench:CATEGORY or a .jsonl/.txt file")
-  if sep and name != "spec_bench":
-    raise InputError(f"{what} {spec!r} is invalid: only spec_bench has categories")
-  if name != _prompts.BUILTIN and not fallback:
-    try:  # "spec_bench:mt_bench" is read from mt_bench.jsonl (load_prompt_set)
-      _prompts.set_path("mt_bench" if category == "mt_bench" else spec)
-    except InputError as e:
-      raise InputError(f"{what}: {e}") from None
-  if sep and category not in spec_bench_categories():
-    raise InputError(f"{what} {spec!r}: unknown Spec-Bench category {category!r}; categories: "
-                     f"{', '.join(spec_bench_categories())}")
-
-
-def spec_bench_categories() -> tuple[str, ...]:
-  """The six Spec-Bench categories, then MT-Bench's eight (each also selectable on its own)."""
-  from specjax import prompts
-
-  extra = [c for c in prompts.categories() if c not in SPEC_BENCH_CATEGORIES + MT_BENCH_CATEGORIES]
-  return SPEC_BENCH_CATEGORIES + MT_BENCH_CATEGORIES + tuple(extra)
-
-
-def load_prompt_set(spec: str, n: int, fallback: bool = False) -> tuple[_prompts.Prompts, bool]:
-  """(the first n prompts of `spec`, whether they take the chat template). MT-Bench (as
-  "mt_bench" or "spec_bench:mt_bench") is read round-robin over its eight categories, so a few
-  prompts are not all "writing"; HumanEval prompts are raw code to complete, the rest chat.
-  A named set that is not here is an InputError, unless fallback: then the built-in sample
-  stands in. The prompts' `source` and `path` say what was really read."""
-  check_prompt_set(spec, fallback=fallback)
-  name, _, category = spec.partition(":")
-  chat = name != "humaneval"
-  if name == "mt_bench" or category == "mt_bench":
-    d = _prompts.prompts_dir()
-    path = os.path.join(d, "mt_bench.jsonl") if d else ""
-    if os.path.isfile(path):
-      by_cat: dict[str, list[str]] = {}
-      for i, r in enumerate(_prompts.read_jsonl(path)):
-        by_cat.setdefault(r.get("category", "") if isinstance(r, dict) else "", []).append(
-            _prompts._text(r, f"{path} line {i + 1}"))
-      rows = [q for group in _zip_longest(by_cat.values()) for q in group]
-      return _prompts.Prompts((rows * (n // len(rows) + 1))[:n], spec, path), chat
-    return _prompts.load("mt_bench", n, fallback=fallback), chat
-  return _prompts.load(spec, n, fallback=fallback), chat
-
-
-def load_prompt_sets(sets: str, n: int, fallback: bool = False) -> list[tuple[str, str, bool]]:
-  """"set1,set2,..." -> [(set name, prompt, chat)]: load_prompt_set's first n prompts of each
-  (a file is named by its basename; a set the built-in sample stood in for, by that sample's
-  source, so no table shows it under the set's name)."""
-  out = []
-  for spec in sets.split(","):
-    ps, chat = load_prompt_set(spec, n, fallback)
-    label = os.path.basename(spec) if ps.path or ps.source == spec else ps.source
-    out += [(label, p, chat) for p in ps]
-  return out
-
-
-def _zip_longest(lists):
-  lists = list(lists)
-  for i in range(max((len(x) for x in lists), default=0)):
-    yield [x[i] for x in lists if i < len(x)]
 
 
 # ----------------------------------------------------------------------------- the protocol

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.errors import InputError, check_int
-from specjax.registry import adapted_name
+from specjax.shipped import adapted_name
 
 LORA_PREFIX = "__lora__."
 IN_AXES = {"wqkv": 1, "wo": 2, "w_in": 1, "w_out": 1}  # leading axes that form a site's input

@@ -20,7 +20,7 @@ import importlib.metadata
 import json
 import os
 
-from specjax import registry
+from specjax import shipped
 
 CORPUS = "corpus/"  # names starting so are corpus folders under the assets: "corpus/smollm2-135m"
 
@@ -49,16 +49,16 @@ def _npz_header(path: str) -> dict:
 
 
 def asset_line(name: str) -> str:
-  """One line for a shipped asset: a registered drafter name (registry.DRAFTERS) or
+  """One line for a shipped asset: a registered drafter name (shipped.DRAFTERS) or
   "corpus/<model>" (a corpus folder under the assets)."""
   if name.startswith(CORPUS):
-    folder = os.path.join(registry.ASSETS_DIR, name)
+    folder = os.path.join(shipped.ASSETS_DIR, name)
     if not os.path.isdir(folder):
       return f"asset {name} missing"
     files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
                    if os.path.isfile(os.path.join(folder, f)))
     return f"asset {name} sha256:{_digest(files)} ({len(files)} files)"
-  path = registry.get(name).path
+  path = shipped.get(name).path
   if not os.path.isfile(path):
     return f"asset {name} missing"
   meta = _npz_header(path)

@@ -144,7 +144,7 @@ def pack(model, *, warn: bool = True, head: bool = True):
 def pack_blocks(model, blocks: dict):
   """Like `pack`, with a site's GGUF blocks as its packed copy where `blocks` has them.
 
-  blocks: {site: (rows uint8 [N, K/block * bytes], type name)} as weights.gguf_blocks returns
+  blocks: {site: (rows uint8 [N, K/block * bytes], type name)} as gguf_file.gguf_blocks returns
   (rows in the output order of the [K, N] matrix the model multiplies by). Those products read
   the stored blocks (kernels.blocks_dense); every other site gets the fp32 packed copy. The
   blocks encode the same numbers as the model's float32 parameters (which stay, for prefill's

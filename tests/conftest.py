@@ -233,3 +233,19 @@ def assert_greedy(model, runs, new_tokens: int) -> None:
   for i, (p, t) in enumerate(runs):
     want = logits[i].argmax(-1)[len(p) - 1:len(p) + new_tokens - 1].tolist()
     assert len(t) == new_tokens and t == want, (p, t, want)
+
+
+def assert_same_greedy(model, prompts, reference, tokens, what: str = "") -> None:
+  """A method's greedy tokens against autoregressive decoding's, row by row. Where the arithmetic
+  is batch-invariant (the CPU: its kernels and fixed reduction orders) identity is required; on
+  an accelerator, whose fused kernels round by shape, a divergence fails only where the
+  autoregressive run's top-2 margin there exceeds the dtype's bound (specjax.exactness), and the
+  report names each divergence with its margin."""
+  tokens, reference = [list(t) for t in tokens], [list(r) for r in reference]
+  if jax.default_backend() == "cpu":
+    assert tokens == reference, what
+    return
+  from specjax import exactness
+
+  report = exactness.check_greedy(model, prompts, reference, tokens)
+  assert report.ok, f"{what}\n{report.summary()}"

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from specjax import bench, cli
+from specjax import bench, cli, prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW = "4"
@@ -53,7 +53,7 @@ def prompt_dir(tmp_path_factory):
   """A stand-in for ../shared/data/prompts: one short prompt per Spec-Bench and MT-Bench
   category, and one HumanEval prompt."""
   d = tmp_path_factory.mktemp("prompts")
-  mt = [{"question_id": i, "category": c, "turns": [MT]} for i, c in enumerate(bench.MT_BENCH_CATEGORIES)]
+  mt = [{"question_id": i, "category": c, "turns": [MT]} for i, c in enumerate(prompts.MT_BENCH_CATEGORIES)]
   rest = [{"question_id": 100 + i, "category": c, "turns": [p]} for i, (c, p) in enumerate(SHORT.items())]
   for name, rows in (("mt_bench.jsonl", mt), ("spec_bench.jsonl", mt + rest)):
     (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -148,28 +148,27 @@ def test_rescore_follows_drifting_load_and_ignores_one_disturbed_run():
 def test_prompt_sets_are_checked_before_reading():
   from specjax.errors import InputError
 
-  bench.check_prompt_set("spec_bench:rag")
-  bench.check_prompt_set("mt_bench")
+  prompts.check_prompt_set("spec_bench:rag")
+  prompts.check_prompt_set("mt_bench")
   for bad, msg in (("mtbench", "is unknown"), ("spec_bench:poetry", "unknown Spec-Bench category"),
                    ("gsm8k:easy", "only spec_bench has categories"), ("nope.jsonl", "no such file")):
     with pytest.raises(InputError, match=msg):
-      bench.check_prompt_set(bad)
+      prompts.check_prompt_set(bad)
 
 
 def test_mt_bench_is_read_round_robin_over_its_categories(monkeypatch, tmp_path):
   rows = [{"category": c, "turns": [f"{c} {i}"]} for c in ("writing", "math") for i in range(3)]
   (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
-  ps, chat = bench.load_prompt_set("spec_bench:mt_bench", 3)
+  ps, chat = prompts.load_prompt_set("spec_bench:mt_bench", 3)
   assert ps == ["writing 0", "math 0", "writing 1"] and chat
-  assert bench.load_prompt_set("mt_bench", 2)[0] == ["writing 0", "math 0"]
+  assert prompts.load_prompt_set("mt_bench", 2)[0] == ["writing 0", "math 0"]
 
 
 def test_prompts_load_errors_and_fallback(monkeypatch, tmp_path):
   """prompts.load: the shared set when present, an error saying where it looked when the folder
   is absent (the built-in list only when asked for), and a specific InputError for an unknown
   set or category, a missing or empty file, or n < 1."""
-  from specjax import prompts
   from specjax.errors import InputError
 
   rows = [{"category": c, "turns": [f"{c} {i}"]} for c in ("qa", "rag") for i in range(2)]

@@ -52,7 +52,7 @@ def test_long_prompts_prefill_in_chunks(monkeypatch):
   assert batched == alone
   assert_greedy(model, list(zip(prompts, batched)), 6)
   with monkeypatch.context() as m:
-    m.setattr(decode, "prefill_chunk", lambda p, b: p)  # one forward over all 384 rows
+    m.setattr(decode._prefill, "prefill_chunk", lambda p, b: p)  # one forward over all 384 rows
     decode.compile_cache.clear()  # (compiled programs do not know the chunk size)
     assert sj.generate(model, prompts, max_new_tokens=6, stop_at_eos=False).tokens == batched
   decode.compile_cache.clear()

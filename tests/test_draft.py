@@ -160,7 +160,7 @@ def test_named_draft_shares_the_loaded_target(smollm2):
   copy), is packed for the kernel where its target is (its layers; not the whole LM head, since it
   scores a vocabulary subset), and drafts exactly like the draft loaded on its own on XLA; the
   packed copies are not among the tensors an export writes."""
-  from specjax import packing, registry
+  from specjax import packing, shipped
 
   d = sj.load_model("smollm2-135m-draft", target=smollm2)
   assert d.params["embed"][...] is smollm2.params["embed"][...]
@@ -171,7 +171,7 @@ def test_named_draft_shares_the_loaded_target(smollm2):
   assert len(packed) == (4 * d.config.num_layers if kernels.available() else 0), packed
   alone = sj.load_model("smollm2-135m-draft", tokenizer=False, kernels=False)
   assert not packing.is_packed(alone)
-  own, own_alone = registry.own_params(d), registry.own_params(alone)
+  own, own_alone = shipped.own_params(d), shipped.own_params(alone)
   assert sorted(own) == sorted(own_alone)
   assert all(np.array_equal(np.asarray(own[k]), np.asarray(own_alone[k])) for k in own)
   prompts = ["def fibonacci(n):"]

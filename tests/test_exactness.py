@@ -17,7 +17,7 @@ import pytest
 import specjax as sj
 from specjax import exactness as ex
 
-from conftest import random_prompts, tiny_model
+from conftest import assert_same_greedy, random_prompts, tiny_model
 
 NEW = 12
 
@@ -159,3 +159,24 @@ def test_every_registered_method_has_check_settings(target):
   """build_method knows every registered method (the accelerator check builds them all)."""
   for name in sj.METHODS:
     assert isinstance(ex.method_options(name, target), dict)
+
+
+def test_the_suites_greedy_assertion_off_the_cpu(target, prompts, reference, monkeypatch):
+  """tests/test_lossless.py's assertion: identity on the CPU; on an accelerator (jax's backend
+  faked here) the criterion, so a planted near-tie passes and a real divergence still fails."""
+  row, i = 1, 4
+  logits = ex.teacher_forced_logits(target, [prompts[row] + reference[row][:i + 1]],
+                                    [len(prompts[row]) + i])[0]
+  worst = int(np.argmin(logits))
+  got = [list(t) for t in reference]
+  got[row][i] = worst
+  with pytest.raises(AssertionError):
+    assert_same_greedy(target, prompts, reference, got)  # the CPU: identity
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert_same_greedy(target, prompts, reference, reference)
+  with pytest.raises(AssertionError, match="failure"):
+    assert_same_greedy(target, prompts, reference, got)
+  tied, ref, (r, i), b = _planted(target, prompts, 1.0)
+  flipped = [list(t) for t in ref]
+  flipped[r] = flipped[r][:i] + [b] + flipped[r][i + 1:]  # an exact tie broken the other way
+  assert_same_greedy(tied, prompts, ref, flipped)

@@ -4,7 +4,7 @@ reading the same GGUF in fp32: its config field by field, logits at every positi
 autoregressive decoding on it.
 
 transformers reads the file through gguf's GGUFReader, whose parsing of the 262k-token vocabulary
-costs seconds per read (specjax parses it once and keeps an index, weights.gguf_index): the module
+costs seconds per read (specjax parses it once and keeps an index, gguf_file.gguf_index): the module
 shares one reader per file (a memo over gguf.GGUFReader while the module runs) and loads each model
 once.
 """
@@ -20,7 +20,7 @@ import pytest
 
 import specjax as sj
 from specjax import cache as kv
-from specjax import weights
+from specjax import gguf_file, weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -220,4 +220,4 @@ def test_unsupported_tensor_type_is_named(tmp_path):
   w.write_tensors_to_file()
   w.close()
   with pytest.raises(sj.WeightsError, match=r"'blk\.0\.attn_q\.weight' has GGUF type I32"):
-    weights.load_gguf(file)
+    gguf_file.load_gguf(file)

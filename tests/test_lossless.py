@@ -20,7 +20,7 @@ import specjax as sj
 from specjax import cache as kv
 from specjax import methods, sampling
 
-from conftest import random_prompts, tiny_model
+from conftest import assert_same_greedy, random_prompts, tiny_model
 
 GREEDY_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
@@ -45,7 +45,7 @@ def _random_draft(target, seed=7):
 
 
 def _layer_draft(target):
-  from specjax.registry import draft_from_target
+  from specjax.shipped import draft_from_target
   v = target.config.vocab_size
   return draft_from_target(target, 1, vocab=np.arange(0, v, 2) if v > 20 else np.arange(v - 3))
 
@@ -272,7 +272,8 @@ def test_greedy_identical_batch1(name, factory, target, prompts, reference):
   assert isinstance(method, _registered(name).cls), f"case {name} does not build its method"
   for p, ref in zip(prompts, reference):
     out = sj.generate(target, [p], method, max_new_tokens=MAX_NEW)
-    assert out.tokens[0] == ref, f"{name} diverged from autoregressive on prompt {p}"
+    assert_same_greedy(target, [p], [ref], out.tokens,
+                       f"{name} diverged from autoregressive on prompt {p}")
 
 
 @pytest.mark.parametrize("name,factory", GREEDY_METHODS, ids=[m[0] for m in GREEDY_METHODS])
@@ -282,7 +283,8 @@ def test_greedy_identical_batch4(name, factory, target, prompts, reference):
     batch = prompts[i:i + 4]
     assert len({len(p) for p in batch}) > 1, "the batch must mix prompt lengths"
     out = sj.generate(target, batch, method, max_new_tokens=MAX_NEW)
-    assert out.tokens == reference[i:i + 4], f"{name} batch of 4 differs from each row alone"
+    assert_same_greedy(target, batch, reference[i:i + 4], out.tokens,
+                       f"{name} batch of 4 differs from each row alone")
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -498,5 +500,7 @@ def test_family_greedy_identical(family, name):
   target, prompts, ref = _family_target(family)
   method = FAMILY_METHODS[name](target)
   i = int(np.argmax([len(p) for p in prompts]))
-  assert sj.generate(target, [prompts[i]], method, max_new_tokens=MAX_NEW).tokens[0] == ref[i], name
-  assert sj.generate(target, prompts, method, max_new_tokens=MAX_NEW).tokens == ref, name
+  one = sj.generate(target, [prompts[i]], method, max_new_tokens=MAX_NEW).tokens
+  assert_same_greedy(target, [prompts[i]], [ref[i]], one, name)
+  assert_same_greedy(target, prompts, ref, sj.generate(target, prompts, method,
+                                                       max_new_tokens=MAX_NEW).tokens, name)

@@ -109,9 +109,9 @@ def test_save_load_roundtrip(tmp_path, tiny):
 
 
 def test_missing_heads(monkeypatch, tmp_path):
-  from specjax import registry
+  from specjax import shipped
 
-  entry = registry.DRAFTERS["smollm2-135m-medusa"]
+  entry = shipped.DRAFTERS["smollm2-135m-medusa"]
   import specjax.heads as heads_mod  # as if the asset were not shipped:
   monkeypatch.setattr(heads_mod.os.path, "isfile", lambda p: False if p.endswith(entry.asset) else
                       os.path.exists(p))
@@ -187,7 +187,7 @@ def test_loss_matches_a_direct_computation(tiny):
   np.testing.assert_allclose(loss, want, rtol=1e-4)
   # Teacher hidden states are the model's own final-normed hidden states.
   ref = tiny.apply(tiny.params, jnp.asarray(toks), jnp.broadcast_to(jnp.arange(12), (2, 12)),
-                   tiny.init_cache(2, 12), sj.decode.kv.causal_mask(jnp.zeros(2, jnp.int32), 12, 12))[1]
+                   tiny.init_cache(2, 12), sj.cache.causal_mask(jnp.zeros(2, jnp.int32), 12, 12))[1]
   np.testing.assert_allclose(hidden, ref, rtol=1e-4, atol=1e-4)  # jit vs eager rounding
 
 

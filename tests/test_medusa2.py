@@ -132,12 +132,12 @@ def test_medusa2_trains_resumes_exports_and_decodes_exactly(tmp_path, self_disti
 
   # Shipped under a name: load_model gives the adapted model, load_heads its heads, and "medusa"
   # on the adapted model finds them; nothing of specjax.training is needed to load it.
-  from specjax import heads as heads_mod, methods, registry
-  entry = registry.Drafter("tiny-medusa2", "medusa2", target.name, str(tmp_path / "m2.npz"))
-  monkeypatch.setitem(registry.DRAFTERS, entry.name, entry)
+  from specjax import heads as heads_mod, methods, shipped
+  entry = shipped.Drafter("tiny-medusa2", "medusa2", target.name, str(tmp_path / "m2.npz"))
+  monkeypatch.setitem(shipped.DRAFTERS, entry.name, entry)
   monkeypatch.setitem(heads_mod.NAMED_HEADS, entry.name, (target.name, entry.asset))
   named = sj.load_model("tiny-medusa2", target=target)
-  assert named.name == registry.adapted_name(entry.target)
+  assert named.name == shipped.adapted_name(entry.target)
   for a, b in zip(jax.tree_util.tree_leaves(named.params), jax.tree_util.tree_leaves(model.params)):
     assert np.array_equal(np.asarray(a), np.asarray(b))
   named_heads = sj.load_heads("tiny-medusa2", named)

@@ -343,7 +343,7 @@ def test_cache_and_state_sharded_inside_the_program():
   prompt = jnp.ones((b, p), jnp.int32)
   run = jax.jit(lambda params, prompt: decode.prefill(
       prog, params, prompt, jnp.full((b,), 5), jnp.full((b,), 4),
-      sj.decode.SamplingParams.make(b), jax.random.PRNGKey(0), jnp.array([-1]), 1)[0])
+      sj.sampling.SamplingParams.make(b), jax.random.PRNGKey(0), jnp.array([-1]), 1)[0])
   state = run(sharding.shard_params(mesh, t.params), prompt)
   k = state.cache.layers[0]["k"]
   assert sharding.cache_spec(mesh, t.config.num_kv_heads) == P("data", "model", None, None)

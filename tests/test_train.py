@@ -1,5 +1,5 @@
 """specjax.training on tiny random models: the trainer (exact resume after a kill, bad config),
-the draft distillation on a corpus of the target's own responses, the drafter registry."""
+the draft distillation on a corpus of the target's own responses, the shipped drafters."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import registry
+from specjax import shipped
 from specjax.errors import InputError
 from specjax.training import draft as train
 from specjax.training import trainer
@@ -115,8 +115,8 @@ def test_draft_distillation_improves_held_out_top1_and_exports(tmp_path, self_di
   assert np.array_equal(back.vocab_subset, d.vocab_subset) and len(back.vocab_subset) == 40
   assert back.asset_header["held_out_top1"] == d.held_out_top1
   assert back.asset_header["steps"] == 60 and back.asset_header["corpus"]["vocab_size"] == 61
-  for k, v in registry.own_params(d).items():
-    np.testing.assert_allclose(np.asarray(registry.own_params(back)[k]), np.asarray(v),
+  for k, v in shipped.own_params(d).items():
+    np.testing.assert_allclose(np.asarray(shipped.own_params(back)[k]), np.asarray(v),
                                rtol=1e-3, atol=1e-4)  # stored as float16
   # The trained draft drives DraftModel losslessly.
   prompts = random_prompts(3, 61, seed=5)
@@ -130,8 +130,8 @@ def test_draft_distillation_improves_held_out_top1_and_exports(tmp_path, self_di
   d2 = train.train_draft(target, c, out_dir=str(tmp_path / "run"), steps=60, log=logs2.append,
                          **_DRAFT_KW)
   assert any("resumed from checkpoint at step 60" in l for l in logs2), logs2
-  for k, v in registry.own_params(d).items():
-    assert np.array_equal(np.asarray(registry.own_params(d2)[k]), np.asarray(v)), k
+  for k, v in shipped.own_params(d).items():
+    assert np.array_equal(np.asarray(shipped.own_params(d2)[k]), np.asarray(v)), k
 
 
 def test_train_draft_init_from_an_exported_draft(tmp_path, self_distillation):
@@ -158,8 +158,8 @@ def test_train_draft_grows_an_exported_draft(tmp_path, self_distillation):
   kw = dict(_DRAFT_KW, vocab_size=40, num_layers=1)
   first = train.train_draft(target, c, out_dir=str(tmp_path / "a"), steps=40,
                             export=str(tmp_path / "a.npz"), log=lambda *_: None, **kw)
-  base = registry.load_draft_asset(str(tmp_path / "a.npz"), target)
-  own = train.grown_params(target, {k: np.asarray(v) for k, v in registry.own_params(base).items()},
+  base = shipped.load_draft_asset(str(tmp_path / "a.npz"), target)
+  own = train.grown_params(target, {k: np.asarray(v) for k, v in shipped.own_params(base).items()},
                            1, 2)
   grown = train.draft_from_target(target, 2, base.vocab_subset, own=own)
   assert not np.any(own["layers_1_attn_wo"]) and not np.any(own["layers_1_mlp_w_out"])
@@ -179,7 +179,7 @@ def test_train_draft_grows_an_exported_draft(tmp_path, self_distillation):
   assert d.config.num_layers == 2 and any("grown to 2" in str(m) for m in logs)
   held = [r for r in trainer.read_log(str(tmp_path / "b")) if r["split"] == "heldout"]
   assert held[0]["step"] == 0 and held[0]["top1"] == pytest.approx(first.held_out_top1, abs=1e-6)
-  assert np.any(np.asarray(registry.own_params(d)["layers_1_attn_wo"]))  # the new layer trained
+  assert np.any(np.asarray(shipped.own_params(d)["layers_1_attn_wo"]))  # the new layer trained
   with pytest.raises(InputError, match="fewer than the 2 layers"):
     train.train_draft(target, c, out_dir=str(tmp_path / "c"), steps=5, log=lambda *_: None,
                       init=str(tmp_path / "b.npz"), **kw)
@@ -454,24 +454,24 @@ def test_batch_rows_is_a_pure_epoch_order():
   assert not np.array_equal(trainer.batch_rows(n, b, 4, 0), trainer.batch_rows(n, b, 3, 0))
 
 
-# ----------------------------------------------------------------------------- registry
+# ----------------------------------------------------------------------------- shipped drafters
 
 
-def test_registry_needs_no_training_code():
-  """weights.py loads shipped drafters through specjax.registry; importing the package (and
+def test_shipped_drafters_need_no_training_code():
+  """weights.py loads shipped drafters through specjax.shipped; importing the package (and
   building a drafter) never imports specjax.training."""
   import subprocess
   import sys
 
-  code = ("import sys, specjax, specjax.registry as r; "
+  code = ("import sys, specjax, specjax.shipped as r; "
           "assert r.DRAFTERS['smollm2-135m-draft'].kind == 'draft'; "
           "import os; assert os.path.isfile(r.DRAFTERS['smollm2-135m-draft'].path); "
           "assert not [m for m in sys.modules if m.startswith('specjax.train')], sys.modules")
   env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   subprocess.run([sys.executable, "-c", code], check=True, env=env)
   with pytest.raises(sj.ModelNotFoundError, match="unknown drafter 'nope'"):
-    registry.get("nope")
-  header = registry.read_draft_header(registry.get("smollm2-135m-draft").path)
+    shipped.get("nope")
+  header = shipped.read_draft_header(shipped.get("smollm2-135m-draft").path)
   assert header["target"] == "smollm2-135m" and header["format"] == 1
 
 

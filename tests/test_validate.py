@@ -248,38 +248,35 @@ def test_large_finite_weights_load():
 
 
 def test_a_missing_named_set_is_an_error_not_a_substitution(tmp_path, monkeypatch):
-  from specjax import bench
-
   monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
   for call in (lambda: prompts.load("spec_bench:summarization", 3),
-               lambda: bench.load_prompt_set("spec_bench:summarization", 3),
-               lambda: bench.check_prompt_set("spec_bench:summarization")):
+               lambda: prompts.load_prompt_set("spec_bench:summarization", 3),
+               lambda: prompts.check_prompt_set("spec_bench:summarization")):
     with pytest.raises(sj.InputError, match=r"'spec_bench:summarization' is not available: no "
                        rf"spec_bench.jsonl in {re.escape(str(tmp_path))}.*set SPECJAX_PROMPTS "
                        r"to that folder"):
       call()
-  ps, chat = bench.load_prompt_set("spec_bench:summarization", 3, fallback=True)
+  ps, chat = prompts.load_prompt_set("spec_bench:summarization", 3, fallback=True)
   assert ps == prompts.FALLBACK[:3] and ps.source.startswith("builtin (standing in for")
-  labels = {label for label, _, _ in bench.load_prompt_sets("mt_bench,builtin", 2, fallback=True)}
+  labels = {label for label, _, _ in prompts.load_prompt_sets("mt_bench,builtin", 2,
+                                                              fallback=True)}
   assert labels == {"builtin (standing in for mt_bench: not found)", "builtin"}
   assert prompts.load("builtin", 2) == prompts.FALLBACK[:2]  # named explicitly: always there
-  bench.check_prompt_set("builtin")
+  prompts.check_prompt_set("builtin")
 
 
 def test_bench_mt_bench_rows_without_turns(tmp_path, monkeypatch):
-  """bench reads MT-Bench round-robin over categories: a row without a prompt is an InputError
-  naming the file and line, not a KeyError."""
-  from specjax import bench
-
+  """bench reads MT-Bench round-robin over categories (prompts.load_prompt_set): a row without a
+  prompt is an InputError naming the file and line, not a KeyError."""
   monkeypatch.setenv("SPECJAX_PROMPTS", str(tmp_path))
   rows = [{"category": "writing", "turns": ["w 0"]}, {"category": "math", "turns": ["m 0"]},
           {"category": "writing", "turns": ["w 1"]}]
   (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  ps, chat = bench.load_prompt_set("mt_bench", 3)
+  ps, chat = prompts.load_prompt_set("mt_bench", 3)
   assert list(ps) == ["w 0", "m 0", "w 1"] and chat
   (tmp_path / "mt_bench.jsonl").write_text(json.dumps({"category": "x", "question": 3}) + "\n")
   with pytest.raises(sj.InputError, match=r"mt_bench.jsonl line 1: a prompt row needs a string"):
-    bench.load_prompt_set("mt_bench", 1)
+    prompts.load_prompt_set("mt_bench", 1)
 
 
 def test_loaded_prompts_say_where_they_came_from(tmp_path, monkeypatch):
@@ -339,10 +336,10 @@ def test_dtypes_by_name_or_as_numpy_and_jax_types():
     (dict(kernels=1), "kernels=1 is invalid: must be True or False, not int"),
 ])
 def test_load_model_settings_a_draft_would_ignore(kwargs, match, tiny, monkeypatch):
-  from specjax import registry
+  from specjax import shipped
 
   monkeypatch.setattr(weights, "resolve", _never)
-  monkeypatch.setattr(registry, "build", _never)
+  monkeypatch.setattr(shipped, "build", _never)
   if kwargs.get("target") == "TINY":
     kwargs["target"] = tiny
   with pytest.raises(sj.InputError, match=match):
@@ -355,11 +352,11 @@ def test_load_model_settings_a_draft_would_ignore(kwargs, match, tiny, monkeypat
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory, tiny):
   """A heads file and a draft asset for the tiny model, and broken files beside them."""
-  from specjax import heads, registry
+  from specjax import heads, shipped
 
   d = tmp_path_factory.mktemp("assets")
   out = {"heads": heads.save_heads(sj.init_heads(tiny, "medusa", num_heads=2), str(d / "h.npz")),
-         "draft": registry.export_draft(registry.draft_from_target(tiny, 1), str(d / "d.npz"),
+         "draft": shipped.export_draft(shipped.draft_from_target(tiny, 1), str(d / "d.npz"),
                                         target_name="tiny")}
   raw = open(out["heads"], "rb").read()
   for name, data in (("empty", b""), ("truncated", raw[:len(raw) // 2]),
@@ -376,14 +373,14 @@ def assets(tmp_path_factory, tiny):
 
 
 def _readers(tiny):
-  from specjax import registry
+  from specjax import shipped
 
   heads = "expected heads (.npz written by sj.save_heads / `specjax train medusa|eagle|mtp --export`)"
   draft = ("expected a draft model asset (.npz written by export_draft / `specjax train draft "
            "--export`)")
   return {"load_heads": (sj.load_heads, heads),
-          "load_draft_asset": (lambda p: registry.load_draft_asset(p, tiny), draft),
-          "read_draft_header": (registry.read_draft_header, draft)}
+          "load_draft_asset": (lambda p: shipped.load_draft_asset(p, tiny), draft),
+          "read_draft_header": (shipped.read_draft_header, draft)}
 
 
 @pytest.mark.parametrize("reader", ["load_heads", "load_draft_asset", "read_draft_header"])
@@ -409,9 +406,9 @@ def test_a_damaged_array_is_named_too(tiny, assets):
 
 
 def test_a_file_of_the_other_kind_says_what_it_is(tiny, assets):
-  from specjax import registry
+  from specjax import shipped
 
-  for read in (registry.read_draft_header, lambda p: registry.load_draft_asset(p, tiny)):
+  for read in (shipped.read_draft_header, lambda p: shipped.load_draft_asset(p, tiny)):
     with pytest.raises(sj.WeightsError, match=re.escape(
         f"{assets['heads']} holds medusa heads (written by save_heads), not a draft model asset "
         f"(.npz written by export_draft / `specjax train draft --export`): load it with "
@@ -420,19 +417,19 @@ def test_a_file_of_the_other_kind_says_what_it_is(tiny, assets):
   with pytest.raises(sj.WeightsError, match=re.escape(
       f"{assets['draft']} is a draft model asset (export_draft), not heads")):
     sj.load_heads(assets["draft"])
-  assert registry.read_draft_header(assets["draft"])["target"] == "tiny"
+  assert shipped.read_draft_header(assets["draft"])["target"] == "tiny"
   assert sj.load_heads(assets["heads"], tiny).config.num_heads == 2
 
 
 def test_draft_assets_by_shipped_name():
-  from specjax import registry
+  from specjax import shipped
 
-  assert registry.read_draft_header("smollm2-135m-draft")["target"] == "smollm2-135m"
+  assert shipped.read_draft_header("smollm2-135m-draft")["target"] == "smollm2-135m"
   with pytest.raises(sj.InputError, match="'smollm2-135m-medusa' names shipped medusa heads, not "
                      r"a draft model: load them with sj.load_heads\('smollm2-135m-medusa', target\)"):
-    registry.read_draft_header("smollm2-135m-medusa")
+    shipped.read_draft_header("smollm2-135m-medusa")
   with pytest.raises(sj.WeightsError, match="no-such.npz: no such file; expected a draft model"):
-    registry.read_draft_header("no-such.npz")
+    shipped.read_draft_header("no-such.npz")
   with pytest.raises(sj.InputError, match=r"'smollm2-135m-draft' is a shipped draft model, not "
                      r"heads: load it with sj.load_model\('smollm2-135m-draft', target="):
     sj.load_heads("smollm2-135m-draft")

@@ -195,12 +195,12 @@ def test_gguf_index_written_reused_and_invalidated(tmp_path, monkeypatch):
   a damaged index is re-parsed, and a small vocabulary is not indexed at all."""
   import gguf
 
-  from specjax import weights
+  from specjax import gguf_file
 
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
-  n = weights.GGUF_INDEX_MIN_TOKENS
+  n = gguf_file.GGUF_INDEX_MIN_TOKENS
   path = write_gguf(tmp_path / "voc.gguf", v=n, tokens=True)
-  fields, tensors = weights.gguf_index(path)
+  fields, tensors = gguf_file.gguf_index(path)
   (index,) = (tmp_path / "cache" / "gguf").iterdir()
   assert fields["tokenizer.ggml.tokens"] == range(n)
 
@@ -209,7 +209,7 @@ def test_gguf_index_written_reused_and_invalidated(tmp_path, monkeypatch):
 
   with monkeypatch.context() as m:
     m.setattr(gguf, "GGUFReader", no_reader)
-    fields2, tensors2 = weights.gguf_index(path)
+    fields2, tensors2 = gguf_file.gguf_index(path)
     cached = sj.load_model(path, tokenizer=False)
   assert fields2 == fields and list(tensors2) == list(tensors)
   for name, t in tensors.items():
@@ -224,13 +224,13 @@ def test_gguf_index_written_reused_and_invalidated(tmp_path, monkeypatch):
   assert cached.config == parsed.config
 
   index.write_text("{not json")  # damaged: parsed again, and the index rewritten
-  assert weights.gguf_index(path)[0] == fields and json_ok(index)
+  assert gguf_file.gguf_index(path)[0] == fields and json_ok(index)
   write_gguf(tmp_path / "voc.gguf", v=n, tokens=True, seed=1)  # the file changes: a new key
-  weights.gguf_index(path)
+  gguf_file.gguf_index(path)
   assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
 
   small = write_gguf(tmp_path / "small.gguf", v=128, tokens=True)
-  weights.gguf_index(small)
+  gguf_file.gguf_index(small)
   assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
 
 

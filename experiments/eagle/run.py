@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 import specjax as sj
-from specjax import bench, registry
+from specjax import bench, shipped
 from specjax import tree as trees
 
 FULL = dict(nodes="8,16,32,60", depth=5, depths="3,5,7", depth_nodes=32, top_k=8,
@@ -53,9 +53,9 @@ def resolve_heads(spec: str, kind: str, target, model_name: str, **init_kw):
   if their asset exists, else random; "random": `sj.init_heads(target, kind, seed=0)`; anything
   else: a shipped name or a .npz path for `sj.load_heads`."""
   if spec == "auto":
-    shipped = [d for d in registry.DRAFTERS.values()
+    found = [d for d in shipped.DRAFTERS.values()
                if d.kind == kind and d.target == model_name and os.path.isfile(d.path)]
-    spec = shipped[0].name if shipped else "random"
+    spec = found[0].name if found else "random"
   if spec == "random":
     return (sj.init_heads(target, kind, seed=0, **init_kw),
             f"random {kind} heads (untrained: no trained heads for this model yet)")

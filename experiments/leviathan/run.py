@@ -6,7 +6,7 @@ tokens per target call and walltime against the paper's formulas, for drafts of 
 
 Drafts, from useless to perfect: a random model with the target's vocabulary; layer-skip
 (`sj.SelfSpeculative`, the target's first k layers) at several depths; the shipped draft (or, for
-a model without one, `registry.draft_from_target(target, 1)`, labelled); the target as its own
+a model without one, `shipped.draft_from_target(target, 1)`, labelled); the target as its own
 draft (alpha = 1 at greedy). For each draft and gamma g, batch 1, the same prompts:
 
   alpha    the acceptance rate of drafted tokens, accepted / (accepted + rejections), pooled over
@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 import specjax as sj
-from specjax import bench, registry
+from specjax import bench, shipped
 
 DRAFT_KINDS = ("random", "layerskip", "draft", "self")
 FULL = dict(gammas="1,2,3,4,5,6,7,8", drafts=",".join(DRAFT_KINDS), exit_layers="0.25,0.5,0.75,0.9",
@@ -68,7 +68,7 @@ def exit_layers(spec: str, num_layers: int) -> list[int]:
 
 def shipped_draft(model_name: str):
   """The registered draft model for `model_name` whose asset exists, or None."""
-  for d in registry.DRAFTERS.values():
+  for d in shipped.DRAFTERS.values():
     if d.kind == "draft" and d.target == model_name and os.path.isfile(d.path):
       return d.name
   return None
@@ -98,7 +98,7 @@ def build_drafts(target, model_name: str, kinds: list[str], layers: list[int]) -
         d = sj.load_model(name)
         out[name] = (lambda g, d=d: sj.DraftModel(d, gamma=g), f"shipped draft {name}")
       else:
-        d = registry.draft_from_target(target, num_layers=1, name="first-layer draft")
+        d = shipped.draft_from_target(target, num_layers=1, name="first-layer draft")
         out["draft_from_target(1)"] = (lambda g, d=d: sj.DraftModel(d, gamma=g),
                                        "no shipped draft for this model: the target's first "
                                        "layer as a separate draft")

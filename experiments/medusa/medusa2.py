@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import bench, lora, registry  # noqa: E402
+from specjax import bench, lora, shipped  # noqa: E402
 from specjax.training import corpus as corpus_mod  # noqa: E402
 from specjax.training import medusa, medusa2  # noqa: E402
 from specjax.training.heads import response_valid  # noqa: E402
@@ -53,7 +53,7 @@ def main():
   a = ap.parse_args()
   info, t0 = bench.machine_info(), time.time()
   original = sj.load_model("smollm2-135m")
-  path = a.asset if a.asset.endswith(".npz") else registry.get(a.asset).path
+  path = a.asset if a.asset.endswith(".npz") else shipped.get(a.asset).path
   adapted = lora.adapted_model(path, original)
   heads = sj.load_heads(path, adapted)
   m1 = sj.load_heads(a.medusa1, original)

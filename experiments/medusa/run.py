@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 import specjax as sj
-from specjax import bench, registry
+from specjax import bench, shipped
 from specjax import tree as T
 
 FULL = dict(prompts=4, new=128, nodes="4,8,16,32,64", temps="0,0.7", sets="mt_bench,humaneval",
@@ -54,9 +54,9 @@ def resolve_heads(spec: str, target, model_name: str):
   asset exists, else random; "random" = `sj.init_heads(target, "medusa")` (each head starts as
   the target's LM head); anything else a shipped name or a .npz path."""
   if spec == "auto":
-    shipped = [d for d in registry.DRAFTERS.values()
+    found = [d for d in shipped.DRAFTERS.values()
                if d.kind == "medusa" and d.target == model_name and os.path.isfile(d.path)]
-    spec = shipped[0].name if shipped else "random"
+    spec = found[0].name if found else "random"
   if spec == "random":
     return sj.init_heads(target, "medusa", seed=0), "random medusa heads (untrained)"
   return sj.load_heads(spec, target), f"medusa heads {os.path.basename(spec)}"

@@ -37,7 +37,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, ROOT)
 
 import specjax as sj  # noqa: E402
-from specjax import bench, registry  # noqa: E402
+from specjax import bench, shipped  # noqa: E402
 from specjax import methods as sj_methods  # noqa: E402
 
 CATEGORIES = bench.SPEC_BENCH_CATEGORIES + ("humaneval",)
@@ -102,7 +102,7 @@ def _shipped(target, kind: str):
   name = sj_methods.shipped(kind, target)
   if name:
     return name, None
-  absent = [d.name for d in registry.DRAFTERS.values()
+  absent = [d.name for d in shipped.DRAFTERS.values()
             if d.kind == kind and d.target == getattr(target, "name", None)]
   return None, (f"{absent[0]} is registered but not shipped yet" if absent else None)
 
@@ -116,7 +116,7 @@ def _drafter(target, kind: str, log):
   if kind == "draft":
     if name:
       return sj.load_model(name, target=target), f"shipped draft {name}"
-    return (registry.draft_from_target(target, num_layers=1),
+    return (shipped.draft_from_target(target, num_layers=1),
             "the target's first layer (untrained): no draft shipped for this model")
   if missing:
     log(f"(skipping {kind}: {missing})")

@@ -12,7 +12,7 @@
     heads.py        `train_heads`: any kinds of heads at once, composing the kinds' losses
 
 Nothing outside training imports it except the CLI; shipped drafters are loaded through
-specjax.registry, which needs no training code.
+specjax.shipped, which needs no training code.
 """
 
 from specjax.training.trainer import TrainConfig, TrainResult, batch_rows, train  # noqa: F401

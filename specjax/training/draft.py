@@ -18,7 +18,7 @@
    Held-out metrics: top1 = agreement of the draft's argmax with the target's greedy next token
    (the quantity greedy acceptance depends on; the target's argmax over the held-out windows is
    computed once at the start), top1_corpus = agreement with the corpus token.
-5. Export: `registry.export_draft`, the format `sj.load_model("<name>-draft")` reads.
+5. Export: `shipped.export_draft`, the format `sj.load_model("<name>-draft")` reads.
 
 `teacher_features` gives other drafter trainers (Medusa, EAGLE) the target's final hidden states
 and logits / top-k for corpus windows, a batch at a time.
@@ -36,8 +36,8 @@ import numpy as np
 from specjax import validate
 from specjax.errors import InputError, check_int
 from specjax.model import Model, forward_sequence, head_rows
-from specjax.registry import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
-                              own_params, read_draft_header, with_params)
+from specjax.shipped import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
+                             own_params, read_draft_header, with_params)
 from specjax.training import folders, trainer
 
 # ----------------------------------------------------------------------------- teacher
@@ -241,7 +241,7 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
   (trainer.py). soft_top_k > 0: train against the target's top-k distribution, computed per batch
   (one target forward per step) instead of the corpus's next token. held_out: the fraction of
   corpus sequences held out; at most max_held_out_windows of their windows are evaluated.
-  export: the .npz asset to write at the end (registry format). init: a draft asset (.npz path or
+  export: the .npz asset to write at the end (specjax.shipped's format). init: a draft asset (.npz path or
   registered name) to start from instead of the target's first layers; its vocabulary subset is
   kept, and its layer count unless num_layers asks for more: the draft then grows, each new layer
   on top starting as the target's layer of that index with its attention output and MLP output
@@ -334,10 +334,10 @@ def _initial_draft(target: Model, name: str, init, num_layers, labels, vocab_siz
     vocab = vocab_subset(np.bincount(labels[labels >= 0], minlength=target.config.vocab_size),
                          vocab_size)
     return draft_from_target(target, num_layers, vocab, name=name), vocab, num_layers
-  from specjax import registry
+  from specjax import shipped
 
-  path = registry.get(init).path if init in registry.DRAFTERS else init
-  base = registry.load_draft_asset(path, target)
+  path = shipped.get(init).path if init in shipped.DRAFTERS else init
+  base = shipped.load_draft_asset(path, target)
   have, vocab = base.config.num_layers, np.asarray(base.vocab_subset)
   if num_layers is not None and num_layers < have:
     raise InputError(f"num_layers={num_layers} is fewer than the {have} layers of init {path}: "
