@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specjax import distributed
 # The prompt sets live in specjax/prompts.py; the CLI and the experiments read them from here too.
 from specjax.prompts import (MT_BENCH_CATEGORIES, PROMPT_SETS,  # noqa: F401
                              SPEC_BENCH_CATEGORIES, check_prompt_set, load_prompt_set,
@@ -85,16 +86,14 @@ def save_report(out_dir: str, stem: str, data: dict, markdown: str,
   """Writes an experiment's raw results `stem.json`, its table `stem.md` and, when `plot` is
   given, `stem.png` (plot(fig) draws on a fresh matplotlib figure; the Agg backend, no display).
   Every file is written under a temporary name and renamed, so a killed run leaves the previous
-  report whole. Returns {"json": path, "md": path[, "png": path]}."""
+  report whole, and by process 0 alone under jax.distributed. Returns {"json": path, "md": path[, "png": path]}."""
   import json
 
   os.makedirs(out_dir, exist_ok=True)
   paths = {"json": os.path.join(out_dir, f"{stem}.json"), "md": os.path.join(out_dir, f"{stem}.md")}
 
-  def put(path, write):
-    tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
+  def put(path, write):  # by process 0 only under jax.distributed; the others wait for it
+    distributed.write_once(path, write, f"report {os.path.basename(path)}")
 
   put(paths["json"], lambda p: open(p, "w").write(json.dumps(data, indent=1, default=_jsonable)))
   put(paths["md"], lambda p: open(p, "w").write(markdown.rstrip() + "\n"))

@@ -19,7 +19,8 @@ decode attention kernel's build key), and the
 measurement's own settings. A record is read back only when its stored key equals the one computed
 now, so any change (a new jaxlib, bfloat16 weights, the kernel switched off) measures afresh. Files
 are written under a temporary name and renamed into place; a file that cannot be read or parsed is
-measured again, never an error.
+measured again, never an error. Under jax.distributed process 0 reads, measures and writes for all
+(specjax.distributed), so every process chooses the same sizes.
 
 Switches (`SPECJAX_CALIBRATION`): "0" / "off" / "false" / "no": nothing is measured or read, the
 curve is DEFAULT_CURVE; "quick": fewer sizes and rounds (QUICK_SIZES, 3 rounds: tests); anything
@@ -34,7 +35,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 from specjax import cache as kv
+from specjax import distributed
 from specjax import packing
 from specjax.kernels import build
 
@@ -172,17 +173,14 @@ def read(path: str, key: dict) -> dict | None:
 
 def write(path: str, record: dict) -> None:
   """Writes record as JSON under a temporary name in the same folder, then renames it into place
-  (a reader sees the old file or the new one, never half of one)."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
+  (a reader sees the old file or the new one, never half of one); by process 0 only, the others
+  waiting until it is there (distributed.write_once)."""
+
+  def dump(tmp):
+    with open(tmp, "w") as f:
       json.dump(record, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+
+  distributed.write_once(path, dump, "calibration")
 
 
 def calibration(model) -> dict:
@@ -195,18 +193,27 @@ def calibration(model) -> dict:
   quick = m == "quick"
   key = cache_key(model, quick)
   path = path_for(key)
-  rec = read(path, key)
+  # Many processes: process 0's record and process 0's seconds, so every process picks the same
+  # sizes and compiles the same program (all measure: a sharded model's forward needs them all).
+  rec = distributed.from_writer(lambda: read(path, key), "calibration read")
   if rec is not None:
-    return dict(rec, source="cache", path=path)
-  print(f"specjax: measuring the cost curve of {model.name or 'the model'} on {key['device']} once "
-        f"(kept in {folder()}; {ENV}=0 uses a default curve)", file=sys.stderr, flush=True)
+    return dict(rec, curve=_ints(rec["curve"]), source="cache", path=path)
+  if distributed.is_writer():
+    print(f"specjax: measuring the cost curve of {model.name or 'the model'} on {key['device']} "
+          f"once (kept in {folder()}; {ENV}=0 uses a default curve)", file=sys.stderr, flush=True)
   secs = measure_seconds(model, key["sizes"], cache_len=CACHE_LEN, filled=FILLED, reps=key["reps"])
+  secs = _ints(distributed.from_writer(lambda: secs, "calibration seconds"))
   rec = {"key": key, "curve": curve_of(secs), "seconds": secs, "measured_at": time.time()}
   try:
     write(path, rec)
-  except OSError:  # a read-only cache folder: use the curve, measure again next time
+  except (OSError, distributed.DistributedError):  # a read-only cache folder: measure next time
     pass
   return dict(rec, source="measured", path=path)
+
+
+def _ints(d: dict) -> dict:
+  """{T: x} with T an int again (JSON, which carries a value between processes, makes it a str)."""
+  return {int(t): x for t, x in d.items()}
 
 
 def cost_curve(model) -> dict[int, float]:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from specjax import validate
+from specjax import distributed, validate
 from specjax.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -156,7 +156,29 @@ def _load(args):
   import specjax as sj
 
   return sj.load_model(args.model, weights=getattr(args, "weights", "float32"),
-                       activations=getattr(args, "activations", "float32"))
+                       activations=getattr(args, "activations", "float32"),
+                       mesh=getattr(args, "mesh", None))
+
+
+def _add_distributed(p: argparse.ArgumentParser, mesh: bool = True) -> None:
+  """--coordinator / --num-processes / --process-id (jax.distributed; each defaults to the
+  variable JAX reads: $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID) and --mesh."""
+  g = p.add_argument_group("many processes (jax.distributed; see docs/sharding.md)")
+  g.add_argument("--coordinator", default=None, help="host:port of process 0's coordinator "
+                 "(default $JAX_COORDINATOR_ADDRESS)")
+  g.add_argument("--num-processes", type=int, default=None,
+                 help="processes in the run (default $JAX_NUM_PROCESSES)")
+  g.add_argument("--process-id", type=int, default=None,
+                 help="this process's id, 0 .. num-processes - 1 (default $JAX_PROCESS_ID)")
+  if mesh:
+    g.add_argument("--mesh", default=None, help="load the model onto this device mesh, e.g. "
+                   "data=2,model=4 (every process's devices; default: one device)")
+
+
+def _start_distributed(args) -> None:
+  """jax.distributed for this run, from the flags or JAX's variables (nothing without either)."""
+  if hasattr(args, "coordinator"):
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
 
 
 def _method_name(name: str) -> str:
@@ -302,13 +324,35 @@ def _bench_vs_transformers(args) -> None:
   print(f"weights {r['weight_bytes'] / 1e6:.0f} MB/token, read bandwidth {r['read_bandwidth_GBs']:.1f} GB/s "
         f"-> bound {r['bound_tok_s']:.1f} tok/s; specjax reaches {100 * r['fraction_of_bound']:.0f}% of it")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(r, f, indent=1)
+    _write_json(args.json, r)
 
 
 BENCH_COLUMNS = [("method", "method", "s"), ("tok_s", "tok/s", ".1f"),
                  ("ms_per_token", "ms/token", ".1f"), ("tau", "tau", ".2f"),
                  ("speedup", "speedup", ".2f"), ("identical", "greedy = AR", "")]
+
+
+def _write_json(path: str, data) -> None:
+  """data as JSON at path, by process 0 alone under jax.distributed (the others wait for it)."""
+  from specjax import bench
+
+  text = json.dumps(data, indent=1, default=bench._jsonable)
+  distributed.write_text_once(path, text)
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+  """The bench summary table as CSV (BENCH_COLUMNS and the case count), written once."""
+  import csv
+
+  def write(tmp):
+    with open(tmp, "w", newline="") as f:
+      w = csv.writer(f)
+      keys = [k for k, _, _ in BENCH_COLUMNS] + ["cases"]
+      w.writerow(keys)
+      for r in rows:
+        w.writerow(["" if r.get(k) is None else r[k] for k in keys])
+
+  distributed.write_once(path, write)
 
 
 def _check_bench_args(args) -> list[str]:
@@ -379,17 +423,9 @@ def _bench_methods(args) -> None:
   data = {"args": {k: v for k, v in vars(args).items() if k != "fn"}, "prompts": used,
           "info": bench.machine_info(), "summary": rows, "records": records}
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(data, f, indent=1, default=bench._jsonable)
+    _write_json(args.json, data)
   if args.csv:
-    import csv
-
-    with open(args.csv, "w", newline="") as f:
-      w = csv.writer(f)
-      keys = [k for k, _, _ in BENCH_COLUMNS] + ["cases"]
-      w.writerow(keys)
-      for r in rows:
-        w.writerow(["" if r.get(k) is None else r[k] for k in keys])
+    _write_csv(args.csv, rows)
   if args.plot:
     _bench_plot(args.plot, title, rows)
 
@@ -423,10 +459,8 @@ def _bench_breakdown(args, model, methods, cases, used) -> None:
         f"{args.max_new_tokens} new tokens: time per round inside the compiled loop")
   print(bench.format_table(rows, BREAKDOWN_COLUMNS))
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"args": {k: v for k, v in vars(args).items() if k != "fn"}, "prompts": used,
-                 "info": bench.machine_info(), "breakdown": rows}, f, indent=1,
-                default=bench._jsonable)
+    _write_json(args.json, {"args": {k: v for k, v in vars(args).items() if k != "fn"},
+                            "prompts": used, "info": bench.machine_info(), "breakdown": rows})
 
 
 def _print_rich_table(title: str, rows: list[dict]) -> None:
@@ -460,7 +494,7 @@ def _bench_plot(path: str, title: str, rows: list[dict]) -> None:
   ax.set_title(title, fontsize=8, wrap=True)
   ax.tick_params(axis="x", rotation=20)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  distributed.write_once(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
   plt.close(fig)
 
 
@@ -646,6 +680,7 @@ def _add_train_run(p: argparse.ArgumentParser, differ: dict) -> None:
   """The shared `specjax train` flags; differ: flag -> the add_argument keywords of this one."""
   for flag, kw in _TRAIN_RUN_FLAGS:
     p.add_argument(flag, **{**kw, **differ.get(flag, {})})
+  _add_distributed(p, mesh=False)
 
 
 def _add_train_commands(sub) -> None:
@@ -730,6 +765,7 @@ def main(argv=None) -> None:
   g.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
   _add_sampling(g)
   _add_method(g)
+  _add_distributed(g)
   g.set_defaults(fn=cmd_generate)
 
   d = sub.add_parser("demo", help="run every method on the embedded default model")
@@ -770,6 +806,7 @@ def main(argv=None) -> None:
   b.add_argument("--csv", default="", help="write the summary table here")
   b.add_argument("--plot", default="", help="write a speedup bar chart here (.png)")
   _add_method_options(b)
+  _add_distributed(b)
   b.set_defaults(fn=cmd_bench)
 
   _add_data_commands(sub)
@@ -789,6 +826,7 @@ def main(argv=None) -> None:
   from specjax.errors import SpecJaxError
 
   try:
+    _start_distributed(args)
     args.fn(args)
   except SpecJaxError as e:
     print(f"specjax: error: {e}", file=sys.stderr)

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from specjax import arch, lazy
+from specjax import arch, distributed, lazy
 from specjax.checkpoint import Source, convert, materialize
 from specjax.config import ModelConfig
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
@@ -70,6 +70,8 @@ def gguf_index(file: str) -> tuple[dict, dict[str, GGUFTensor]]:
   stat = os.stat(file)
   cached = user_cache("gguf", f"{os.path.basename(file)}-{stat.st_size}-{stat.st_mtime_ns}.json")
   found = _read_gguf_index(cached, file)
+  # (every process must agree on whether the index gets written: process 0 writes it)
+  indexed = distributed.from_writer(lambda: found is not None, "gguf index read")
   if found is not None:
     return found
   try:
@@ -80,7 +82,7 @@ def gguf_index(file: str) -> tuple[dict, dict[str, GGUFTensor]]:
   n_tokens = None
   if "tokenizer.ggml.tokens" in reader.fields:
     n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
-  if (n_tokens or 0) >= GGUF_INDEX_MIN_TOKENS:
+  if (n_tokens or 0) >= GGUF_INDEX_MIN_TOKENS and not indexed:
     _write_gguf_index(cached, {
         "version": _GGUF_INDEX_VERSION, "fields": fields, "n_tokens": n_tokens,
         "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(x) for x in t.shape],
@@ -115,15 +117,12 @@ def _read_gguf_index(cached: str, file: str):
 
 def _write_gguf_index(cached: str, rec: dict) -> None:
   """Writes the index whole under a temporary name, then renames it: readers never see half a
-  file. A read-only home, or a field JSON cannot hold, leaves no index."""
+  file; by process 0 only under jax.distributed. A read-only home, or a field JSON cannot hold,
+  leaves no index."""
   try:
     text = json.dumps(rec)
-    os.makedirs(os.path.dirname(cached), exist_ok=True)
-    tmp = f"{cached}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-      f.write(text)
-    os.replace(tmp, cached)
-  except (OSError, TypeError, ValueError):
+    distributed.write_text_once(cached, text, "gguf index")
+  except (OSError, TypeError, ValueError, distributed.DistributedError):
     pass
 
 

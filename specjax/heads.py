@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import hub, registry
+from specjax import distributed, hub, registry, sharding
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 from specjax.packing import LAYER_SITES
 
@@ -217,14 +217,18 @@ def save_heads(heads: Heads, path: str, meta: dict | None = None, extra: dict | 
   header = {"format": 1, **dataclasses.asdict(c), **heads.meta, **(meta or {})}
   os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
   vocab = np.zeros((0,), np.int32) if heads.vocab is None else np.asarray(heads.vocab, np.int32)
-  arrays = {k: np.asarray(v, np.float16) for k, v in heads.params.items()}
+  # (to_host: heads sharded over processes are gathered, on every process alike)
+  arrays = {k: sharding.to_host(v).astype(np.float16) for k, v in heads.params.items()}
   clash = sorted(set(extra or {}) & (set(arrays) | {"__header__", "__vocab__"}))
   if clash:
     raise InputError(f"save_heads: extra arrays {clash} would overwrite the heads' own")
-  with open(path, "wb") as f:  # np.savez would append ".npz" to any other suffix
-    np.savez(f, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
-             __vocab__=vocab, **arrays, **(extra or {}))
-  return path
+
+  def write(tmp):
+    with open(tmp, "wb") as f:  # np.savez would append ".npz" to any other suffix
+      np.savez(f, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
+               __vocab__=vocab, **arrays, **(extra or {}))
+
+  return distributed.write_once(path, write, "heads")  # by process 0 alone
 
 
 HEADS_FILE = "heads (.npz written by sj.save_heads / `specjax train medusa|eagle|mtp --export`)"
@@ -332,9 +336,8 @@ def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | No
   if layouts.is_published(path):
     fields, params, vocab, meta = layouts.read(path, None if target is None else target.config)
     _check_shared(path, meta.pop("shared_with_target", None), target)
-    if target is not None and "embed" in params and np.array_equal(
-        np.asarray(params["embed"][0], np.float32),
-        np.asarray(target.params["embed"][...], np.float32)):
+    if target is not None and "embed" in params and _max_diff(
+        np.asarray(params["embed"][0]), target.params["embed"][...]) == 0:
       params = {k: v for k, v in params.items() if k != "embed"}  # a copy of the target's: share
     heads = Heads(_config_class(fields.get("kind"))(
         **{k: tuple(v) if k in ("taps", "target_layer_ids") else v for k, v in fields.items()}),
@@ -354,22 +357,29 @@ def _config_class(kind):
   return HeadsConfig
 
 
+def _max_diff(host: np.ndarray, x: jax.Array) -> float:
+  """max |host - x| in float32 (inf where the shapes differ), computed where x lives: a target
+  sharded over processes is compared on its devices, never copied to a host."""
+  if tuple(host.shape) != tuple(x.shape):
+    return float("inf")
+  return float(jax.jit(lambda a, b: jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                       )(host, x))
+
+
 def _check_shared(path: str, shared, target) -> None:
   """MTP layers carry copies of the target's LM head (and embedding), which specjax's modules read
   from the target itself: each copy must equal the target's (in the target's dtype)."""
   if not shared:
     return
   t = target.params
-  lm = np.asarray(t["lm_head"][...]).T if "lm_head" in t else np.asarray(t["embed"][...])
-  emb = np.asarray(t["embed"][...])
-  dt = lm.dtype
+  lm = t["lm_head"][...].T if "lm_head" in t else t["embed"][...]
+  emb = t["embed"][...]
   for k, (head, table) in enumerate(shared):
     for what, copy, own in (("shared_head.head", head, lm), ("embed_tokens", table, emb)):
       if copy is None:
         continue
-      copy = np.asarray(jnp.asarray(copy, dt))
-      if not np.array_equal(copy, own):
-        diff = float(np.max(np.abs(copy.astype(np.float32) - own.astype(np.float32))))
+      diff = _max_diff(np.asarray(jnp.asarray(copy, own.dtype)), own)
+      if diff != 0:
         raise WeightsError(
             f"{path}: MTP module {k}'s {what} differs from the target's (max |diff| {diff:.3g}): "
             f"specjax's MTP modules share the target's LM head and embedding, as DeepSeek-V3's do")
@@ -762,9 +772,9 @@ def init_eagle3_heads(target, *, seed: int = 0, scale: float = 0.0, vocab=None) 
     if name == "layer.attn.wqkv":  # [2E,Kv,G+2,D]: the layer reads 2E inputs
       x = 0.02 * jax.random.normal(jax.random.fold_in(key, 2), (2 * e,) + x.shape[1:])
     mod[name] = x if name.endswith("scale") else x * mult
-  lm = np.asarray(target.params["lm_head"][...]).T if not c.tie_word_embeddings else np.asarray(
-      target.params["embed"][...])  # [V,E]
-  lm = lm if ids is None else lm[ids]
+  # [V,E], read where the target's weights are (a target sharded over processes: on its devices)
+  lm = target.params["lm_head"][...].T if not c.tie_word_embeddings else target.params["embed"][...]
+  lm = lm if ids is None else lm[jnp.asarray(ids)]
   mod.update(fuse_w=mult * jax.random.normal(jax.random.fold_in(key, 1), (3 * e, e), jnp.float32)
              / np.sqrt(3 * e), norm_emb=jnp.ones((e,)), norm_hid=jnp.ones((e,)),
              norm=jnp.ones((e,)), lm=jnp.asarray(lm, jnp.float32))

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from specjax import distributed
 from specjax.cache import KVCache
 from specjax.errors import InputError
 
@@ -74,8 +75,11 @@ def make_mesh(spec: "str | Mesh | dict | None" = None, devices: Sequence | None 
 
   Omitted axes get size 1; "data=-1" takes the devices the other axis leaves. The mesh uses the
   first prod(sizes) of `devices` (default: all of jax.devices(), every process's on multi-host).
-  Raises ShardingError for unknown axis names, bad sizes, or more devices than exist.
+  Raises ShardingError for unknown axis names, bad sizes, or more devices than exist, and
+  (under jax.distributed, devices not given) distributed.MeshLeavesProcessError for a mesh that
+  holds no device of some process.
   """
+  chosen = devices is None  # (devices given: the caller's choice, a process-local mesh too)
   devices = list(jax.devices() if devices is None else devices)
   if isinstance(spec, Mesh):
     return _from_mesh(spec)
@@ -100,6 +104,8 @@ def make_mesh(spec: "str | Mesh | dict | None" = None, devices: Sequence | None 
            if n == len(devices) else np.asarray(devices[:n]).reshape(shape))
   except Exception:  # topologies mesh_utils cannot tile: plain device order is still correct
     arr = np.asarray(devices[:n]).reshape(shape)
+  if chosen:
+    distributed.check_mesh_covers(arr.flat)
   return _mesh(arr)
 
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import validate
+from specjax import distributed, sharding, validate
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.model import Model, path_key
 
@@ -155,14 +155,14 @@ def draft_from_target(target: Model, num_layers: int = 2, vocab: np.ndarray | No
 
 def export_draft(draft: Model, path: str, *, target_name: str, meta: dict | None = None) -> str:
   """Writes the draft's own tensors (float16), its subset ids and a header to one .npz."""
-  own = {k: np.asarray(v, np.float16) for k, v in own_params(draft).items()}
+  own = {k: sharding.to_host(v).astype(np.float16) for k, v in own_params(draft).items()}
   header = {"target": target_name, "num_layers": draft.config.num_layers, "format": 1,
             "shared": ["_".join(k) for k in draft.shared], **(meta or {})}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   vocab = draft.vocab_subset if draft.vocab_subset is not None else np.zeros((0,), np.int32)
-  np.savez(path, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
-           __vocab__=np.asarray(vocab, np.int32), **own)
-  return path
+  return distributed.write_once(path, lambda tmp: np.savez(  # by process 0 alone
+      tmp, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8),
+      __vocab__=np.asarray(vocab, np.int32), **own), "draft asset")
 
 
 DRAFT_ASSET = "a draft model asset (.npz written by export_draft / `specjax train draft --export`)"

@@ -14,11 +14,13 @@ tests run; the parent deselects them (conftest) and runs them through that child
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -528,53 +530,185 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.skipif(CHILD, reason="run once, from the parent")
-def test_two_processes_on_localhost(tmp_path):
-  """The multi-host path for real: 2 processes x 4 CPU devices, jax.distributed on localhost,
-  mesh data=2,model=4 over the 8 global devices; both see the one-device tokens."""
+def _start_workers(tmp_path, mode: str, env_extra: dict | None = None) -> list:
+  """Two worker processes of this file (`_worker`), 4 simulated CPU devices each."""
   port = _free_port()
   env = dict(os.environ)
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
   env["JAX_PLATFORMS"] = "cpu"  # 4 simulated CPU devices per process, on a GPU machine too
-  procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(i),
-                             str(port), str(tmp_path / f"out{i}.json")], env=env,
-                            cwd=os.path.dirname(HERE), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  env["SPECJAX_CACHE"] = str(tmp_path / "cache")  # the processes' shared cache folder
+  env.update(env_extra or {})
+  return [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", mode, str(i),
+                            str(port), str(tmp_path)], env=env, cwd=os.path.dirname(HERE),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+          for i in range(2)]
+
+
+def _wait(procs, timeout: float) -> list[str]:
   logs = []
   for p in procs:
     try:
-      logs.append(p.communicate(timeout=600)[0])
+      logs.append(p.communicate(timeout=timeout)[0])
     except subprocess.TimeoutExpired:
       for q in procs:
         q.kill()
       pytest.fail("multi-process workers timed out")
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"worker {i} failed:\n{logs[i][-3000:]}"
+  return logs
+
+
+@pytest.mark.skipif(CHILD, reason="run once, from the parent")
+def test_two_processes_on_localhost(tmp_path):
+  """The multi-host path for real: 2 processes x 4 CPU devices, jax.distributed on localhost
+  (specjax.distributed.initialize), target and drafters sharded over the 8 global devices,
+  data=2,model=4. Every method built by name, its sizes from a cost curve that process 0
+  measures for both: in both processes the one-device tokens, greedy (autoregressive's) and at
+  temperature 0.8 with a fixed seed (the method's own on one device). Files written once; prompts
+  that differ across processes and a mesh leaving a process out are named errors."""
+  logs = _wait(_start_workers(tmp_path, "agree"), timeout=600)
+  for i, log in enumerate(logs):
+    assert f"worker {i} ok" in log, f"worker {i} failed:\n{log[-3000:]}"
   outs = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
-  for o in outs:
-    assert o["devices"] == 8 and o["processes"] == 2
-    assert o["sharded"] == o["reference"]
+  assert outs[0] == outs[1]  # the same sizes, tokens, files and errors in both processes
+  o = outs[0]
+  assert o["devices"] == 8 and o["processes"] == 2
+  assert o["curve_source"] == "measured" and len(o["curve"]) > 2
+  assert sorted(o["sharded"]) == sorted(WORKER_METHODS)
+  for name, runs in o["sharded"].items():
+    assert runs["greedy"] == o["one_device"]["autoregressive/greedy"], name
+    assert runs["sampled"] == o["one_device"][f"{name}/sampled"], name
+  calibration = os.listdir(tmp_path / "cache" / "calibration")
+  assert len(calibration) == 1 and calibration[0].endswith(".json"), calibration
+  assert sorted(os.listdir(tmp_path / "report")) == ["r.json", "r.md"]
+  assert "prompts and generation settings differ" in o["errors"]["prompts"]
+  assert "leaves out process(es) [1]" in o["errors"]["mesh"]
 
 
-def _worker(i: int, port: int, out: str) -> None:
+@pytest.mark.skipif(CHILD, reason="run once, from the parent")
+def test_lost_process_is_named(tmp_path):
+  """One of two workers dies mid-generation (os._exit): the other ends within 60 s with exit
+  status distributed.LOST_EXIT and a line naming the lost process."""
+  from specjax import distributed
+
+  procs = _start_workers(tmp_path, "kill")
+  try:
+    log0 = procs[0].communicate(timeout=150)[0]
+    ended = time.time()
+    log1 = procs[1].communicate(timeout=30)[0]
+  finally:
+    for p in procs:
+      p.kill()
+  died = [float(line.split()[1]) for line in log1.splitlines() if line.startswith("dying ")]
+  assert died, f"worker 1 never reached its end:\n{log1[-3000:]}"
+  assert procs[0].returncode == distributed.LOST_EXIT, log0[-3000:]
+  assert "specjax: process 0 of 2 lost process 1" in log0, log0[-3000:]
+  assert ended - died[0] < 60, f"the survivor ended {ended - died[0]:.1f} s after the loss"
+  print(f"the survivor ended {ended - died[0]:.1f} s after worker 1 died")
+
+
+WORKER_METHODS = ("autoregressive", "draft", "eagle", "medusa", "prompt-lookup", "lookahead")
+WORKER_SAMPLING = dict(temperature=0.8, seed=11)
+
+
+def _worker_drafters(target, tiny_model, init_heads) -> dict:
+  """name -> the drafter keyword for methods.build, held-out numbers set so that the cost curve
+  chooses each method's sizes (methods/defaults.py)."""
+  draft = tiny_model(seed=7, scale=0.15, vocab_size=target.config.vocab_size)
+  draft.asset_header = {"held_out_top1": 0.6}
+  eagle = dataclasses.replace(init_heads(target, "eagle", seed=5, scale=0.5), meta={
+      "held_out": {"top1": 0.7, "top1_2": 0.5, "top1_3": 0.4}})
+  medusa = dataclasses.replace(init_heads(target, "medusa", num_heads=3, seed=4, scale=3.0), meta={
+      "held_out": {f"top{r}_{k}": (0.6 if r == 1 else 0.85) / (k + 1)
+                   for k in range(3) for r in (1, 5)}})
+  return {"draft": {"draft": draft}, "eagle": {"heads": eagle}, "medusa": {"heads": medusa}}
+
+
+def _on_mesh(model, mesh):
+  """model with its params placed on mesh (each process builds only its own shards)."""
+  import specjax as sj
+  from specjax import sharding
+
+  out = sj.Model(model.config, model.graphdef, sharding.shard_params(mesh, model.params),
+                 model.tokenizer, name=model.name, dtype=model.dtype)
+  out.asset_header = getattr(model, "asset_header", None)
+  return out
+
+
+def _agree(i: int, tmp: str) -> dict:
+  """The agreeing worker's runs (test_two_processes_on_localhost)."""
   import jax
 
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                             process_id=i)
-  sys.path.insert(0, HERE)
+  import specjax as sj
+  from specjax import bench, calibrate, distributed, methods, sharding
+  from specjax.heads import init_heads
+  from specjax.methods import defaults
+  from conftest import random_prompts, tiny_model
+
+  os.environ["SPECJAX_CALIBRATION"] = "quick"  # (conftest switches it off)
+  mesh = sharding.make_mesh("data=2,model=4")
+  t = tiny_model(seed=0, num_heads=8, num_kv_heads=4, head_dim=8, vocab_size=64)
+  t.name = "tiny-target"
+  st = _on_mesh(t, mesh)
+  ps = [p + p[:4] + p for p in random_prompts(4, 64, seed=1, lo=3, hi=10)]
+  rec = calibrate.calibration(st)
+  out = {"devices": jax.device_count(), "processes": jax.process_count(), "sharded": {},
+         "curve": rec["curve"], "curve_source": rec["source"], "one_device": {}, "errors": {}}
+  one = {n: kw for n, kw in _worker_drafters(t, tiny_model, init_heads).items()}
+  on = {n: {k: _on_mesh(v, mesh) if k == "draft" else v for k, v in kw.items()}
+        for n, kw in one.items()}
+  gen = dict(max_new_tokens=8)
+  out["one_device"]["autoregressive/greedy"] = sj.generate(t, ps, **gen).tokens
+  for name in WORKER_METHODS:
+    drafter = next(iter(one.get(name, {None: None}).values()))
+    chosen = defaults.choose(name, st, drafter, {})
+    m = methods.build(name, st, **on.get(name, {}))  # by name: sizes from the agreed curve
+    out["sharded"][name] = {"greedy": sj.generate(st, ps, m, **gen).tokens,
+                            "sampled": sj.generate(st, ps, m, **gen, **WORKER_SAMPLING).tokens}
+    local = methods.build(name, t, **one.get(name, {}), **chosen)
+    out["one_device"][f"{name}/sampled"] = sj.generate(t, ps, local, **gen,
+                                                       **WORKER_SAMPLING).tokens
+  bench.save_report(os.path.join(tmp, "report"), "r", {"process": "0"}, "| one table |")
+  for what, fn in (("prompts", lambda: sj.generate(st, ps if i == 0 else ps[::-1], **gen)),
+                   ("mesh", lambda: sharding.make_mesh("data=1,model=4"))):
+    try:
+      fn()
+    except distributed.DistributedError as e:
+      out["errors"][what] = str(e)
+  return out
+
+
+def _lose_one(i: int, tmp: str) -> None:
+  """The kill test's worker: decodes on the mesh in a loop; worker 1 dies (os._exit) just after
+  its second call starts, mid-generation; worker 0 should end in the watchdog."""
+  import threading
+
   import specjax as sj
   from conftest import random_prompts, tiny_model
 
   t = tiny_model(seed=0, num_heads=8, num_kv_heads=4, head_dim=8, vocab_size=64)
   ps = random_prompts(4, 64, seed=1)
-  ref = sj.generate(t, ps, max_new_tokens=8).tokens  # this process's own device
-  sharded = sj.generate(t, ps, max_new_tokens=8, mesh="data=2,model=4").tokens
-  with open(out, "w") as f:
-    json.dump(dict(devices=jax.device_count(), processes=jax.process_count(), reference=ref,
-                   sharded=sharded), f)
+  for k in range(200):
+    if i == 1 and k == 2:
+      threading.Timer(0.05, lambda: (print(f"dying {time.time()}", flush=True),
+                                     os._exit(9))).start()
+    sj.generate(t, ps, max_new_tokens=64, mesh="data=2,model=4")
+
+
+def _worker(mode: str, i: int, port: int, tmp: str) -> None:
+  from specjax import distributed
+
+  distributed.initialize(f"127.0.0.1:{port}", 2, i)
+  import jax
+
+  sys.path.insert(0, HERE)
+  if mode == "kill":
+    _lose_one(i, tmp)
+    return
+  out = _agree(i, tmp)
+  with open(os.path.join(tmp, f"out{i}.json"), "w") as f:
+    json.dump(out, f)
+  print(f"worker {i} ok", flush=True)
   jax.distributed.shutdown()
 
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--worker":
-  _worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
+  _worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import distributed
 from specjax import malloc
 from specjax import sharding
 from specjax import validate
@@ -110,6 +111,8 @@ def generate(model, prompts, method: Method, *, max_new_tokens: int = 64,
   ids = _encode(model, prompts, a["chat"])
   _check_context(model, ids, max_new_tokens)
   mesh = _plan_mesh(model, mesh, len(ids))
+  if distributed.spans_processes(mesh):
+    distributed.check_same([ids, a], "prompts and generation settings")
   p, s = _plan_shapes(ids, max_new_tokens, method)
   args = _device_args(model, method, ids, p, max_new_tokens,
                       SamplingParams.make(len(ids), a["temperature"], a["top_k"], a["top_p"]),

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import compile_options
+from specjax import compile_options, distributed
 from specjax.errors import InputError, check_int
 
 LOG_FILE, PLOT_FILE, CONFIG_FILE, CKPT_DIR = "log.jsonl", "train.png", "config.json", "ckpt"
@@ -191,10 +191,8 @@ def read_log(out_dir: str) -> list[dict]:
 def _truncate_log(out_dir: str, step: int) -> list[dict]:
   """Keeps the log lines up to `step` (a resumed run redoes the later ones); returns them."""
   rows = [r for r in read_log(out_dir) if r["step"] <= step]
-  path = os.path.join(out_dir, LOG_FILE)
-  with open(path + ".tmp", "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-  os.replace(path + ".tmp", path)
+  text = "".join(json.dumps(r) + "\n" for r in rows)
+  distributed.write_text_once(os.path.join(out_dir, LOG_FILE), text, "training log")
   return rows
 
 
@@ -249,7 +247,7 @@ def prepare_out_dir(out_dir: str) -> str:
   out_dir = os.path.abspath(os.fspath(out_dir))
   try:
     os.makedirs(out_dir, exist_ok=True)
-    probe = os.path.join(out_dir, ".write_probe")
+    probe = os.path.join(out_dir, f".write_probe.{os.getpid()}")  # processes probe at once
     with open(probe, "w") as f:
       f.write("ok")
     os.remove(probe)
@@ -353,7 +351,8 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   if run.step == run.resumed_from:
     log(f"train: nothing to do, the checkpoint is at step {run.step} of {config.steps}")
   run.mgr.close()
-  plot(run.out_dir, title)
+  if distributed.is_writer():
+    plot(run.out_dir, title)
   return TrainResult(params=run.params, step=run.step, held_out=run.val,
                      resumed_from=run.resumed_from, out_dir=run.out_dir)
 
@@ -445,11 +444,13 @@ class _Run:
     else:
       _truncate_log(out_dir, 0)
     self.last_saved = self.step
-    with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
-      json.dump(dataclasses.asdict(config), f, indent=1, default=str)
+    text = json.dumps(dataclasses.asdict(config), indent=1, default=str)
+    distributed.write_text_once(os.path.join(out_dir, CONFIG_FILE), text, "training config")
 
   def open_log(self) -> None:
-    self.logf = open(os.path.join(self.out_dir, LOG_FILE), "a")
+    # process 0 alone logs (orbax saves checkpoints across processes by itself)
+    path = os.path.join(self.out_dir, LOG_FILE)
+    self.logf = open(path if distributed.is_writer() else os.devnull, "a")
     self.t0 = time.time()
 
   def elapsed(self) -> float:
@@ -467,7 +468,8 @@ class _Run:
         "params": self.params, "opt": self.opt_state, "step": np.asarray(step, np.int64),
         "seed": np.asarray(self.config.seed, np.int64)}), force=True)
     self.mgr.wait_until_finished()
-    plot(self.out_dir, self.title)
+    if distributed.is_writer():
+      plot(self.out_dir, self.title)
     self.last_saved = step
 
   def close(self, log) -> None:
