@@ -97,16 +97,42 @@ def make_mesh(spec: "str | Mesh | dict | None" = None, devices: Sequence | None 
         f"mesh={spec!r} needs {n} devices but only {len(devices)} exist "
         f"({jax.default_backend()}; on CPU simulate more with "
         f"XLA_FLAGS=--xla_force_host_platform_device_count={n} set before importing jax)")
-  try:
-    from jax.experimental import mesh_utils
-
-    arr = (mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
-           if n == len(devices) else np.asarray(devices[:n]).reshape(shape))
-  except Exception:  # topologies mesh_utils cannot tile: plain device order is still correct
-    arr = np.asarray(devices[:n]).reshape(shape)
+  arr = device_grid(shape, devices)
   if chosen:
     distributed.check_mesh_covers(arr.flat)
   return _mesh(arr)
+
+
+def _physical(shape: tuple, devices: list) -> np.ndarray:
+  """devices laid out as `shape` along the physical topology where mesh_utils can tile it (a
+  TPU slice), else in their order."""
+  try:
+    from jax.experimental import mesh_utils
+
+    return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except Exception:  # topologies mesh_utils cannot tile: plain device order is still correct
+    return np.asarray(devices).reshape(shape)
+
+
+def device_grid(shape: tuple, devices: list) -> np.ndarray:
+  """The [data, model] array of devices for a mesh of `shape`. Over several processes that each
+  hold the same number of devices, with a model axis that fits in one process's devices, each
+  process's devices are laid out on their own (model innermost) and the processes stacked along
+  data, so the model axis's collectives stay within a host; mesh_utils over all devices would
+  follow the slice's topology instead and may put one model group across hosts. Otherwise: the
+  first prod(shape) devices along the topology."""
+  n = math.prod(shape)
+  data, model = shape
+  by_process: dict = {}
+  for d in devices:
+    by_process.setdefault(getattr(d, "process_index", 0), []).append(d)
+  local = {len(v) for v in by_process.values()}
+  if n == len(devices) and len(by_process) > 1 and len(local) == 1:
+    per = local.pop()
+    if per % model == 0:
+      groups = [sorted(by_process[p], key=lambda d: d.id) for p in sorted(by_process)]
+      return np.concatenate([_physical((per // model, model), g) for g in groups], axis=0)
+  return _physical(shape, devices) if n == len(devices) else np.asarray(devices[:n]).reshape(shape)
 
 
 def _from_mesh(spec: Mesh) -> Mesh:

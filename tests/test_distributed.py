@@ -102,3 +102,22 @@ def test_cli_takes_distributed_settings(cmd, capsys, monkeypatch):
     cli.main(cmd + ["--coordinator", "127.0.0.1:1", "--process-id", "0"])
   assert e.value.code == 2
   assert "num_processes (or $JAX_NUM_PROCESSES) not given" in capsys.readouterr().err
+
+
+def test_device_grid_keeps_the_model_axis_within_a_process():
+  """2 processes x 4 devices listed interleaved (as a topology might order them): each model
+  group of data=2,model=4 and of data=4,model=2 is one process's; a model axis of 8 spans both."""
+  from types import SimpleNamespace
+
+  from specjax import sharding
+
+  devs = [SimpleNamespace(id=i, process_index=i % 2) for i in range(8)]
+  for shape in ((2, 4), (4, 2)):
+    grid = sharding.device_grid(shape, devs)
+    assert grid.shape == shape
+    for row in grid:
+      assert len({d.process_index for d in row}) == 1, (shape, [d.id for d in row])
+    assert sorted(d.id for d in grid.flat) == list(range(8))
+  assert sharding.device_grid((1, 8), devs).shape == (1, 8)
+  one = [SimpleNamespace(id=i, process_index=0) for i in range(4)]
+  assert [d.id for d in sharding.device_grid((2, 2), one).flat] == [0, 1, 2, 3]

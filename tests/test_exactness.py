@@ -103,15 +103,22 @@ def test_planted_tie_passes(target, prompts, factor):
   assert (d.gap == 0) == (factor == 1.0)  # the near-tie is not an exact one
 
 
-def test_planted_real_divergence_fails(target, prompts, reference):
-  """A token changed to the one with the lowest logit at its position fails; the report lists it
-  with its margin, beside a row that diverges only in length."""
-  row, i = 1, 4
-  logits = ex.teacher_forced_logits(target, [prompts[row] + reference[row][:i + 1]],
+def _worst_token_at(model, prompts, reference, row, i):
+  """(reference's rows with token i of `row` replaced by the token with the lowest logit there,
+  that token, the logits at that position)."""
+  logits = ex.teacher_forced_logits(model, [prompts[row] + reference[row][:i + 1]],
                                     [len(prompts[row]) + i])[0]
   worst = int(np.argmin(logits))
   got = [list(t) for t in reference]
   got[row][i] = worst
+  return got, worst, logits
+
+
+def test_planted_real_divergence_fails(target, prompts, reference):
+  """A token changed to the one with the lowest logit at its position fails; the report lists it
+  with its margin, beside a row that diverges only in length."""
+  row, i = 1, 4
+  got, worst, logits = _worst_token_at(target, prompts, reference, row, i)
   got[2] = got[2][:-3]  # shorter: a length divergence
   report = ex.check_greedy(target, prompts, reference, got)
   assert not report.ok
@@ -164,12 +171,7 @@ def test_every_registered_method_has_check_settings(target):
 def test_the_suites_greedy_assertion_off_the_cpu(target, prompts, reference, monkeypatch):
   """tests/test_lossless.py's assertion: identity on the CPU; on an accelerator (jax's backend
   faked here) the criterion, so a planted near-tie passes and a real divergence still fails."""
-  row, i = 1, 4
-  logits = ex.teacher_forced_logits(target, [prompts[row] + reference[row][:i + 1]],
-                                    [len(prompts[row]) + i])[0]
-  worst = int(np.argmin(logits))
-  got = [list(t) for t in reference]
-  got[row][i] = worst
+  got, _, _ = _worst_token_at(target, prompts, reference, 1, 4)
   with pytest.raises(AssertionError):
     assert_same_greedy(target, prompts, reference, got)  # the CPU: identity
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
