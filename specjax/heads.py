@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import distributed, hub, registry, sharding
+from specjax import distributed, hub, sharding, shipped
 from specjax.errors import InputError, ModelNotFoundError, WeightsError, check_int
 from specjax.packing import LAYER_SITES
 
@@ -76,7 +76,7 @@ FEATURE_KINDS = ("eagle", "mtp", "eagle3")  # one-decoder-layer modules on the t
 # Shipped heads in specjax/assets, from the one registry of shipped drafters:
 # name -> (target name, asset file).
 # Medusa-2 assets hold Medusa heads (for the adapted target) beside the adapters.
-NAMED_HEADS = {d.name: (d.target, d.asset) for d in registry.DRAFTERS.values()
+NAMED_HEADS = {d.name: (d.target, d.asset) for d in shipped.DRAFTERS.values()
                if d.kind in KINDS or d.kind == "medusa2"}
 
 
@@ -243,7 +243,7 @@ def _header(z, path: str) -> dict:
     raise WeightsError(f"{path}: its __header__ is not JSON ({e}); expected {HEADS_FILE}") from e
   if not isinstance(header, dict):
     raise WeightsError(f"{path}: its __header__ is not a JSON object; expected {HEADS_FILE}")
-  if "kind" not in header and "shared" in header:  # registry.export_draft's header
+  if "kind" not in header and "shared" in header:  # shipped.export_draft's header
     raise WeightsError(f"{path} is a draft model asset (export_draft), not {HEADS_FILE}: use it "
                        f"with method draft (sj.DraftModel / load_model with target=)")
   required = [f.name for f in dataclasses.fields(HeadsConfig)
@@ -306,7 +306,7 @@ def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | No
     raise InputError(f"load_heads: expected a heads name or path, got "
                      f"{type(path_or_name).__name__}")
   name = os.fspath(path_or_name)
-  what = hub.what_is(name, (*NAMED_HEADS, *registry.DRAFTERS), hub.HEADS_SUFFIXES)
+  what = hub.what_is(name, (*NAMED_HEADS, *shipped.DRAFTERS), hub.HEADS_SUFFIXES)
   hub.check_revision(name, revision, what)
   if name in NAMED_HEADS:
     target_name, file = NAMED_HEADS[name]
@@ -317,8 +317,8 @@ def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | No
           f"heads {name!r}: the asset {path} is not there (not trained and shipped yet). Train "
           f"heads for {target_name!r} with `specjax train {kind} --model {target_name} --corpus "
           f"DIR --export heads.npz` and load them with sj.load_heads('heads.npz', target)")
-  elif name in registry.DRAFTERS:
-    d = registry.DRAFTERS[name]
+  elif name in shipped.DRAFTERS:
+    d = shipped.DRAFTERS[name]
     raise InputError(f"load_heads: {name!r} is a shipped {d.kind} model, not heads: load it with "
                      f"sj.load_model({name!r}, target=sj.load_model({d.target!r})) and pass it to "
                      f"sj.DraftModel")

@@ -18,7 +18,7 @@ import dataclasses
 import os
 from typing import Any, Callable
 
-from specjax import registry as assets
+from specjax import shipped as assets
 from specjax.errors import InputError
 from specjax.methods.autoregressive import Autoregressive
 from specjax.methods.dflash import DFlash
