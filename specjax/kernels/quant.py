@@ -142,7 +142,7 @@ GGUF_TYPES = {"Q4_0": (4, 18), "Q4_1": (4, 20), "Q8_0": (8, 34)}
 def from_gguf(rows: np.ndarray, n: int, k: int, qtype: str, *, pack: bool | None = None) -> QWeight:
   """A GGUF tensor's stored blocks -> the QWeight [K, N] that holds the same numbers.
 
-  rows: uint8 [N, K/32 * bytes], one row of blocks per output (weights.gguf_blocks). Q4_1 block:
+  rows: uint8 [N, K/32 * bytes], one row of blocks per output (gguf_file.gguf_blocks). Q4_1 block:
   d, m (fp16), 16 bytes whose low nibbles are elements 0..15 and high nibbles 16..31; Q4_0: d
   and the 16 bytes (m = -8 d); Q8_0: d (fp16), 32 int8. fp16 scales widen to float32 exactly.
   pack: as for `quantize_weight`."""
