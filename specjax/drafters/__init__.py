@@ -25,8 +25,8 @@ import numpy as np
 from flax import nnx
 
 from specjax import cache as kv
-from specjax.drafters import dflash, layouts
-from specjax.drafters.layouts import LAYOUTS
+from specjax.drafters import dflash, writers
+from specjax.drafters.files import LAYOUTS
 from specjax.errors import InputError
 from specjax.heads import (Heads, check_fits, eagle3_logits, feature_module, fuse_features,
                            medusa_hidden, module_arrays, module_out)
@@ -180,16 +180,16 @@ def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
   fields = dataclasses.asdict(c)
   params = {k: np.asarray(x) for k, x in heads.params.items()}
   if fmt == "dflash":  # z-lab's layout: config.json + model.safetensors
-    return layouts._save(*dflash.to_published(c, params), out_dir, "model.safetensors")
+    return writers.save(*dflash.to_published(c, params), out_dir, "model.safetensors")
   if fmt == "medusa":
-    return layouts.write_medusa(fields, params, heads.vocab, out_dir)
+    return writers.write_medusa(fields, params, heads.vocab, out_dir)
   if target is None:
     raise InputError(f"export --format {fmt} needs the target (its rope and norm settings go "
                      f"into the head's config.json)")
   check_fits(heads, target)
   if fmt == "eagle3":
-    return layouts.write_eagle3(fields, params, heads.vocab, out_dir, target.config)
-  return layouts.write_eagle(fields, params, heads.vocab, out_dir, target.config)
+    return writers.write_eagle3(fields, params, heads.vocab, out_dir, target.config)
+  return writers.write_eagle(fields, params, heads.vocab, out_dir, target.config)
 
 
 def export_files(heads: str, fmt: str, out_dir: str, model: str | None = None) -> str:
