@@ -352,7 +352,7 @@ def _windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_wind
 
 
 def _starting_heads(inits: dict, init, target, kinds: tuple, per_kind: dict, tok, mask, *,
-                    vocab_size: int, num_layers: int, seed: int, taps: tuple, dflash, log):
+                    vocab_size: int, num_layers: int, seed: int, taps: tuple, dflash=None, log):
   """The heads training starts from: the loaded `inits` (trained heads named by `init`) if any,
   else fresh ones. Returns (kind -> Heads, their vocabulary subset or None)."""
   if inits:
