@@ -137,12 +137,14 @@ def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
   return (j * c + k).astype(jnp.int32).reshape(lead)
 
 
-def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:
-  """logits [B,...,V] -> tokens [B,...] int32. All-greedy batches skip the random draw."""
+def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams,
+           p: jax.Array | None = None) -> jax.Array:
+  """logits [B,...,V] -> tokens [B,...] int32. All-greedy batches skip the random draw. p: the
+  caller's probs(logits, sp), where it has them already (a drafter that keeps its q)."""
   greedy = argmax(logits)
   return jax.lax.cond(
       jnp.all(sp.temperature == 0),
       lambda: greedy,
       lambda: jnp.where(_rows(sp.temperature, greedy.ndim) >= MIN_TEMPERATURE,
-                        sample_probs(key, probs(logits, sp)), greedy),
+                        sample_probs(key, probs(logits, sp) if p is None else p), greedy),
   )

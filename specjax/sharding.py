@@ -122,7 +122,7 @@ def device_grid(shape: tuple, devices: list) -> np.ndarray:
   follow the slice's topology instead and may put one model group across hosts. Otherwise: the
   first prod(shape) devices along the topology."""
   n = math.prod(shape)
-  data, model = shape
+  model = shape[1]
   by_process: dict = {}
   for d in devices:
     by_process.setdefault(getattr(d, "process_index", 0), []).append(d)

@@ -112,17 +112,13 @@ def test_rows_do_not_depend_on_the_batch():
 
 # ----------------------------------------------------------------------------- bfloat16
 
-needs_bf16 = pytest.mark.skipif(not kernels.matmul.bf16_available(),
-                                reason="the kernel is unavailable here")
-
-
 def _bf16_ulp(y):
   """The spacing of bfloat16 numbers at |y| (8 significant bits)."""
   y = np.abs(np.asarray(y, np.float64))
   return np.exp2(np.floor(np.log2(np.maximum(y, 1e-30))) - 7)
 
 
-@needs_bf16
+@needs_kernel
 def test_bf16_parity_with_xla():
   """bf16 x, w: the kernel's fp32 accumulation is within 1e-5 of the exact product of the bf16
   values (the fp32 bar), and its bf16 result is XLA's bf16 dot or a neighbour of it.
@@ -155,7 +151,7 @@ def test_bf16_parity_with_xla():
     assert (diff > 0).mean() < 0.01, (m, k, n)
 
 
-@needs_bf16
+@needs_kernel
 def test_bf16_rows_independent():
   """bf16 rows are the same bits alone or in a call of up to 64 (and 130) rows."""
   rng = np.random.default_rng(4)
@@ -188,7 +184,7 @@ def _vdpbf16ps(x, w):
   return acc
 
 
-@needs_bf16
+@needs_kernel
 @pytest.mark.parametrize("isa_path", isa_paths(kernels), indirect=True)
 def test_bf16_every_path_is_the_documented_arithmetic(isa_path):
   """On every path (vdpbf16ps where the CPU has it, fp32 FMAs elsewhere) the bf16 product is
@@ -446,7 +442,7 @@ def bf16_reference(target_bf16, batch):
   return sj.generate(target_bf16, batch[:2], sj.Autoregressive(), max_new_tokens=16).tokens
 
 
-@needs_bf16
+@needs_kernel
 def test_bf16_model_on_the_kernel(target_bf16, batch, bf16_reference):
   """A bfloat16 model packs bf16 copies (half the bytes of fp32 ones) and runs its 9 products on
   the bf16 path; prompt lookup through the kernel gives the kernel's autoregressive tokens, and
@@ -473,7 +469,7 @@ def test_bf16_fallbacks(monkeypatch, target_bf16):
   """With the switch off, load_model's policy leaves a bf16 model unpacked silently, and a
   product given a bf16 packed copy anyway runs XLA's dot."""
   monkeypatch.setenv("SPECJAX_KERNELS", "0")
-  assert not kernels.matmul.bf16_available()
+  assert not kernels.matmul.available()
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     assert not packing.is_packed(packing.maybe_pack(target_bf16, None))

@@ -41,7 +41,6 @@ cache root; see build.py).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import jax
@@ -65,18 +64,11 @@ def _detect_isa(lib) -> int:
   return lib.specjax_kernel_detected_isa()
 
 
-def _detect_bf16(lib) -> bool:
-  """Whether this CPU has AVX512-BF16 (with F, BW, VL). Tests replace this hook to simulate a CPU
-  without it."""
-  return bool(lib.specjax_kernel_detected_bf16())
-
-
 _BF16_REGISTERED = []
 
 
 def _setup(lib):
   """The bf16 entry point beside the fp32 one (the Library registers only its main target)."""
-  lib.specjax_kernel_detected_bf16.restype = ctypes.c_int
   if not _BF16_REGISTERED:  # once per process, as the Library does for TARGET
     jax.ffi.register_ffi_target(TARGET_BF16, jax.ffi.pycapsule(lib.SpecjaxDenseBF16),
                                 platform="cpu")
@@ -90,19 +82,6 @@ LIBRARY = Library("matmul", "specjax_kernel", "SpecjaxDenseF32", TARGET, instead
 # The module's loading and ISA control are its Library's (library.py).
 load, available, isa, set_isa, threads = LIBRARY.api()
 _reset_for_tests = LIBRARY.reset
-
-
-def bf16_available() -> bool:
-  """Whether bf16 products run on the kernel: wherever it is available. Every path computes
-  vdpbf16ps's arithmetic (the instruction on a CPU with AVX512-BF16, fp32 FMAs elsewhere)."""
-  return available()
-
-
-def bf16_instruction() -> bool:
-  """Whether bf16 products run on `vdpbf16ps` itself (the AVX-512 path of a CPU with
-  AVX512-BF16) rather than on its arithmetic from fp32 FMAs."""
-  lib = load()
-  return lib is not None and isa() == "avx512" and _detect_bf16(lib)
 
 
 # ----------------------------------------------------------------------------- the packed layout
@@ -189,9 +168,7 @@ def _on_kernel(x, w, packed) -> bool:
   copy of one dtype)."""
   if packed is None or not x.dtype == w.dtype == packed.dtype:
     return False
-  if x.dtype == jnp.float32:
-    return available()
-  return x.dtype == jnp.bfloat16 and bf16_available()
+  return x.dtype in (jnp.float32, jnp.bfloat16) and available()
 
 
 def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,

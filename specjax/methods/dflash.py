@@ -124,11 +124,7 @@ class DFlash(Method):
     h = drafter(c, arrays["p"])(arrays["embed"][toks], pos, layers, mask)
     logits = nnx.merge(prog.graphdef, params).head(h[:, 1:])  # [B,G,V]
     q = sampling.probs(logits, state.sp)
-    greedy = sampling.argmax(logits)
-    hot = state.sp.temperature[:, None] >= sampling.MIN_TEMPERATURE
-    draft = jax.lax.cond(jnp.all(state.sp.temperature == 0), lambda: greedy,
-                         lambda: jnp.where(hot, sampling.sample_probs(key, q), greedy))
-    return draft, q, pos
+    return sampling.sample(key, logits, state.sp, p=q), q, pos
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
