@@ -7,9 +7,9 @@ compile different programs and hang in mismatched collectives. So whatever decid
 shape is decided once, by process 0, and handed to the others (`from_writer`), and what a user
 passes (prompts, sampling settings) is checked to be the same everywhere (`check_same`).
 
-Files are written by process 0 only (`is_writer`); the others wait at a barrier until the file is
-there (`write_once`), then read it as process 0 does. One process: every call here is a no-op
-(the writer is this process, a barrier returns at once).
+Files are written by process 0 only (`is_writer`); the others wait for process 0's word that the
+file is there (`write_once`), then read it as process 0 does. One process: every call here is a
+no-op (the writer is this process).
 
     distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=0)  # or from $JAX_*
     distributed.write_once(path, lambda tmp: save(tmp))
@@ -47,7 +47,7 @@ from specjax.errors import InputError, SpecJaxError
 LOST_S = 10.0  # a process whose heartbeat stood still this long is lost
 POLL_S = 1.0  # the watchdog's heartbeat period
 HEARTBEAT_S = 30  # jax.distributed's own heartbeat timeout: a backstop after LOST_S
-BARRIER_S = 3600  # the longest a process waits at a barrier (process 0 may be measuring)
+BARRIER_S = 3600  # the longest a process waits for process 0's value (it may be measuring)
 LOST_EXIT = 3  # the exit status of a process that lost a peer
 ENV = {"coordinator": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
        "process_id": "JAX_PROCESS_ID"}
@@ -57,7 +57,7 @@ class DistributedError(SpecJaxError, RuntimeError):
   """Processes that do not agree (different prompts or settings), or bad distributed settings."""
 
 
-_state = {"barriers": 0, "broadcasts": 0, "watchdog": None, "ending": False}
+_state = {"broadcasts": 0, "watchdog": None, "ending": False}
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -205,15 +205,6 @@ def start_watchdog(n: int, me: int, coordinator: str) -> None:
 def is_writer() -> bool:
   """Whether this process writes shared files (process 0; the only process, with one)."""
   return jax.process_index() == 0
-
-
-def barrier(name: str) -> None:
-  """Every process waits here until all have arrived (one process: returns at once). Processes
-  must pass the same barriers in the same order, as they run the same program."""
-  if jax.process_count() == 1:
-    return
-  _state["barriers"] += 1
-  _client().wait_at_barrier(f"specjax:{_state['barriers']}:{name}", BARRIER_S * 1000)
 
 
 def from_writer(fn: Callable[[], Any], name: str) -> Any:

@@ -43,7 +43,6 @@ def test_write_once_failure_keeps_old_file_and_raises_writers_error(tmp_path):
 
 def test_one_process_is_the_writer_and_agrees_with_itself():
   assert distributed.is_writer()
-  distributed.barrier("nothing to wait for")
   assert distributed.from_writer(lambda: {"1": 2.0}, "value") == {"1": 2.0}
   distributed.check_same([[1, 2]], "prompts")
   distributed.check_mesh_covers([])
