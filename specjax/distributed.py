@@ -27,6 +27,10 @@ Process 0 runs the coordination service: when it dies, jax's client in every oth
 at once ("the JAX distributed service detected fatal errors"; its error callback cannot be set
 from Python in jax 0.10), before the watchdog can speak; the watchdog still names process 0 where
 the service merely stops answering.
+jax's preemption service is left off: it takes SIGTERM for a preemption notice that only code
+calling `multihost_utils.reached_preemption_sync_point` hears, so a `kill` would be swallowed.
+With it off, SIGTERM ends a process as it does without jax.distributed (training catches it and
+saves a checkpoint first), and the watchdog names that process to the others.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return False
   if "cpu" in os.environ.get("JAX_PLATFORMS", "cpu").split(","):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_enable_preemption_service", False)  # SIGTERM ends the process (above)
   jax.distributed.initialize(coordinator_address=s["coordinator"],
                              num_processes=s["num_processes"], process_id=s["process_id"],
                              heartbeat_timeout_seconds=heartbeat_s)

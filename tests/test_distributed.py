@@ -5,6 +5,10 @@ watchdog's verdict on heartbeats. Many processes: tests/test_sharding.py's two-p
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -120,3 +124,30 @@ def test_device_grid_keeps_the_model_axis_within_a_process():
   assert sharding.device_grid((1, 8), devs).shape == (1, 8)
   one = [SimpleNamespace(id=i, process_index=0) for i in range(4)]
   assert [d.id for d in sharding.device_grid((2, 2), one).flat] == [0, 1, 2, 3]
+
+
+_SIGTERM_CHILD = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from specjax import distributed
+distributed.initialize("127.0.0.1:{port}", num_processes=1, process_id=0)
+print("initialized", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+print("SIGTERM was swallowed", flush=True)
+"""
+
+
+def test_sigterm_ends_a_distributed_process(tmp_path):
+  """Under jax.distributed, `kill` (SIGTERM) ends the process as it would without it: jax's
+  preemption service, which would take the signal as a preemption notice and carry on, is off."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-c", _SIGTERM_CHILD.format(root=root, port=port)],
+                     env=env, capture_output=True, text=True, timeout=120)
+  assert "initialized" in r.stdout, r.stderr[-2000:]
+  assert "swallowed" not in r.stdout
+  assert r.returncode == -signal.SIGTERM, (r.returncode, r.stderr[-2000:])
