@@ -23,6 +23,7 @@ the kernel: specjax/kernels/matmul.py).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 
 import jax
@@ -258,6 +259,19 @@ class Block(nnx.Module):
     return x + y, layer_cache
 
 
+def _run_block(block: Block, x, rope, layer_cache, start, mask, empty_cache, positions):
+  """block(...) through one jitted function: layers of the same shape and settings (the same
+  graphdef) are traced and lowered once per program instead of once each, and XLA inlines the
+  calls, so the compiled program is the one an unrolled loop gives."""
+  graphdef, state = nnx.split(block)
+  return _block_jit(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions)
+
+
+@partial(jax.jit, static_argnums=(0, 7))
+def _block_jit(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions):
+  return nnx.merge(graphdef, state)(x, rope, layer_cache, start, mask, empty_cache, positions)
+
+
 class Decoder(nnx.Module):
   """The whole model. Build abstractly with `nnx.eval_shape` and fill from a checkpoint."""
 
@@ -324,7 +338,8 @@ class Decoder(nnx.Module):
     tapped = []
     for i in range(n):
       rope = ropes[self.layer_rope[i] if self.cfg.position == "rope" else 0]
-      x, layers[i] = self.layers[i](x, rope, layers[i], cache.lengths, mask, empty_cache, positions)
+      x, layers[i] = _run_block(self.layers[i], x, rope, layers[i], cache.lengths, mask,
+                                empty_cache, positions)
       if i + 1 in taps:
         tapped.append(x if raw_taps else rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
     if len(tapped) != len(taps):
