@@ -250,7 +250,9 @@ def test_model_uses_the_kernel_and_keeps_its_params():
     cache = model.init_cache(1, 128)
     toks = jnp.zeros((1, t), jnp.int32)
     mask = kv.causal_mask(cache.lengths, t, 128)
-    return jax.jit(model.apply).lower(model.params, toks, jnp.arange(t)[None], cache, mask).as_text()
+    # Compiled: the layers' calls inlined (the lowered module holds one function per layer shape).
+    return jax.jit(model.apply).lower(model.params, toks, jnp.arange(t)[None], cache,
+                                      mask).compile().as_text()
 
   assert hlo(packed, 4).count(kernels.TARGET) == 4 * 2 + 1  # 4 per layer + the head
   assert kernels.TARGET not in hlo(packed, kernels.MAX_ROWS + 1)  # large M: XLA
@@ -456,7 +458,7 @@ def test_bf16_model_on_the_kernel(target_bf16, batch, bf16_reference):
   cache = packed.init_cache(1, 64)
   lowered = jax.jit(packed.apply).lower(packed.params, jnp.zeros((1, 3), jnp.int32),
                                         jnp.arange(3)[None], cache,
-                                        kv.causal_mask(cache.lengths, 3, 64)).as_text()
+                                        kv.causal_mask(cache.lengths, 3, 64)).compile().as_text()
   assert lowered.count(kernels.matmul.TARGET_BF16) == 4 * 2 + 1
   ar = sj.generate(packed, batch[:2], sj.Autoregressive(), max_new_tokens=16).tokens
   assert ar == bf16_reference
