@@ -17,7 +17,7 @@ import pytest
 import specjax as sj
 from specjax import exactness as ex
 
-from conftest import assert_same_greedy, random_prompts, tiny_model
+from tests.helpers.models import assert_same_greedy, random_prompts, tiny_model
 
 NEW = 12
 

@@ -144,7 +144,7 @@ def test_smollm2_logits_match_transformers_gguf(smollm2, torch_smollm2):
 
 @pytest.mark.slow
 def test_smollm2_greedy_matches_transformers_generate(smollm2, torch_smollm2):
-  from conftest import shared_prompts
+  from tests.helpers.models import shared_prompts
 
   prompts = shared_prompts(1, "mt_bench") + shared_prompts(1, "humaneval")  # chat and code
   ids = [smollm2.tokenizer.encode(p) for p in prompts]

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.struct
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax as sj
 from specjax import decode
 
-from conftest import assert_greedy, random_prompts, shared_prompts, tiny_model
+from tests.helpers.decode import Tally
+from tests.helpers.models import assert_greedy, random_prompts, shared_prompts, tiny_model
 
 
 def test_same_bucket_does_not_recompile(tiny):
@@ -147,32 +145,6 @@ def test_compile_options_follow_the_weights_size():
 
 
 # ----------------------------------------------------------------------------- the state's layout
-
-
-@flax.struct.dataclass
-class _TallyState:
-  steps: jax.Array  # [B] int32: not declared, so per-row by rule
-  table: jax.Array = decode.replicated()  # [4] int32 that every row reads
-
-
-@dataclasses.dataclass(frozen=True)
-class Tally(sj.Autoregressive):
-  """Autoregressive decoding that also counts each row's active steps, reading a table all rows
-  share: shared=True declares the table replicated; False keeps it in a plain dict, which
-  breaks the per-row rule of a method's state."""
-  shared: bool = True
-
-  def init(self, prog, arrays, state, hidden):
-    z, table = jnp.zeros_like(state.seq_len), jnp.arange(4, dtype=jnp.int32)
-    return _TallyState(z, table) if self.shared else {"steps": z, "table": table}
-
-  def step(self, prog, params, arrays, state):
-    m = state.method
-    out = super().step(prog, params, arrays, state)
-    return out.replace(method=m.replace(steps=m.steps + (~state.done) * m.table[1]))
-
-  def stats(self, state):
-    return {"tally": np.asarray(state.method.steps).tolist()}
 
 
 def test_state_declares_its_layout():

@@ -18,8 +18,9 @@ from specjax.drafters import export_heads, head_logits
 from specjax.errors import InputError, WeightsError
 from specjax.model import forward_sequence
 
-from conftest import assert_greedy, random_prompts, tiny_config
-from tinyhf import torch_decoder_layer
+from tests.helpers.layouts import _config, _eagle_config, _eagle_state, _medusa1_heads
+from tests.helpers.models import assert_greedy, random_prompts, tiny_config
+from tests.helpers.tinyhf import torch_decoder_layer
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -39,11 +40,6 @@ def _features(target, tokens=TOKENS):
   return torch.tensor(np.asarray(hidden[0])), torch.tensor(lm)
 
 
-def _config(d, **fields):
-  with open(os.path.join(d, "config.json"), "w") as f:
-    json.dump(fields, f)
-
-
 def _check_lossless(target, method, batches=(1, 4)):
   """Runs `method` at batch 1 and 4; every output must be what autoregressive greedy decoding
   emits (the target's argmax at each position, from one teacher-forced forward)."""
@@ -54,31 +50,6 @@ def _check_lossless(target, method, batches=(1, 4)):
 
 
 # ----------------------------------------------------------------------------- Medusa-1
-
-
-class ResBlock(torch.nn.Module):  # FasterDecoding's: x + SiLU(W x + b)
-
-  def __init__(self, e):
-    super().__init__()
-    self.linear = torch.nn.Linear(e, e)
-    self.act = torch.nn.SiLU()
-
-  def forward(self, x):
-    return x + self.act(self.linear(x))
-
-
-def _medusa1_heads(e, v, k, layers, lm_heads=True, seed=0):
-  """Medusa-1's heads as FasterDecoding builds them: [ResBlock] * L (one block, shared) and a
-  per-head LM head (left out in the newer files that use the target's)."""
-  torch.manual_seed(seed)
-  heads = torch.nn.ModuleList([
-      torch.nn.Sequential(*([ResBlock(e)] * layers),
-                          *([torch.nn.Linear(e, v, bias=False)] if lm_heads else []))
-      for _ in range(k)])
-  with torch.no_grad():
-    for p in heads.parameters():
-      p.normal_(0.0, 0.3)
-  return heads
 
 
 @pytest.fixture(scope="module")
@@ -163,22 +134,6 @@ def test_vllm_medusa_logits_match_reference(tiny, vllm_medusa):
 # ----------------------------------------------------------------------------- EAGLE-1/2
 
 
-def _eagle_state(target, seed=3):
-  """An EAGLE-1/2 head's state dict (SafeAILab's names) for the tiny target, float16."""
-  c = target.config
-  e, h, kv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
-  g = torch.Generator().manual_seed(seed)
-  r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
-  p = "layers.0."
-  sd = {"fc.weight": r(e, 2 * e), "fc.bias": r(e),
-        p + "self_attn.q_proj.weight": r(h * d, e), p + "self_attn.k_proj.weight": r(kv * d, e),
-        p + "self_attn.v_proj.weight": r(kv * d, e), p + "self_attn.o_proj.weight": r(e, h * d),
-        p + "mlp.gate_proj.weight": r(f, e), p + "mlp.up_proj.weight": r(f, e),
-        p + "mlp.down_proj.weight": r(e, f), p + "post_attention_layernorm.weight": 1 + r(e),
-        "embed_tokens.weight": torch.tensor(np.asarray(target.params["embed"][...]))}
-  return {k: x.half() for k, x in sd.items()}
-
-
 def _eagle_reference(sd, cfg, target, tokens=TOKENS):
   """EAGLE-1/2's draft step, from SafeAILab's architecture: fc over cat(embedding of token t + 1,
   feature t), one Llama decoder layer with no input norm (rotary, grouped kv heads, causal), no
@@ -190,16 +145,6 @@ def _eagle_reference(sd, cfg, target, tokens=TOKENS):
   x = F.linear(torch.cat([emb, hidden[:-1]], -1), sd["fc.weight"], sd["fc.bias"])
   x = torch_decoder_layer(x, x, sd, "layers.0.", cfg)  # no input norm, no final norm
   return (x @ lm).numpy()
-
-
-def _eagle_config(target):
-  c = target.config
-  return dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-              hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-              num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-              num_hidden_layers=1, rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta,
-              max_position_embeddings=2048, vocab_size=c.vocab_size, bias=True,
-              torch_dtype="float16")
 
 
 @pytest.fixture(scope="module")

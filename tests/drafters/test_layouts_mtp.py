@@ -15,8 +15,8 @@ import specjax as sj
 from specjax.drafters import head_logits
 from specjax.errors import InputError, WeightsError
 
-from conftest import assert_greedy, random_prompts
-from test_lossless import SMALL_VOCAB, tv_check
+from tests.helpers.lossless import SMALL_VOCAB, tv_check
+from tests.helpers.models import assert_greedy, random_prompts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -13,8 +13,8 @@ import pytest
 
 import specjax as sj
 
-from test_drafters import _config, _eagle_config, _eagle_state, _medusa1_heads
-from test_lossless import SMALL_VOCAB, small_target, tv_check
+from tests.helpers.layouts import _config, _eagle_config, _eagle_state, _medusa1_heads
+from tests.helpers.lossless import SMALL_VOCAB, small_target, tv_check
 
 torch = pytest.importorskip("torch")
 

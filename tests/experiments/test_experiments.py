@@ -17,9 +17,9 @@ import os
 import numpy as np
 import pytest
 
-from tinyhf import save_tiny_hf
+from tests.helpers.tinyhf import save_tiny_hf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -187,7 +187,7 @@ def test_eagle_taps_ablation(tiny):
   from specjax.heads import init_heads
   from specjax.training import eagle as te
 
-  from conftest import random_prompts
+  from tests.helpers.models import random_prompts
 
   import specjax as sj
 

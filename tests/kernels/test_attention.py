@@ -16,7 +16,8 @@ import specjax as sj
 from specjax import kernels, packing
 from specjax.kernels import attention
 
-from conftest import isa_fixture, isa_paths, tiny_model
+from tests.helpers.kernels import isa_fixture, isa_paths
+from tests.helpers.models import tiny_model
 
 needs_kernel = pytest.mark.skipif(not attention.available(),
                                   reason="specjax.kernels.attention unavailable here")

@@ -18,7 +18,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from specjax.kernels import blocks
 
-from conftest import isa_fixture, isa_paths
+from tests.helpers.kernels import isa_fixture, isa_paths
 
 TYPES = sorted(blocks.QTYPES)
 needs_kernel = pytest.mark.skipif(not blocks.available(),

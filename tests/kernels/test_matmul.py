@@ -20,8 +20,9 @@ import specjax as sj
 from specjax import cache as kv
 from specjax import kernels, packing
 
-from conftest import isa_fixture, isa_paths, random_prompts, tiny_config, tiny_model
-from test_lossless import GREEDY_METHODS
+from tests.helpers.kernels import isa_fixture, isa_paths
+from tests.helpers.lossless import GREEDY_METHODS
+from tests.helpers.models import random_prompts, tiny_config, tiny_model
 
 _USER_CACHE = os.environ.get("SPECJAX_CACHE")
 needs_kernel = pytest.mark.skipif(not kernels.available(),
@@ -482,14 +483,14 @@ def test_bf16_fallbacks(monkeypatch, target_bf16):
 
 # ----------------------------------------------------------------------------- threads
 
-THREADED = ["test_kernels.py::test_parity_random_shapes",
-            "test_kernels.py::test_every_row_count_and_rows_independent",
-            "test_kernels_blocks.py::test_parity_with_gguf",
-            "test_kernels_blocks.py::test_rows_do_not_depend_on_the_batch",
-            "test_kernels_attention.py::test_parity_with_xla",
-            "test_kernels_attention.py::test_prefill_without_a_cache",
-            "test_kernels_qdot.py::test_parity_with_numpy",
-            "test_kernels_qdot.py::test_rows_do_not_depend_on_the_batch"]
+THREADED = ["test_matmul.py::test_parity_random_shapes",
+            "test_matmul.py::test_every_row_count_and_rows_independent",
+            "test_blocks.py::test_parity_with_gguf",
+            "test_blocks.py::test_rows_do_not_depend_on_the_batch",
+            "test_attention.py::test_parity_with_xla",
+            "test_attention.py::test_prefill_without_a_cache",
+            "test_qdot.py::test_parity_with_numpy",
+            "test_qdot.py::test_rows_do_not_depend_on_the_batch"]
 
 
 @needs_kernel
@@ -513,6 +514,6 @@ def test_threads_split_the_work_not_the_numbers():
   assert r.stdout.split() == ["2", "2", "2", "2"], r.stdout + r.stderr[-2000:]
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                       *[os.path.join(here, t) for t in THREADED]],
-                     env=env, cwd=os.path.dirname(here), capture_output=True, text=True,
-                     timeout=900)
+                     env=env, cwd=os.path.dirname(os.path.dirname(here)), capture_output=True,
+                     text=True, timeout=900)
   assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]

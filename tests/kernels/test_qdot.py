@@ -15,7 +15,7 @@ import pytest
 
 from specjax.kernels import qdot
 
-from conftest import isa_fixture, isa_paths
+from tests.helpers.kernels import isa_fixture, isa_paths
 
 needs_kernel = pytest.mark.skipif(not qdot.available(),
                                   reason="specjax.kernels.qdot unavailable (see its warning)")

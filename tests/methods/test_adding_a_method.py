@@ -13,9 +13,10 @@ import pytest
 import specjax as sj
 from specjax import methods
 
-from conftest import random_prompts, tiny_model
+from tests.helpers.models import random_prompts, tiny_model
 
-DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "adding_a_method.md")
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                   "adding_a_method.md")
 
 
 def _code_blocks() -> list[str]:
@@ -61,7 +62,7 @@ def test_the_example_is_registered_and_greedy_identical(example):
 
 
 def test_the_example_samples_the_target_distribution(example):
-  from test_lossless import small_target, tv_check
+  from tests.helpers.lossless import small_target, tv_check
 
   _, _, sampling = example
   model = small_target()

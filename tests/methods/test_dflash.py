@@ -24,7 +24,7 @@ from specjax import decode, sampling
 from specjax.drafters import export_heads, head_logits
 from specjax.errors import InputError, WeightsError
 
-from tinyhf import random_llama
+from tests.helpers.tinyhf import random_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -259,7 +259,7 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
   from specjax import cli
   from specjax.training import heads as heads_train
   from specjax.training import trainer
-  from tinyhf import FakeCorpus
+  from tests.helpers.tinyhf import FakeCorpus
 
   seen = {}
   with monkeypatch.context() as m:  # the command line reaches the same trainer

@@ -10,7 +10,7 @@ import specjax as sj
 from specjax import decode, kernels
 from specjax.methods.draft import DraftModel, SelfSpeculative, leviathan_speedup, measure_cost_ratio
 
-from conftest import random_prompts, tiny_model
+from tests.helpers.models import random_prompts, tiny_model
 
 
 @pytest.fixture(scope="module")

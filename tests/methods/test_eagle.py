@@ -15,22 +15,11 @@ from specjax.heads import init_heads, load_heads, save_heads
 from specjax.methods.eagle import Eagle, capacity, expand_tree
 from specjax.training import eagle as te
 
-from conftest import memoryless_model, random_prompts, tiny_config
+from tests.helpers.models import memoryless_model, random_prompts, tiny_config
+from tests.helpers.training import own_text, stand_in
 
-
-def stand_in(**kw):
-  """A target as heads see it (config only): building a random Model costs seconds."""
-  import types
-  return types.SimpleNamespace(config=tiny_config(**kw), name="", dtype=jnp.float32)
 
 STATIC = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
-
-
-def own_text(target, n=32, length=32, seed=11):
-  v = target.config.vocab_size
-  ps = random_prompts(n, v, seed=seed, lo=3, hi=8)
-  gen = sj.generate(target, ps, max_new_tokens=length, stop_at_eos=False).tokens
-  return np.array([(p + g)[:length] for p, g in zip(ps, gen)])
 
 
 # ----------------------------------------------------------------------------- EAGLE-2's tree

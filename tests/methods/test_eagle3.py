@@ -22,8 +22,8 @@ from specjax.drafters import export_heads, head_logits
 from specjax.errors import InputError, WeightsError
 from specjax.model import forward_sequence
 
-from conftest import random_prompts
-from tinyhf import random_llama, torch_decoder_layer
+from tests.helpers.models import random_prompts
+from tests.helpers.tinyhf import random_llama, torch_decoder_layer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -168,7 +168,7 @@ def test_decoding_is_lossless(target, published):
 
 
 def test_sampling_follows_the_target_distribution(target, published):
-  from test_lossless import tv_check
+  from tests.helpers.lossless import tv_check
 
   heads = sj.load_heads(published[0], target)
   method = sj.Eagle(heads, depth=2, top_k=2, num_nodes=4)
@@ -238,7 +238,7 @@ def test_train_eagle3_lowers_the_loss_resumes_and_exports(hf, target, tmp_path):
   the published layout and reads back."""
   from specjax.training import heads as heads_train
   from specjax.training import trainer
-  from test_train import FakeCorpus
+  from tests.helpers.tinyhf import FakeCorpus
 
   rng = np.random.default_rng(0)
   seqs = [rng.integers(0, V, 24).tolist() for _ in range(24)]

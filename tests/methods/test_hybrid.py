@@ -18,7 +18,7 @@ from specjax.heads import init_heads
 from specjax.methods import merge
 from specjax.methods.suffix import SuffixStore, suffix_search
 
-from conftest import memoryless_model, random_prompts, tiny_model
+from tests.helpers.models import memoryless_model, random_prompts, tiny_model
 
 
 def _random_forest(rng, m: int, vocab: int):

@@ -13,7 +13,7 @@ from specjax import cache as kv
 from specjax import sampling
 from specjax.methods.lookahead import layout, pool_init, pool_insert, pool_lookup
 
-from conftest import memoryless_model
+from tests.helpers.models import memoryless_model
 
 
 # ----------------------------------------------------------------------------- mask and layout

@@ -16,7 +16,7 @@ from specjax.heads import init_heads, load_heads, save_heads
 from specjax.methods.medusa import Medusa
 from specjax.training import medusa as tm
 
-from conftest import memoryless_model, random_prompts, tiny_model
+from tests.helpers.models import memoryless_model, random_prompts, tiny_model
 
 
 def _own_text(target, n=32, length=32, seed=11):

@@ -17,8 +17,8 @@ from specjax.errors import InputError
 from specjax.training import heads as heads_train
 from specjax.training import medusa2, trainer
 
-from conftest import assert_greedy, random_adapters, random_prompts, tiny_model
-from test_train import _learnable_target, _self_corpus
+from tests.helpers.models import assert_greedy, random_adapters, random_prompts, tiny_model
+from tests.helpers.training import _learnable_target, _self_corpus
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +211,8 @@ def test_medusa2_sampling_follows_the_adapted_model():
   """At temperature > 0, Medusa's heads over the adapted model (the target with LoRA adapters
   merged in) draw the first two tokens from the ADAPTED model's distribution (the lossless
   suite's total-variation check), and that distribution is measurably not the original's."""
-  from test_lossless import _MEDUSA_TREE, SAMPLING_SETTINGS, exact_two_token_dist, small_target, \
-      tv_check
+  from tests.helpers.lossless import (SAMPLING_SETTINGS, _MEDUSA_TREE, exact_two_token_dist,
+                                      small_target, tv_check)
 
   target = small_target()
   model = lora.merged_model(target, random_adapters(target, rank=2, seed=1), 1.0, name="adapted")

@@ -7,7 +7,7 @@ import pytest
 import specjax as sj
 from specjax import decode, methods
 
-from conftest import tiny_model
+from tests.helpers.models import tiny_model
 
 
 def test_registry_names_and_aliases():

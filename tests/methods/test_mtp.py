@@ -14,8 +14,8 @@ from specjax.errors import InputError
 from specjax.heads import init_heads
 from specjax.training import mtp as tm
 
-from conftest import memoryless_model, random_prompts
-from test_eagle import own_text, stand_in
+from tests.helpers.models import memoryless_model, random_prompts
+from tests.helpers.training import own_text, stand_in
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import specjax as sj
 from specjax.methods.prompt_lookup import PromptLookup, ngram_search
 
-from conftest import memoryless_model, random_prompts, tiny_model
+from tests.helpers.models import memoryless_model, random_prompts, tiny_model
 
 
 def search(rows, ngram=3, k=3, width=16):

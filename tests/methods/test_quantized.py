@@ -11,7 +11,7 @@ import specjax as sj
 from specjax import methods
 from specjax.kernels import quant
 
-from conftest import memoryless_model, random_prompts, tiny_model
+from tests.helpers.models import memoryless_model, random_prompts, tiny_model
 
 
 def np_quantize_weight(w, bits):
@@ -180,7 +180,7 @@ def test_vocabulary_subset_greedy_identical_and_its_head_alone(target, prompts, 
 def test_vocabulary_subset_sampling_distribution(settings):
   """Exactness at temperature > 0 with q zero outside the subset: the target's joint
   distribution of the first two tokens (the lossless suite's check)."""
-  from test_lossless import small_target, tv_check
+  from tests.helpers.lossless import small_target, tv_check
 
   model = small_target()
   v = model.config.vocab_size
@@ -220,7 +220,7 @@ def test_multi_level_greedy_identical_and_fewer_draft_forwards():
 def test_multi_level_sampling_distribution(settings):
   """Exactness at temperature > 0 with the copies accepted by the draft's own rejection rule:
   the joint distribution of the first two tokens is the target's (the lossless suite's check)."""
-  from test_lossless import small_target, tv_check
+  from tests.helpers.lossless import small_target, tv_check
 
   model = small_target()
   tv, expected = tv_check(model, sj.QuantizedDraft(gamma=3, lookup=2, ngram=1), dict(

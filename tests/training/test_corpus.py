@@ -11,7 +11,7 @@ import specjax as sj
 from specjax.errors import InputError
 from specjax.training import corpus, prompt_pool
 
-from conftest import tiny_model
+from tests.helpers.models import tiny_model
 
 
 class ByteTokenizer:

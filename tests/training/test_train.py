@@ -15,28 +15,9 @@ from specjax.errors import InputError
 from specjax.training import draft as train
 from specjax.training import trainer
 
-from conftest import random_prompts, tiny_model
-from tinyhf import FakeCorpus  # noqa: F401  (also imported from here by other tests)
-
-
-def _learnable_target():
-  """A 4-layer tiny model with every attention output zeroed (its greedy next token is a function
-  of the current token): a map a 1-layer draft can learn in a few dozen steps, though the target's
-  first layer alone (the draft's starting point) agrees with it on almost nothing."""
-  import jax.numpy as jnp
-
-  m = tiny_model(seed=0, num_layers=4, scale=0.3)
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros_like(x) if "'wo'" in jax.tree_util.keystr(path) else x, m.params)
-  return sj.Model(m.config, m.graphdef, params)
-
-
-def _self_corpus(target, n=64, new=40, seed=0):
-  """The target's own greedy responses to random 6-token prompts, as a corpus."""
-  prompts = random_prompts(n, target.config.vocab_size, seed=seed, lo=6, hi=7)
-  out = sj.generate(target, prompts, max_new_tokens=new)
-  return FakeCorpus([p + t for p, t in zip(prompts, out.tokens)], [len(p) for p in prompts],
-                    target.config.vocab_size)
+from tests.helpers.models import random_prompts, tiny_model
+from tests.helpers.tinyhf import FakeCorpus
+from tests.helpers.training import _learnable_target, _self_corpus
 
 
 @pytest.fixture(scope="module")
@@ -427,7 +408,8 @@ def test_shipped_drafters_need_no_training_code():
           "assert r.DRAFTERS['smollm2-135m-draft'].kind == 'draft'; "
           "import os; assert os.path.isfile(r.DRAFTERS['smollm2-135m-draft'].path); "
           "assert not [m for m in sys.modules if m.startswith('specjax.train')], sys.modules")
-  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=root)
   subprocess.run([sys.executable, "-c", code], check=True, env=env)
   with pytest.raises(sj.ModelNotFoundError, match="unknown drafter 'nope'"):
     shipped.get("nope")
