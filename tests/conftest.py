@@ -14,7 +14,7 @@ import os
 # lossless suite exists to catch. LLVM's expensive passes are off too (compiles of the embedded
 # model's programs ~10-20% faster; LLVM's passes keep floating-point semantics, and the lossless
 # suite runs under the same flags). XLA's elemental emitters too (specjax/compile_options.py):
-# the tiny models' programs compile faster with them (-n 2: tests/test_lossless.py and
+# the tiny models' programs compile faster with them (-n 2: tests/methods/test_lossless.py and
 # test_tree.py 246 -> 220 s; test_model.py, test_weights_blocks.py and test_medusa.py 163 -> 143 s),
 # and the real models' decoding and training programs, compiled with compile_options, keep the
 # fusion emitters. SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own defaults.
@@ -40,7 +40,8 @@ def _one_thread_per_worker() -> None:
   on one thread: the CPU kernel's pool (SPECJAX_KERNEL_THREADS) and XLA's Eigen pool. Otherwise
   each sizes its pools for every core, two workers run four busy threads on two cores, and a
   kernel call's threads wait on each other (three test files: 173 -> 155 s). The kernel's
-  threaded path keeps a test of its own (test_kernels.py::test_threads_split_the_work_not_the_numbers)."""
+  threaded path keeps a test of its own
+  (kernels/test_matmul.py::test_threads_split_the_work_not_the_numbers)."""
   count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
   # The cores this process may run on, as the kernel's pool counts them (its affinity mask).
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -415,10 +415,10 @@ def test_user_rules_override():
 
 
 # Every family (specjax/arch) on the mixed mesh, loaded from its tiny random HF checkpoint
-# (tests/test_arch_families' builders) with 8 query / 4 kv heads, vocab 128 and MLP width 96 (GPT-2:
-# 8 heads, 256): every dimension the rules split divides model=4, so nothing may fall back to
-# replication. One short greedy generation each (one compile), against transformers' own greedy
-# generate, which the one-device model equals token for token (tests/test_arch_families.py).
+# (tests/helpers/families.py's builders) with 8 query / 4 kv heads, vocab 128 and MLP width 96
+# (GPT-2: 8 heads, 256): every dimension the rules split divides model=4, so nothing may fall back
+# to replication. One short greedy generation each (one compile), against transformers' own greedy
+# generate, which the one-device model equals token for token (tests/arch/test_families.py).
 # One model per family module beside llama's (tested above): Gemma 3 holds every Gemma tensor
 # kind (q/k norms as Qwen3's, the post norms of Gemma 2), Phi-3 the fused projections, GPT-2 the
 # biases and learned positions.

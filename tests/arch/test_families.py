@@ -5,7 +5,7 @@ windows shorter than the test sequence where the family has them.
 Per family: fp32 logits within 1e-4 of transformers at every position, 32 greedy tokens identical
 to transformers' `generate`, and prefill + token-by-token decode equal to one full forward (the
 decode steps cross the windows). One transformers model and one loaded model per family (module
-fixtures); the lossless suite runs methods on these families in tests/test_lossless.py.
+fixtures); the lossless suite runs methods on these families in tests/methods/test_lossless.py.
 """
 
 from __future__ import annotations

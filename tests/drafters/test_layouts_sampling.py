@@ -3,7 +3,7 @@
 a truncated vocabulary, token_map) and SafeAILab's EAGLE-1/2 layout (a layer without input norm)
 drive their methods to the target's exact distribution (the TV check of test_lossless), on
 the small-vocabulary target that check needs. Their logits and greedy identity are checked in
-test_drafters.py."""
+test_layouts.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """specjax.kernels.attention: the decode attention kernel against its XLA form on every
 instruction-set path, inside the model (on where the dense kernel is, off with it), under grad,
-and its fallback. The methods' tokens with it on are tests/test_kernels.py's (every method on a
-packed model equals XLA's autoregressive decoding)."""
+and its fallback. The methods' tokens with it on are tests/kernels/test_matmul.py's (every method on
+a packed model equals XLA's autoregressive decoding)."""
 
 from __future__ import annotations
 

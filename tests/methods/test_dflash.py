@@ -6,7 +6,7 @@ transformers Llama of 5 layers, checked against a torch reference of the publish
 written here (target features: transformers' own hidden states); the decoding path's drafts
 against the teacher-forced block logits, round after round; export and read back bit for bit;
 bad input named. Greedy identity at batch 1 and 4 and the sampling distribution are the lossless
-suite's cases (tests/test_lossless.py, "dflash/...")."""
+suite's cases (tests/methods/test_lossless.py, "dflash/...")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The merged tree against a plain-Python merge; a hybrid tree accepts at least what each of its
 drafters accepts alone (greedy, the same states); the suffix store stays bounded and later calls
 copy from earlier outputs; bad arguments raise before compiling. Greedy identity and the exact
-distribution are the lossless suite's (tests/test_lossless.py: "suffix", "hybrid").
+distribution are the lossless suite's (tests/methods/test_lossless.py: "suffix", "hybrid").
 """
 
 from __future__ import annotations

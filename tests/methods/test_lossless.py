@@ -38,7 +38,7 @@ def target():
 @pytest.fixture(scope="module")
 def prompts(target):
   # Lengths 3..15: one prompt bucket (16), so each case compiles once per batch size; compiles
-  # are most of this suite's time, and tests/test_decode.py covers the buckets.
+  # are most of this suite's time, and tests/decode/test_decode.py covers the buckets.
   return random_prompts(N_PROMPTS, target.config.vocab_size, seed=1, lo=3, hi=16)
 
 

@@ -135,7 +135,7 @@ def reference(target, prompts):
   return sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=20).tokens
 
 
-# The lossless suite (tests/test_lossless.py) runs (4, shared) and (8, own) at batch 1 and 4
+# The lossless suite (tests/methods/test_lossless.py) runs (4, shared) and (8, own) at batch 1 and 4
 # (and (8, own) sampling); here the other cache mode of 4 bits, with adaptive gamma.
 @pytest.mark.parametrize("bits,cache,adaptive", [(4, "own", True)])
 def test_greedy_identical_to_autoregressive(bits, cache, adaptive, target, prompts, reference):
