@@ -68,7 +68,7 @@ def test_unsupported_architecture(tmp_path):
 
 
 def _tiny_hf_dir(path):
-  from tests.helpers.tinyhf import save_tiny_hf
+  from tests.helpers.hf_models import save_tiny_hf
 
   save_tiny_hf("llama", str(path))
   return path
