@@ -11,12 +11,12 @@ fast (one run each).
 
 Both emitters generate IEEE float32 arithmetic, and the choice depends on the weights alone (the
 target's for a decoding program, so every method's program and the autoregressive baseline's get
-the same options and agree bit for bit; tests/test_lossless.py runs under it).
+the same options and agree bit for bit; tests/methods/test_lossless.py runs under it).
 
 The choice is stated either way (fusion emitters on at or above the bound), so a process-wide
 `XLA_FLAGS=--xla_cpu_use_fusion_emitters=false` changes only the programs compiled without these
 options (jax's eager operations, a user's own jits). The test suite runs that way (conftest;
-`pytest -n 2`: tests/test_lossless.py and test_tree.py 246 -> 220 s, test_model.py,
+`pytest -n 2`: tests/methods/test_lossless.py and test_tree.py 246 -> 220 s, test_model.py,
 test_weights_blocks.py and test_medusa.py 163 -> 143 s), and the real models' decoding and
 training programs keep the fusion emitters.
 """

@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny random models (no weights needed), the embedded SmolLM2, prompt sets."""
+"""The suite's pytest hooks and fixtures: XLA's settings for the suite, the 8-device and CPU-only
+markers, one compilation cache per run, the tiny model and the embedded SmolLM2. The helpers
+tests share are in tests/helpers/ (imported from there; no test imports this file)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import os
 # lossless suite exists to catch. LLVM's expensive passes are off too (compiles of the embedded
 # model's programs ~10-20% faster; LLVM's passes keep floating-point semantics, and the lossless
 # suite runs under the same flags). XLA's elemental emitters too (specjax/compile_options.py):
-# the tiny models' programs compile faster with them (-n 2: tests/test_lossless.py and
+# the tiny models' programs compile faster with them (-n 2: tests/methods/test_lossless.py and
 # test_tree.py 246 -> 220 s; test_model.py, test_weights_blocks.py and test_medusa.py 163 -> 143 s),
 # and the real models' decoding and training programs, compiled with compile_options, keep the
 # fusion emitters. SPECJAX_TEST_XLA_OPT=2 leaves XLA at its own defaults.
@@ -38,7 +40,8 @@ def _one_thread_per_worker() -> None:
   on one thread: the CPU kernel's pool (SPECJAX_KERNEL_THREADS) and XLA's Eigen pool. Otherwise
   each sizes its pools for every core, two workers run four busy threads on two cores, and a
   kernel call's threads wait on each other (three test files: 173 -> 155 s). The kernel's
-  threaded path keeps a test of its own (test_kernels.py::test_threads_split_the_work_not_the_numbers)."""
+  threaded path keeps a test of its own
+  (kernels/test_matmul.py::test_threads_split_the_work_not_the_numbers)."""
   count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
   # The cores this process may run on, as the kernel's pool counts them (its affinity mask).
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -57,11 +60,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import specjax as sj  # noqa: E402
-from specjax import prompts  # noqa: E402
+
+from tests.helpers.models import tiny_model  # noqa: E402
 
 EIGHT_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 
@@ -139,52 +142,6 @@ def _bound_compiled_code():
   yield
 
 
-def tiny_config(**kw) -> sj.ModelConfig:
-  base = dict(arch="llama", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
-              num_kv_heads=2, head_dim=8, intermediate_size=48, max_position_embeddings=512,
-              rope_theta=10000.0, tie_word_embeddings=False, eos_token_ids=())
-  base.update(kw)
-  return sj.ModelConfig(**base)
-
-
-def isa_paths(lib) -> list[str]:
-  """Every instruction-set path this CPU can run for one kernel module (specjax.kernels,
-  kernels.attention, .blocks, .qdot); none where that kernel is unavailable."""
-  if not lib.available():
-    return []
-  best = lib.ISAS[lib.isa()]
-  return [name for name, v in lib.ISAS.items() if v <= best]
-
-
-def isa_fixture(lib):
-  """A fixture that forces `lib`'s instruction-set path to its parameter for one test and
-  restores it after (parametrize it indirectly over isa_paths(lib))."""
-  @pytest.fixture
-  def isa_path(request):
-    before = lib.isa()
-    assert lib.set_isa(request.param) == request.param
-    yield request.param
-    lib.set_isa(before)
-  return isa_path
-
-
-def tiny_model(seed: int = 0, scale: float = 0.3, **kw) -> sj.Model:
-  """A random model with logits spread wide enough that greedy argmax has no near-ties."""
-  return sj.Model.random(tiny_config(**kw), seed=seed, scale=scale)
-
-
-def memoryless_model(seed: int = 0) -> sj.Model:
-  """A tiny model with every attention output zeroed: its greedy next token is a function of the
-  current token alone, so text it generated predicts its own continuation exactly (drafts that
-  copy or Jacobi-iterate it are accepted)."""
-  import jax.numpy as jnp
-
-  m = tiny_model(seed=seed)
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros_like(x) if "'wo'" in jax.tree_util.keystr(path) else x, m.params)
-  return sj.Model(m.config, m.graphdef, params)
-
-
 @pytest.fixture(scope="session")
 def tiny():
   return tiny_model()
@@ -196,56 +153,3 @@ def smollm2():
   # tests that read this fixture compare against float32 references.
   import jax.numpy as jnp
   return sj.load_model("smollm2-135m", dtype=jnp.float32)
-
-
-def shared_prompts(n: int, kind: str = "mt_bench") -> list[str]:
-  """First n prompts from ../shared/data/prompts (first turns), or the built-in sample where the
-  shared folder is absent: the tests need some text, not a benchmark's."""
-  return prompts.load(kind, n, fallback=True)
-
-
-def random_adapters(target, rank: int, seed: int) -> dict:
-  """specjax.lora.init's adapters with B drawn at random too (init leaves it zero): merged in,
-  they make a model that really differs from `target` (Medusa-2's adapted model in tests)."""
-  from specjax import lora
-
-  ad = lora.init(target, rank=rank, seed=seed)
-  key = jax.random.PRNGKey(seed + 100)
-  return {n: dict(v, b=jax.random.normal(jax.random.fold_in(key, i), v["b"].shape))
-          for i, (n, v) in enumerate(sorted(ad.items()))}
-
-
-def random_prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:
-  rng = np.random.default_rng(seed)
-  return [rng.integers(0, vocab, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
-
-
-def assert_greedy(model, runs, new_tokens: int) -> None:
-  """runs: (prompt, generated tokens) pairs. Each generation must be what autoregressive greedy
-  decoding of `model` emits: its argmax after every position, from one teacher-forced forward
-  over all rows (right-padded; causal, so the padding changes nothing before it)."""
-  from specjax.model import forward_sequence
-
-  seqs = np.zeros((len(runs), max(len(p) + len(t) for p, t in runs)), np.int32)
-  for i, (p, t) in enumerate(runs):
-    seqs[i, :len(p) + len(t)] = p + t
-  logits = np.asarray(forward_sequence(model.config, model.module(model.params), seqs)[0])
-  for i, (p, t) in enumerate(runs):
-    want = logits[i].argmax(-1)[len(p) - 1:len(p) + new_tokens - 1].tolist()
-    assert len(t) == new_tokens and t == want, (p, t, want)
-
-
-def assert_same_greedy(model, prompts, reference, tokens, what: str = "") -> None:
-  """A method's greedy tokens against autoregressive decoding's, row by row. Where the arithmetic
-  is batch-invariant (the CPU: its kernels and fixed reduction orders) identity is required; on
-  an accelerator, whose fused kernels round by shape, a divergence fails only where the
-  autoregressive run's top-2 margin there exceeds the dtype's bound (specjax.exactness), and the
-  report names each divergence with its margin."""
-  tokens, reference = [list(t) for t in tokens], [list(r) for r in reference]
-  if jax.default_backend() == "cpu":
-    assert tokens == reference, what
-    return
-  from specjax import exactness
-
-  report = exactness.check_greedy(model, prompts, reference, tokens)
-  assert report.ok, f"{what}\n{report.summary()}"

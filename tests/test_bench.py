@@ -43,7 +43,7 @@ def _load(name: str, path: str):
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-  from tinyhf import save_tiny_hf
+  from tests.helpers.tinyhf import save_tiny_hf
 
   return save_tiny_hf(str(tmp_path_factory.mktemp("tinyhf") / "model"))
 

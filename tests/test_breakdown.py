@@ -8,7 +8,7 @@ import pytest
 import specjax as sj
 from specjax import breakdown
 
-from conftest import random_prompts, tiny_model
+from tests.helpers.models import random_prompts, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from specjax import calibrate, decode, methods
 from specjax import tree as T
 from specjax.heads import save_heads
 
-from conftest import random_prompts, tiny_config, tiny_model
+from tests.helpers.models import random_prompts, tiny_config, tiny_model
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import specjax as sj
 from specjax import decode, weights
 
-from conftest import tiny_model
+from tests.helpers.models import tiny_model
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_unsupported_architecture(tmp_path):
 
 
 def _tiny_hf_dir(path):
-  from test_model import save_tiny_hf
+  from tests.helpers.hf_models import save_tiny_hf
 
   save_tiny_hf("llama", str(path))
   return path

@@ -17,7 +17,7 @@ import pytest
 import specjax as sj
 from specjax import exactness as ex
 
-from conftest import assert_same_greedy, random_prompts, tiny_model
+from tests.helpers.models import assert_same_greedy, random_prompts, tiny_model
 
 NEW = 12
 
@@ -169,8 +169,9 @@ def test_every_registered_method_has_check_settings(target):
 
 
 def test_the_suites_greedy_assertion_off_the_cpu(target, prompts, reference, monkeypatch):
-  """tests/test_lossless.py's assertion: identity on the CPU; on an accelerator (jax's backend
-  faked here) the criterion, so a planted near-tie passes and a real divergence still fails."""
+  """tests/methods/test_lossless.py's assertion: identity on the CPU; on an accelerator (jax's
+  backend faked here) the criterion, so a planted near-tie passes and a real divergence still
+  fails."""
   got, _, _ = _worst_token_at(target, prompts, reference, 1, 4)
   with pytest.raises(AssertionError):
     assert_same_greedy(target, prompts, reference, got)  # the CPU: identity

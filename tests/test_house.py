@@ -3,7 +3,8 @@
 - dependencies point down: no import circle between specjax's modules, counting imports made
   inside functions too (a function-level import hides a circle, it does not remove it);
 - no function in specjax/ over 80 lines, argparse declarations excepted (a long `add_argument`
-  list is a table, not logic).
+  list is a table, not logic);
+- no file in tests/ imports a test file or conftest.py: what tests share lives in tests/helpers/.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "specjax")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(TESTS, "..", "specjax")
 MAX_FUNCTION_LINES = 80
 ARGPARSE_CALLS = {"add_argument", "add_parser", "add_subparsers", "set_defaults",
                   "add_argument_group", "add_mutually_exclusive_group"}
@@ -124,6 +126,27 @@ def long_functions(root: str = ROOT, limit: int = MAX_FUNCTION_LINES) -> list[st
   return out
 
 
+def imports_of_tests(root: str = TESTS) -> list[str]:
+  """Every import, anywhere in a file under root, of a test module (test_*.py) or of conftest:
+  "file:line name" each."""
+  out = []
+  for d, _, files in sorted(os.walk(root)):
+    for f in sorted(files):
+      if not f.endswith(".py"):
+        continue
+      path = os.path.join(d, f)
+      for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+          names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+          names = [".".join(filter(None, [node.module, a.name])) for a in node.names]
+        else:
+          continue
+        out += [f"{os.path.relpath(path, root)}:{node.lineno} {n}" for n in names
+                if any(p == "conftest" or p.startswith("test_") for p in n.split("."))]
+  return out
+
+
 def test_the_checks_see_a_circle_and_a_long_function(tmp_path):
   pkg = tmp_path / "specjax"
   (pkg / "sub").mkdir(parents=True)
@@ -140,12 +163,29 @@ def test_the_checks_see_a_circle_and_a_long_function(tmp_path):
   assert [s.split(" ")[1] for s in long_functions(str(pkg))] == ["g:"]
 
 
+def test_the_check_sees_imports_of_tests_and_conftest(tmp_path):
+  tests = tmp_path / "tests"
+  (tests / "sub").mkdir(parents=True)
+  (tests / "helpers.py").write_text("import json\n")
+  (tests / "test_a.py").write_text("from tests.helpers import x\nimport conftest\n")
+  (tests / "sub" / "test_b.py").write_text("def f():\n  from test_a import y\n"
+                                          "  from tests.sub import test_c\n")
+  assert imports_of_tests(str(tests)) == [
+      "test_a.py:2 conftest", "sub/test_b.py:2 test_a.y", "sub/test_b.py:3 tests.sub.test_c"]
+
+
 def test_no_import_circles():
   assert circles(import_graph()) == []
 
 
 def test_no_function_over_80_lines():
   assert long_functions() == []
+
+
+def test_no_test_imports_another_test_or_conftest():
+  """Tests share code through tests/helpers/ alone: a test file imported as a module runs its
+  module-level code (fixtures, parametrize tables) a second time, under another name."""
+  assert imports_of_tests() == []
 
 
 @pytest.mark.parametrize("low,high", [("specjax.kernels", "specjax.model"),

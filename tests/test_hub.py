@@ -17,7 +17,7 @@ from specjax.errors import InputError, ModelNotFoundError
 from specjax.drafters import export_heads
 from specjax.heads import save_heads
 
-from tinyhf import put_in_hub_cache, save_tiny_hf
+from tests.helpers.tinyhf import put_in_hub_cache, save_tiny_hf
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 

@@ -15,8 +15,9 @@ from specjax import kernels, packing
 from specjax.invariance import BatchInvariance, chain, compare
 from specjax.kernels import attention, blocks, qdot
 
-from conftest import isa_paths, tiny_model
-from test_weights_blocks import write_gguf
+from tests.helpers.gguf_files import write_gguf
+from tests.helpers.kernels import isa_paths
+from tests.helpers.models import tiny_model
 
 LIBS = (kernels, attention, blocks, qdot)
 PATHS = isa_paths(kernels)

@@ -12,39 +12,10 @@ import pytest
 import specjax as sj
 from specjax import cache as kv
 
+from tests.helpers.hf_models import HF_CONFIGS, save_tiny_hf
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-              num_attention_heads=4, max_position_embeddings=256)
-
-HF_CONFIGS = {
-    "llama": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
-    "llama3-rope-tied": lambda: transformers.LlamaConfig(
-        **COMMON, num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-    "llama-linear-rope": lambda: transformers.LlamaConfig(
-        **COMMON, num_key_value_heads=4, rope_scaling={"rope_type": "linear", "factor": 2.0}),
-    "qwen2": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
-    "mistral": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None),
-    "mistral-window": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=8),
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=97, n_embd=64, n_layer=3, n_head=4, n_positions=256),
-}
-
-
-def save_tiny_hf(name: str, path: str, **save_kw) -> "transformers.PreTrainedModel":
-  torch.manual_seed(0)
-  cfg = HF_CONFIGS[name]()
-  cfg._attn_implementation = "eager"
-  model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-  with torch.no_grad():  # spread the weights so the test sees real differences
-    for p in model.parameters():
-      if p.ndim == 1 and "norm" in name:
-        continue
-      p.add_(torch.randn_like(p) * 0.05)
-  model.save_pretrained(path, **save_kw)
-  return model
 
 
 def full_forward(model: sj.Model, ids: np.ndarray):
@@ -144,7 +115,7 @@ def test_smollm2_logits_match_transformers_gguf(smollm2, torch_smollm2):
 
 @pytest.mark.slow
 def test_smollm2_greedy_matches_transformers_generate(smollm2, torch_smollm2):
-  from conftest import shared_prompts
+  from tests.helpers.models import shared_prompts
 
   prompts = shared_prompts(1, "mt_bench") + shared_prompts(1, "humaneval")  # chat and code
   ids = [smollm2.tokenizer.encode(p) for p in prompts]

@@ -2,7 +2,7 @@
 with the assets shipped today (the header its first code cell prints; no notebook is run for that).
 
 The notebooks read SPECJAX_NOTEBOOK_SMALL=1 (set here) to run fewer configurations: fewer programs
-to compile, shorter generations, the slow distribution checks skipped (tests/test_lossless.py
+to compile, shorter generations, the slow distribution checks skipped (tests/methods/test_lossless.py
 covers those). Their committed outputs come from a normal run (`make notebooks`). All notebooks
 share one persistent jax compilation cache for the session, so a program that several of them run
 (the autoregressive baseline at the same shape, say) is compiled once.

@@ -20,9 +20,9 @@ sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider", sys.argv[1], "-k", 
 
 
 def test_cpu_only_tests_are_skipped_on_another_backend():
-  r = subprocess.run([sys.executable, "-c", FAKE_GPU, os.path.join(HERE, "test_decode.py"),
-                      "prefill_in_chunks"], cwd=os.path.dirname(HERE), capture_output=True,
-                     text=True, timeout=300)
+  r = subprocess.run([sys.executable, "-c", FAKE_GPU,
+                      os.path.join(HERE, "decode", "test_decode.py"), "prefill_in_chunks"],
+                     cwd=os.path.dirname(HERE), capture_output=True, text=True, timeout=300)
   out = r.stdout + r.stderr
   assert r.returncode == 0, out[-3000:]
   assert "1 skipped" in out and "CPU-only; jax's default backend is gpu" in out, out[-3000:]

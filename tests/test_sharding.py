@@ -65,7 +65,7 @@ if CHILD:
   from specjax import decode, sharding
   from specjax.model import from_flat, path_key
 
-  from conftest import random_adapters, random_prompts, tiny_model
+  from tests.helpers.models import random_adapters, random_prompts, tiny_model
 
   def target_model(**kw):
     # Every head count divides 8 (K=8, H=16, G=2), MLP width 48 too; vocab 61 (the suite's
@@ -75,8 +75,8 @@ if CHILD:
     return tiny_model(**base)
 
   def available_methods():
-    """(name, factory) for every method in test_lossless's registry."""
-    from test_lossless import GREEDY_METHODS
+    """(name, factory) for every greedy case of the lossless suite (tests/helpers/lossless.py)."""
+    from tests.helpers.lossless import GREEDY_METHODS
     return sorted(GREEDY_METHODS)
 
   METHODS = available_methods()
@@ -178,9 +178,10 @@ def test_sampling_same_seed_same_tokens(name, factory, mesh):
 @on_8
 @pytest.mark.filterwarnings("ignore::specjax.sharding.ShardingFallbackWarning")
 def test_method_state_declared_replicated_on_mesh():
-  """A method state with a per-row counter and a table declared replicated (test_decode.Tally):
-  on a mesh its rows split over data and the table stays whole, with one device's results."""
-  from test_decode import Tally
+  """A method state with a per-row counter and a table declared replicated (Tally, in
+  tests/helpers/decode.py): on a mesh its rows split over data and the table stays whole, with one
+  device's results."""
+  from tests.helpers.decode import Tally
 
   t = target_model()
   one = sj.generate(t, prompts(), Tally(), max_new_tokens=MAX_NEW)
@@ -414,10 +415,10 @@ def test_user_rules_override():
 
 
 # Every family (specjax/arch) on the mixed mesh, loaded from its tiny random HF checkpoint
-# (tests/test_arch_families' builders) with 8 query / 4 kv heads, vocab 128 and MLP width 96 (GPT-2:
-# 8 heads, 256): every dimension the rules split divides model=4, so nothing may fall back to
-# replication. One short greedy generation each (one compile), against transformers' own greedy
-# generate, which the one-device model equals token for token (tests/test_arch_families.py).
+# (tests/helpers/families.py's builders) with 8 query / 4 kv heads, vocab 128 and MLP width 96
+# (GPT-2: 8 heads, 256): every dimension the rules split divides model=4, so nothing may fall back
+# to replication. One short greedy generation each (one compile), against transformers' own greedy
+# generate, which the one-device model equals token for token (tests/arch/test_families.py).
 # One model per family module beside llama's (tested above): Gemma 3 holds every Gemma tensor
 # kind (q/k norms as Qwen3's, the post norms of Gemma 2), Phi-3 the fused projections, GPT-2 the
 # biases and learned positions.
@@ -429,7 +430,7 @@ ARCH_FAMILIES = ("gemma3", "phi3", "gpt2")
 def test_every_family_sharded_by_the_rules(family, tmp_path):
   import torch
   import transformers
-  from test_arch_families import build_hf
+  from tests.helpers.families import build_hf
 
   if family == "gpt2":
     ref = build_hf(family, str(tmp_path), cfg=transformers.GPT2Config(
@@ -534,7 +535,8 @@ def _start_workers(tmp_path, mode: str, env_extra: dict | None = None) -> list:
   """Two worker processes of this file (`_worker`), 4 simulated CPU devices each."""
   port = _free_port()
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  # The suite's XLA flags (conftest) too: the workers import no conftest to set them.
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
   env["JAX_PLATFORMS"] = "cpu"  # 4 simulated CPU devices per process, on a GPU machine too
   env["SPECJAX_CACHE"] = str(tmp_path / "cache")  # the processes' shared cache folder
   env.update(env_extra or {})
@@ -641,7 +643,7 @@ def _agree(i: int, tmp: str) -> dict:
   from specjax import bench, calibrate, distributed, methods, sharding
   from specjax.heads import init_heads
   from specjax.methods import defaults
-  from conftest import random_prompts, tiny_model
+  from tests.helpers.models import random_prompts, tiny_model
 
   os.environ["SPECJAX_CALIBRATION"] = "quick"  # (conftest switches it off)
   mesh = sharding.make_mesh("data=2,model=4")
@@ -682,7 +684,7 @@ def _lose_one(i: int, tmp: str) -> None:
   import threading
 
   import specjax as sj
-  from conftest import random_prompts, tiny_model
+  from tests.helpers.models import random_prompts, tiny_model
 
   t = tiny_model(seed=0, num_heads=8, num_kv_heads=4, head_dim=8, vocab_size=64)
   ps = random_prompts(4, 64, seed=1)
@@ -699,7 +701,7 @@ def _worker(mode: str, i: int, port: int, tmp: str) -> None:
   distributed.initialize(f"127.0.0.1:{port}", 2, i)
   import jax
 
-  sys.path.insert(0, HERE)
+  sys.path.insert(0, os.path.dirname(HERE))  # the repository: tests.helpers
   if mode == "kill":
     _lose_one(i, tmp)
     return

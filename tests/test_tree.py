@@ -18,7 +18,7 @@ from specjax import acceptance, sampling, tree as T
 from specjax import cache as kv
 from specjax.errors import InputError
 
-from conftest import tiny_model
+from tests.helpers.models import tiny_model
 
 TREES = [
     [(0,)],

@@ -16,7 +16,7 @@ import pytest
 import specjax as sj
 from specjax import decode, prompts, sampling, validate, weights
 
-from conftest import tiny_model
+from tests.helpers.models import tiny_model
 
 PROMPT = [[5, 9, 2, 7]]
 NEW = 6
@@ -218,7 +218,7 @@ def _tiny_checkpoint(tmp_path, tiny_dir, name: str, value: float) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-  from tinyhf import save_tiny_hf
+  from tests.helpers.tinyhf import save_tiny_hf
 
   return save_tiny_hf(str(tmp_path_factory.mktemp("tinyhf") / "model"))
 

@@ -17,7 +17,7 @@ from specjax.errors import InputError
 from specjax.kernels import quant
 from specjax.packing import PREFIX
 
-from test_weights_blocks import logits, write_gguf
+from tests.helpers.gguf_files import logits, write_gguf
 
 
 @pytest.fixture(scope="module")

@@ -141,7 +141,7 @@ def test_host_memory_while_loading_bf16_on_8_devices(bf16_dir):
 
 
 def _phi3(path):
-  from test_arch_families import build_hf
+  from tests.helpers.families import build_hf
 
   build_hf("phi3", path, **SPLIT)
   from safetensors.numpy import load_file
@@ -178,7 +178,7 @@ def _reference_phi3(hf, st):
 
 def _gguf(path):
   from gguf import GGUFReader, quants
-  from test_weights_blocks import write_gguf
+  from tests.helpers.gguf_files import write_gguf
 
   # Quantized (Q4_1, Q8_0) and float (F16 q: a view un-permuted, F32 norms) tensors.
   write_gguf(path, types={"attn_q.weight": "F16", "ffn_up.weight": "Q8_0"}, seed=3, h=8, k=4, d=8)

@@ -166,8 +166,8 @@ def random_model(cfg: sj.ModelConfig, dtype=jnp.bfloat16, seed: int = 0, scale: 
 
 
 def tiny_target(dtype, seed: int = 0):
-  """The lossless suite's tiny target (tests/conftest.py's tiny_model; logits spread wide), its
-  weights cast to dtype."""
+  """The lossless suite's tiny target (tests/helpers/models.py's tiny_model; logits spread wide),
+  its weights cast to dtype."""
   cfg = sj.ModelConfig(arch="llama", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
                        num_kv_heads=2, head_dim=8, intermediate_size=48,
                        max_position_embeddings=512, rope_theta=10000.0)
@@ -249,7 +249,7 @@ def section_lossless(run: Run) -> dict:
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
         print(f"  lossless {row['dtype']:8s} {name:15s} {row['status']}", flush=True)
-  return {"target": "tiny random llama (V=61, E=32, 2 layers; tests/conftest.py tiny_model)",
+  return {"target": "tiny random llama (V=61, E=32, 2 layers; tests/helpers/models.py tiny_model)",
           "batch": len(ids), "new_tokens": run.new, "rows": rows,
           "all_ok": all(r["status"] == "ok" for r in rows)}
 

@@ -9,7 +9,7 @@ A family module owns everything specific to its architecture:
 and, for GGUF: config_from_gguf(fields, arch, source), GGUF_NAMES / GGUF_LAYER_NAMES (llama.cpp
 names -> HF names), gguf_permuted(cfg) and optionally gguf_tensor(cfg, hf_name, w) (a stored value
 -> HF's, e.g. Gemma's norms stored as 1 + w). Adding a family is one module here plus its tests
-(tests/test_arch_*.py); model.py reads only the ModelConfig.
+(tests/arch/); model.py reads only the ModelConfig.
 
 `src.get(name, shape)` returns the checkpoint tensor not read yet (specjax.lazy.Tensor): write
 plain numpy on it (`.T`, reshape, indexing, np.split / np.stack / np.concatenate, arithmetic) and

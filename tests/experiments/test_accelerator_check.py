@@ -1,0 +1,57 @@
+"""experiments/accelerator/run.py --quick: every section runs at tiny sizes on the CPU and lands in
+results_quick.json and results_quick.md. One shape (Llama-3-8B's, cut to two layers: untied, so
+the LM head's conversion to transformers is exercised) and autoregressive decoding alone keep
+the time here to compiling a few programs (tests/test_exactness.py judges methods by the same
+criterion); the timings of a 2-layer model mean nothing and are not checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_script():
+  path = os.path.join(ROOT, "experiments", "accelerator", "run.py")
+  spec = importlib.util.spec_from_file_location("experiment_accelerator_run", path)
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = mod  # its dataclass looks its module up there
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_quick_run_writes_every_section(tmp_path):
+  mod = load_script()
+  mod.main(["--quick", "--out", str(tmp_path), "--shapes", "llama3-8b",
+            "--methods", "autoregressive"])
+  with open(tmp_path / "results_quick.json") as f:
+    res = json.load(f)
+  md = (tmp_path / "results_quick.md").read_text()
+  for sec in mod.SECTIONS:
+    assert sec in res, sec
+    assert f"## {sec}" in md or sec == "device", sec
+  assert res["device"]["platform"] == "cpu"
+  rows = res["lossless"]["rows"]
+  assert {(r["method"], r["dtype"]) for r in rows} == {
+      ("autoregressive", d) for d in ("float32", "bfloat16")}
+  assert res["lossless"]["all_ok"], [r for r in rows if r["status"] != "ok"]
+  for shape in ("llama3-8b",):
+    curve = res["cost_curve"][shape]
+    assert curve["status"] == "ok" and curve["c"]["1"] == 1.0
+    assert set(curve["c"]) == {str(t) for t in mod.QUICK_SIZES}
+    roof = res["ar_vs_roofline"][shape]
+    assert roof["status"] == "ok" and roof["tokens_per_s"] > 0 and roof["fraction_of_roofline"] > 0
+    # The same random weights in transformers decode the same greedy tokens (torch on the CPU).
+    tf = res["ar_vs_transformers"][shape]
+    if tf["status"].startswith("skipped: torch"):
+      continue
+    assert tf["status"] == "ok", tf
+    assert tf["transformers_tokens_per_s"] > 0 and tf["agreeing_prefix"] == 1.0
+  assert res["ar_vs_roofline"]["copy_bandwidth_gbs"] > 0
+  methods = {r["method"]: r for r in res["methods"]["rows"]}
+  assert set(methods) == {"autoregressive"}
+  assert all(r["status"] == "ok" and r["ms_per_round"] > 0 for r in methods.values())
+  assert methods["autoregressive"]["round_in_ar_steps"] == 1.0

@@ -1,0 +1,65 @@
+"""Tiny random GGUF files written with the gguf package (no download), and a model's logits over
+them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, quants
+
+from specjax import cache as kv
+
+
+def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, layers=2,
+               tokens=False):
+  """A tiny random llama GGUF; types maps a tensor's name (without "blk.i.") to its block type
+  (default: Q4_1 for the layers, Q8_0 for the embedding, which is also the tied head); tokens:
+  also a vocabulary list of v made-up token strings."""
+  types = types or {}
+  rng = np.random.default_rng(seed)
+  w = GGUFWriter(str(path), "llama")
+  if tokens:
+    w.add_token_list([f"tok{i}" for i in range(v)])
+  w.add_context_length(256)
+  w.add_embedding_length(e)
+  w.add_block_count(layers)
+  w.add_feed_forward_length(f)
+  w.add_head_count(h)
+  w.add_head_count_kv(k)
+  w.add_layer_norm_rms_eps(1e-5)
+  w.add_rope_freq_base(10000.0)
+  w.add_vocab_size(v)
+
+  def tensor(name, shape, default):
+    kind = types.get(name.split(".", 2)[-1] if name.startswith("blk.") else name, default)
+    a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+    if kind == "F32":
+      w.add_tensor(name, a)
+    else:
+      w.add_tensor(name, quants.quantize(a, getattr(Q, kind)), raw_dtype=getattr(Q, kind))
+
+  tensor("token_embd.weight", (v, e), "Q8_0")
+  for i in range(layers):
+    b = f"blk.{i}."
+    w.add_tensor(b + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+    w.add_tensor(b + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+    for name, shape in (("attn_q", (h * d, e)), ("attn_k", (k * d, e)), ("attn_v", (k * d, e)),
+                        ("attn_output", (e, h * d)), ("ffn_gate", (f, e)), ("ffn_up", (f, e)),
+                        ("ffn_down", (e, f))):
+      tensor(b + name + ".weight", shape, "Q4_1")
+  w.add_tensor("output_norm.weight", np.ones(e, np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return str(path)
+
+
+def logits(model, toks):
+  b, t = toks.shape
+  c = model.init_cache(b, 128)
+  pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+  lg, _, _ = jax.jit(model.apply)(model.params, toks, pos, c, kv.causal_mask(c.lengths, t, 128, 0))
+  return np.asarray(lg)

@@ -1,0 +1,310 @@
+"""DFlash drafters (specjax/drafters/dflash.py, specjax/methods/dflash.py).
+
+Random weights written in z-lab's DFlash layout (a Qwen3 config.json with dflash_config, fp32
+model.safetensors; the drafter's own attention shapes, unlike the target's) for a tiny random
+transformers Llama of 5 layers, checked against a torch reference of the published architecture
+written here (target features: transformers' own hidden states); the decoding path's drafts
+against the teacher-forced block logits, round after round; export and read back bit for bit;
+bad input named. Greedy identity at batch 1 and 4 and the sampling distribution are the lossless
+suite's cases (tests/methods/test_lossless.py, "dflash/...")."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import decode, sampling
+from specjax.drafters import export_heads, head_logits
+from specjax.errors import InputError, WeightsError
+
+from tests.helpers.tinyhf import random_llama
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+E, V, LAYERS, BS, MASK = 32, 61, 5, 4, 60
+H, KV, D, F = 2, 1, 16, 40  # the drafter's own attention and MLP shapes
+IDS = [0, 2]  # target layers read
+TOKENS = np.array([5, 17, 3, 44, 8, 8, 59, 0, 12, 33, 21, 7], np.int32)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+  return random_llama(str(tmp_path_factory.mktemp("target")), layers=LAYERS, vocab_size=V,
+                      hidden=E)
+
+
+@pytest.fixture(scope="module")
+def target(hf):
+  return sj.load_model(hf[0], tokenizer=False)
+
+
+def _state(seed=0, layers=2):
+  g = torch.Generator().manual_seed(seed)
+  r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+  sd = {"fc.weight": r(E, len(IDS) * E) / 2, "hidden_norm.weight": 1 + r(E),
+        "norm.weight": 1 + r(E)}
+  for i in range(layers):
+    p = f"layers.{i}."
+    sd.update({p + "input_layernorm.weight": 1 + r(E),
+               p + "post_attention_layernorm.weight": 1 + r(E),
+               p + "self_attn.q_proj.weight": r(H * D, E),
+               p + "self_attn.k_proj.weight": r(KV * D, E),
+               p + "self_attn.v_proj.weight": r(KV * D, E),
+               p + "self_attn.o_proj.weight": r(E, H * D),
+               p + "self_attn.q_norm.weight": 1 + r(D), p + "self_attn.k_norm.weight": 1 + r(D),
+               p + "mlp.gate_proj.weight": r(F, E), p + "mlp.up_proj.weight": r(F, E),
+               p + "mlp.down_proj.weight": r(E, F)})
+  return sd
+
+
+def _config(layers=2, **dflash):
+  return dict(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=E,
+              intermediate_size=F, num_attention_heads=H, num_key_value_heads=KV, head_dim=D,
+              num_hidden_layers=layers, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=V,
+              num_target_layers=LAYERS, block_size=BS, attention_bias=False,
+              dflash_config=dict(dict(mask_token_id=MASK, target_layer_ids=IDS), **dflash))
+
+
+def _write(d, sd, cfg):
+  from safetensors.torch import save_file
+
+  os.makedirs(d, exist_ok=True)
+  save_file({k: x.contiguous() for k, x in sd.items()}, os.path.join(d, "model.safetensors"))
+  with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump(cfg, f)
+  return d
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+  sd, cfg = _state(), _config()
+  return _write(str(tmp_path_factory.mktemp("dflash")), sd, cfg), sd, cfg
+
+
+def reference(hf_model, sd, cfg, tokens=TOKENS):
+  """z-lab's DFlash drafter over a block anchored at every position a: context c = hidden_norm(fc
+  (cat of transformers' hidden_states[i + 1], i in target_layer_ids)) at positions < a; the block
+  [x_a, mask, ..] at a .. a + bs - 1; each layer: queries from input_layernorm(block), keys and
+  values from cat(c, input_layernorm(block)) (q/k norms per head, rotary, no mask), o_proj,
+  residual, post_attention_layernorm, SwiGLU, residual; norm, the target's lm_head.
+  -> [T - bs + 1, bs - 1, V]."""
+  dc, eps = cfg["dflash_config"], cfg["rms_norm_eps"]
+  h, kv, d, bs = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], BS
+  rms = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w  # noqa: E731
+  inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
+
+  def rope(x, pos):  # x [heads, n, d]
+    ang = pos.float()[:, None] * inv[None]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    return x * cos + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
+
+  ids = torch.tensor(tokens, dtype=torch.long)
+  out = []
+  with torch.no_grad():
+    hs = hf_model(ids[None], output_hidden_states=True).hidden_states
+    ctx_all = rms(torch.cat([hs[i + 1][0] for i in dc["target_layer_ids"]], -1)
+                  @ sd["fc.weight"].T, sd["hidden_norm.weight"])
+    for a in range(len(tokens) - bs + 1):
+      block = torch.tensor([ids[a]] + [dc["mask_token_id"]] * (bs - 1))
+      x = hf_model.model.embed_tokens.weight[block]
+      for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        w = lambda n: sd[p + n + ".weight"]  # noqa: E731
+        hn = rms(x, w("input_layernorm"))
+        kin = torch.cat([ctx_all[:a], hn])
+        q = rope(rms((hn @ w("self_attn.q_proj").T).view(bs, h, d), w("self_attn.q_norm"))
+                 .transpose(0, 1), torch.arange(a, a + bs))
+        k = rope(rms((kin @ w("self_attn.k_proj").T).view(-1, kv, d), w("self_attn.k_norm"))
+                 .transpose(0, 1), torch.arange(a + bs))
+        v = (kin @ w("self_attn.v_proj").T).view(-1, kv, d).transpose(0, 1)
+        k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)
+        att = ((q @ k.transpose(1, 2)) / d ** 0.5).softmax(-1)
+        x = x + (att @ v).transpose(0, 1).reshape(bs, h * d) @ w("self_attn.o_proj").T
+        y = rms(x, w("post_attention_layernorm"))
+        x = x + (torch.nn.functional.silu(y @ w("mlp.gate_proj").T) * (y @ w("mlp.up_proj").T)) \
+            @ w("mlp.down_proj").T
+      out.append(hf_model.lm_head(rms(x, sd["norm.weight"]))[1:])
+  return torch.stack(out).numpy()
+
+
+def test_logits_match_reference(hf, target, published):
+  d, sd, cfg = published
+  heads = sj.load_heads(d, target)
+  c = heads.config
+  assert heads.meta["layout"] == "dflash"
+  assert (c.kind, c.block_size, c.mask_token_id, c.target_layer_ids, c.taps) == (
+      "dflash", BS, MASK, (0, 2), (1, 3))
+  assert (c.attn_heads, c.kv_heads, c.head_dim, c.intermediate_size) == (H, KV, D, F)
+  got = np.asarray(head_logits(target, heads, TOKENS))
+  assert got.shape == (len(TOKENS) - BS + 1, BS - 1, V)
+  np.testing.assert_allclose(got, reference(hf[1], sd, cfg), atol=1e-4, rtol=1e-4)
+
+
+def test_decoding_drafts_what_the_teacher_forced_blocks_say(target, published):
+  """The decoding path (context K/V in the drafter's own cache, written round by round from the
+  verify forward) drafts, at each round's anchor, the argmax of head_logits' block there; two
+  rows of different prompt lengths, two rounds."""
+  heads = sj.load_heads(published[0], target)
+  method = sj.DFlash(heads)
+  prompts = [[5, 17, 3, 44, 8], [12, 33, 21, 7, 8, 8, 59, 0]]
+  b, p = len(prompts), 8
+  prog = decode.Program(target.graphdef, target.config, method, 48)
+  arr = method.arrays(target)
+  sp = sampling.SamplingParams.make(b)
+  toks = np.zeros((b, p), np.int32)
+  for i, x in enumerate(prompts):
+    toks[i, :len(x)] = x
+
+  @jax.jit
+  def rounds(params, arr, toks):
+    state, hidden = decode.prefill(prog, params, toks, jnp.array([len(x) for x in prompts]),
+                                   jnp.full((b,), 32), sp, jax.random.PRNGKey(0),
+                                   jnp.full((1,), -1, jnp.int32), method.max_emit)
+    state = state.replace(method=method.init(prog, arr, state, hidden))
+    drafts, starts = [], []
+    for r in range(2):
+      starts.append(state.cache.lengths)
+      drafts.append(method.draft(prog, params, arr, state, state.key)[0])
+      if r == 0:
+        state = method.step(prog, params, arr, state)
+    return state.seq, jnp.stack(starts, 1), jnp.stack(drafts, 1)
+
+  seq, starts, drafts = map(np.asarray, rounds(target.params, arr, toks))
+  # (a block reads the context before its anchor and the anchor's token: what follows is moot)
+  want = np.asarray(head_logits(target, heads, seq[:, :int(starts.max()) + BS])).argmax(-1)
+  for i in range(b):
+    for r in range(2):
+      assert drafts[i, r].tolist() == want[i, starts[i, r]].tolist(), (i, r)
+
+
+def test_export_round_trips_bit_exact(hf, target, published, tmp_path):
+  heads = sj.load_heads(published[0], target)
+  ours = sj.init_heads(target, "dflash", num_layers=2, block_size=6, mask_token_id=3, scale=0.2,
+                       seed=1)
+  assert ours.config.target_layer_ids == (1, 2) and ours.params["layers.1.wq"].shape == (E, 4, 8)
+  for i, h in enumerate((heads, ours)):
+    back = sj.load_heads(export_heads(h, "dflash", str(tmp_path / str(i))), target)
+    assert back.meta["layout"] == "dflash"
+    assert dataclasses.replace(back.config, target="") == dataclasses.replace(h.config, target="")
+    assert sorted(back.params) == sorted(h.params)
+    for name, x in h.params.items():
+      assert np.array_equal(np.asarray(back.params[name]), np.asarray(x)), name
+  # The exported files are what the published reader reads: the reference gives the same logits.
+  from safetensors.torch import load_file
+
+  sd = load_file(str(tmp_path / "0" / "model.safetensors"))
+  with open(tmp_path / "0" / "config.json") as f:
+    cfg = json.load(f)
+  assert cfg["dflash_config"] == {"block_size": BS, "mask_token_id": MASK, "target_layer_ids": IDS}
+  np.testing.assert_array_equal(reference(hf[1], sd, cfg), reference(hf[1], *published[1:]))
+  # Our .npz and the command line.
+  from specjax import cli
+  from specjax.heads import save_heads
+
+  npz = save_heads(ours, str(tmp_path / "ours.npz"))
+  assert sj.load_heads(npz, target).config == ours.config
+  cli.main(["export", "--format", "dflash", npz, str(tmp_path / "cli")])
+  back = sj.load_heads(str(tmp_path / "cli"), target)
+  for name, x in sj.load_heads(npz, target).params.items():
+    assert np.array_equal(np.asarray(back.params[name]), np.asarray(x)), name
+
+
+def test_bad_input_is_named(target, published, tmp_path):
+  d, sd, cfg = published
+  heads = sj.load_heads(d, target)
+  with pytest.raises(InputError, match=r"block_size=5 is invalid.*trained for blocks of 4"):
+    sj.DFlash(heads, block_size=5)
+  with pytest.raises(InputError, match=r"block_size=1 is invalid"):
+    sj.DFlash(heads, block_size=1)
+  shallow = sj.Model(dataclasses.replace(target.config, num_layers=3), None, None)
+  with pytest.raises(InputError, match=r"target_layer_ids=\[0, 2\] are out of range.*\[0, 1\]"):
+    sj.load_heads(d, shallow)
+  with pytest.raises(InputError, match=r"target_layer_ids=\[0, 4\] are out of range.*\[0, 3\]"):
+    sj.init_heads(target, "dflash", mask_token_id=MASK, target_layer_ids=(0, 4))
+  with pytest.raises(InputError, match="mask_token_id is missing"):
+    sj.init_heads(target, "dflash")
+  with pytest.raises(InputError, match=r"mask_token_id=61 is invalid.*\[0, 61\)"):
+    sj.init_heads(target, "dflash", mask_token_id=V)
+  no_mask = _config(target_layer_ids=IDS)
+  del no_mask["dflash_config"]["mask_token_id"]
+  with pytest.raises(WeightsError, match="no mask_token_id"):
+    sj.load_heads(_write(str(tmp_path / "a"), sd, no_mask), target)
+  missing = {k: x for k, x in sd.items() if k != "hidden_norm.weight"}
+  with pytest.raises(WeightsError, match="missing tensor 'hidden_norm.weight'"):
+    sj.load_heads(_write(str(tmp_path / "b"), missing, cfg), target)
+  missing = {k: x for k, x in sd.items() if k != "layers.1.self_attn.k_norm.weight"}
+  with pytest.raises(WeightsError, match="missing tensor 'layers.1.self_attn.k_norm.weight'"):
+    sj.load_heads(_write(str(tmp_path / "c"), missing, cfg), target)
+  with pytest.raises(InputError, match="heads of kind 'dflash' cannot run MTP"):
+    sj.MTP(heads)
+  with pytest.raises(InputError, match="options of DFlash heads, not eagle"):
+    sj.init_heads(target, "eagle", block_size=4)
+
+
+def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_path,
+                                                                  monkeypatch):
+  """`specjax train dflash` (train_heads on the shared trainer): a few steps on a small corpus
+  lower the held-out loss and record per-offset top-1; killed before its last checkpoint, the
+  run resumes from the one before to exactly the uninterrupted run's parameters."""
+  import shutil
+
+  from specjax import cli
+  from specjax.training import heads as heads_train
+  from specjax.training import trainer
+  from tests.helpers.tinyhf import FakeCorpus
+
+  seen = {}
+  with monkeypatch.context() as m:  # the command line reaches the same trainer
+    m.setattr(heads_train, "train_heads",
+              lambda kind, model, corpus, **kw: seen.update(kind=kind, **kw))
+    cli.main(["train", "dflash", "--corpus", "/c", "--mask-token", "60", "--block-size", "4",
+              "--target-layers", "0,2", "--num-layers", "2"])
+  assert seen["kind"] == "dflash" and seen["num_layers"] == 2 and seen["dflash"] == dict(
+      block_size=4, mask_token_id=60, target_layer_ids=(0, 2))
+
+  rng = np.random.default_rng(0)
+  corpus = FakeCorpus([rng.integers(0, V - 1, 24).tolist() for _ in range(24)], [2] * 24, V)
+  kw = dict(steps=8, batch_size=4, seq_len=16, lr=1e-2, warmup=2, held_out=0.2, ckpt_every=4,
+            eval_every=4, progress=False, dflash=dict(block_size=BS, mask_token_id=MASK))
+  quiet = lambda *a: None  # noqa: E731
+  whole = heads_train.train_heads("dflash", target, corpus, out_dir=str(tmp_path / "a"),
+                                  export=str(tmp_path / "h.npz"), log=quiet, **kw)
+  held = [r for r in trainer.read_log(str(tmp_path / "a")) if r["split"] == "heldout"]
+  assert [r["step"] for r in held] == [0, 4, 8] and held[-1]["loss"] < held[0]["loss"], held
+  assert {"top1_0", "top1_1", "top1_2"} <= set(whole.meta["held_out"])
+  assert sj.load_heads(str(tmp_path / "h.npz"), target).config == whole.config
+
+  # Killed (hard) after step 8 but before its checkpoint was written: drop it, and the same
+  # call resumes from step 4 to the same parameters.
+  shutil.rmtree(tmp_path / "a" / "ckpt" / "8")
+  logs = []
+  again = heads_train.train_heads("dflash", target, corpus, out_dir=str(tmp_path / "a"),
+                                  log=logs.append, **kw)
+  assert any("resumed from checkpoint at step 4" in line for line in logs), logs
+  for name, x in whole.params.items():
+    assert np.array_equal(np.asarray(again.params[name]), np.asarray(x)), name
+
+
+def test_block_size_comes_from_the_curve_and_an_explicit_one_wins(target, monkeypatch):
+  """methods/defaults.py: block = 1 + argmax tau(g) / (c(g + 1) + one drafter forward), tau from
+  the held-out per-offset top-1 the trainer records; nothing recorded: the trained block."""
+  from specjax import calibrate, methods
+
+  curve = {"now": {1: 1.0, 64: 1.0}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=6)
+  held = dataclasses.replace(heads, meta={"held_out": {f"top1_{k}": 0.8 for k in range(5)}})
+  assert methods.build("dflash", target, heads=held).block_size == 6  # verifying more is free
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}  # every verified token costs a forward
+  assert methods.build("dflash", target, heads=held).block_size == 2
+  assert sj.DFlash(held).prepare(target).block_size == 2  # built by class: the same choice
+  assert methods.build("dflash", target, heads=held, block_size=5).block_size == 5
+  assert methods.build("dflash", target, heads=heads).block_size == 6
