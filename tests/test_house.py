@@ -1,7 +1,10 @@
 """The house rules that keep specjax easy to change, checked on the source itself (no imports run):
 
 - dependencies point down: no import circle between specjax's modules, counting imports made
-  inside functions too (a function-level import hides a circle, it does not remove it);
+  inside functions too (a function-level import hides a circle, it does not remove it), and
+  counting a package's __init__ as imported by whoever imports one of its modules from outside
+  it (Python runs the package first: `from specjax.drafters import layouts` runs
+  specjax/drafters/__init__.py);
 - no function in specjax/ over 80 lines, argparse declarations excepted (a long `add_argument`
   list is a table, not logic).
 """
@@ -63,6 +66,19 @@ def _imports(module: str, path: str, modules) -> set[str]:
       target = _resolve(n, modules)
       if target and target != module:
         out.add(target)
+        out.update(_packages_run(module, target, modules))
+  return out
+
+
+def _packages_run(module: str, target: str, modules) -> set[str]:
+  """The packages above `target` that importing it runs first, less those `module` is inside
+  (Python has already run those)."""
+  out = set()
+  pkg = target.rpartition(".")[0]
+  while pkg:
+    if pkg in modules and not (module == pkg or module.startswith(pkg + ".")):
+      out.add(pkg)
+    pkg = pkg.rpartition(".")[0]
   return out
 
 
@@ -132,11 +148,18 @@ def test_the_checks_see_a_circle_and_a_long_function(tmp_path):
   (pkg / "b.py").write_text("def f():\n  from specjax.sub import c\n")
   (pkg / "sub" / "__init__.py").write_text("")
   (pkg / "sub" / "c.py").write_text("from .. import a\n")
+  (pkg / "e.py").write_text("def f():\n  from specjax.pkg import low\n")
+  (pkg / "pkg").mkdir()
+  (pkg / "pkg" / "__init__.py").write_text("from specjax import e\nfrom specjax.pkg import low\n")
+  (pkg / "pkg" / "low.py").write_text("")
   (pkg / "d.py").write_text("def g():\n" + "  x = 1\n" * 81
                             + "def h(p):\n" + "  p.add_argument('--x')\n" * 90 + "  return p\n")
   graph = import_graph(str(pkg))
-  assert graph["specjax.b"] == {"specjax.sub.c"}  # a function-level import counts
-  assert circles(graph) == [["specjax.a", "specjax.b", "specjax.sub.c"]]
+  assert graph["specjax.b"] == {"specjax.sub", "specjax.sub.c"}  # a function-level import counts
+  assert graph["specjax.e"] == {"specjax.pkg", "specjax.pkg.low"}  # the package's __init__ runs
+  assert graph["specjax.pkg"] == {"specjax.e", "specjax.pkg.low"}  # (inside it: no self-edge)
+  assert circles(graph) == [["specjax.a", "specjax.b", "specjax.sub.c"],
+                            ["specjax.e", "specjax.pkg"]]
   assert [s.split(" ")[1] for s in long_functions(str(pkg))] == ["g:"]
 
 
