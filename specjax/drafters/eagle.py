@@ -51,6 +51,7 @@ class FeatureLayer(nnx.Module):
   copies included) inside the program that calls it."""
 
   packs = True  # its dense products may run on the packed kernel (layer.pack_module)
+  norms = ()  # the names of its own [K,E] input norm scales
   own_vocab = False  # its logits are the target's LM head's (over V, or a subset's rows)
   raw_taps = False  # fused taps are read RMS-normalised (Decoder(..., taps=))
 
@@ -87,6 +88,9 @@ class FeatureLayer(nnx.Module):
 
 class EagleLayer(FeatureLayer):
   """An EAGLE-1/2 head, reading fused features when it has taps (the module docstring)."""
+
+  kind = "eagle"
+  modules = (1, 1, " (an EAGLE head is one module)")  # (default, most, why) modules per head
 
   def __init__(self, heads_config, config, mod: dict):
     super().__init__(heads_config, config, mod)
@@ -162,28 +166,27 @@ def add_taps(heads: Heads, taps, target) -> Heads:
   return dataclasses.replace(heads, config=dataclasses.replace(c, taps=taps), params=params)
 
 
-def feature_shapes(kind: str, num_heads: int, target, taps=(), input_norm: bool = True,
+def feature_shapes(module_type, num_heads: int, target, taps=(), input_norm: bool = True,
                    out_norm: bool = False) -> dict:
-  """The flat tensor shapes of EAGLE / MTP heads with K = num_heads modules for `target`
-  (input_norm False: without the layer's input norm, see HeadsConfig); out_norm: MTP modules
-  with their own output norm "norm_o" [K,E] in place of the target's final norm, as DeepSeek-V3's
-  published MTP layers have."""
+  """The flat tensor shapes of K = num_heads modules of `module_type` (EagleLayer, MtpModule) for
+  `target` (input_norm False: without the layer's input norm, see HeadsConfig); out_norm: MTP
+  modules with their own output norm "norm_o" [K,E] in place of the target's final norm, as
+  DeepSeek-V3's published MTP layers have."""
   c = target.config
   e, k = c.hidden_size, num_heads
   out = {"fc_w": (k, 2 * e, e), "fc_b": (k, e)}
   if taps:
     out.update(fuse_w=(k, (len(taps) + 1) * e, e), fuse_b=(k, e))
-  if kind == "mtp":
-    out.update(norm_e=(k, e), norm_h=(k, e))
-    if out_norm:
-      out.update(norm_o=(k, e))
+  out.update({name: (k, e) for name in module_type.norms})
+  if out_norm:
+    out.update(norm_o=(k, e))
   out.update({name: (k,) + shape for name, shape in ly.layer_keys(c).items()
               if input_norm or not name.startswith("layer.attn_norm.")})
   return out
 
 
-def _module_params(target, kind, k, seed, scale, taps, input_norm) -> dict:
-  """Module k's fresh tensors by flat name, float32 (see `init_feature_heads`)."""
+def _module_params(target, module_type, k, seed, scale, taps, input_norm) -> dict:
+  """Module k's fresh tensors by flat name, float32 (see `init_modules`)."""
   c = target.config
   e = c.hidden_size
   mult = scale / 0.02 if scale > 0 else 1.0
@@ -193,8 +196,7 @@ def _module_params(target, kind, k, seed, scale, taps, input_norm) -> dict:
   kf = jax.random.fold_in(jax.random.PRNGKey(seed), k)
   mod = {"fc_w": mult * jax.random.normal(kf, (2 * e, e), jnp.float32) / np.sqrt(2 * e),
          "fc_b": jnp.zeros((e,), jnp.float32)}
-  if kind == "mtp":
-    mod.update(norm_e=jnp.ones((e,), jnp.float32), norm_h=jnp.ones((e,), jnp.float32))
+  mod.update({name: jnp.ones((e,), jnp.float32) for name in module_type.norms})
   if taps:
     mod.update(fuse_w=_fuse_identity(e, len(taps), jax.random.fold_in(kf, 1),
                                      mult if scale > 0 else 0.0),
@@ -203,26 +205,25 @@ def _module_params(target, kind, k, seed, scale, taps, input_norm) -> dict:
   return mod
 
 
-def init_feature_heads(target, kind: str, *, num_heads: int | None = None, num_layers: int = 1,
-                       seed: int = 0, scale: float = 0.0, vocab=None, taps=(),
-                       input_norm: bool = True) -> Heads:
-  """EAGLE (num_heads 1) or MTP (num_heads modules, default 2) heads for `target`: fc ~
-  N(0, 1 / 2E), the layer as a fresh target Block (N(0, 0.02^2) weights, unit norms), MTP norms at
-  one; EAGLE with taps: fuse_w the identity on the final feature (`add_taps`). scale > 0
-  multiplies every random weight by scale / 0.02 (tests), and then also draws fuse_w's taps."""
-  if kind == "eagle":
-    num_heads = 1 if num_heads is None else num_heads
-    check_int("num_heads", num_heads, 1, 1, " (an EAGLE head is one module)")
-  else:
-    num_heads = 2 if num_heads is None else num_heads
-    check_int("num_heads", num_heads, 1, 16)
+def init_modules(module_type, target, *, num_heads: int | None = None, num_layers: int = 1,
+                 seed: int = 0, scale: float = 0.0, vocab=None, taps=(),
+                 input_norm: bool = True) -> Heads:
+  """Heads of num_heads modules of `module_type` (EagleLayer: one; MtpModule: default 2) for
+  `target`: fc ~ N(0, 1 / 2E), the layer as a fresh target Block (N(0, 0.02^2) weights, unit
+  norms), the module's own norms at one; with taps (EAGLE): fuse_w the identity on the final
+  feature (`add_taps`). scale > 0 multiplies every random weight by scale / 0.02 (tests), and
+  then also draws fuse_w's taps."""
+  kind = module_type.kind
+  num_heads = module_type.modules[0] if num_heads is None else num_heads
+  check_int("num_heads", num_heads, 1, module_type.modules[1], module_type.modules[2])
   check_int("num_layers", num_layers, 1, 1, f" ({kind} modules have one decoder layer)")
   taps = check_taps(taps, target.config.num_layers)  # (EAGLE only: init_heads checked)
   ly.check_scale(scale)
   c = target.config
   ids = ly.check_vocab_ids(vocab, c.vocab_size)
   dtype = getattr(target, "dtype", jnp.float32)
-  mods = [_module_params(target, kind, k, seed, scale, taps, input_norm) for k in range(num_heads)]
+  mods = [_module_params(target, module_type, k, seed, scale, taps, input_norm)
+          for k in range(num_heads)]
   params = {n: jnp.stack([m[n] for m in mods]).astype(dtype) for n in mods[0]}
   cfg = HeadsConfig(kind, num_heads, 1, c.hidden_size, c.vocab_size, getattr(target, "name", ""),
                     0 if ids is None else int(ids.size), taps, input_norm)

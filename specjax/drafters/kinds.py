@@ -20,7 +20,8 @@ import numpy as np
 
 from specjax import hub, shipped
 from specjax.drafters import dflash, layouts
-from specjax.drafters.eagle import EagleLayer, check_taps, feature_shapes, init_feature_heads
+from specjax.drafters.dflash import DFlashDrafter
+from specjax.drafters.eagle import EagleLayer, check_taps, feature_shapes, init_modules
 from specjax.drafters.eagle3 import Eagle3Head, eagle3_shapes, init_eagle3_heads
 from specjax.drafters.heads_file import (KINDS, NAMED_HEADS, Heads, read_npz,
                                          read_published)
@@ -31,23 +32,72 @@ from specjax.errors import InputError, ModelNotFoundError
 # kind -> the nnx module type that runs it, built over the kind's device arrays (the flat params
 # for Medusa and DFlash; one module's nested arrays, `layer.module_arrays`, for the others).
 MODULES = {"medusa": MedusaHeads, "eagle": EagleLayer, "mtp": MtpModule, "eagle3": Eagle3Head,
-           "dflash": lambda heads_config, config, params: dflash.drafter(heads_config, params)}
+           "dflash": DFlashDrafter}
 
 
 def module_type(heads_config):
-  """The module type of heads of this config (a class; DFlash: its builder)."""
+  """The nnx module type that runs heads of this config."""
   return MODULES[heads_config.kind]
 
 
 def drafter(heads_config, config, arrays):
   """The module of heads of `heads_config` over `arrays` for a target of ModelConfig `config`
   (inside a traced program: arrays may be tracers)."""
-  return MODULES[heads_config.kind](heads_config, config, arrays)
+  cls = MODULES[heads_config.kind]
+  if cls is DFlashDrafter:  # its constructor draws fresh weights: merged over the arrays instead
+    return dflash.drafter(heads_config, arrays)
+  return cls(heads_config, config, arrays)
 
 
-def _init_dflash(target, *, num_layers, seed, scale, **dflash_options):
+def _refuse(kind, taps, input_norm, dflash_options, taps_ok: bool = False,
+            raw_ok: bool = False) -> None:
+  """InputError for options heads of `kind` do not take (taps_ok: taps; raw_ok: input_norm
+  False)."""
+  if dflash_options:
+    raise InputError(f"{', '.join(sorted(dflash_options))}: options of DFlash heads, not {kind}")
+  if taps and not taps_ok:
+    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
+  if input_norm is not True and (input_norm is not False or not raw_ok):
+    raise InputError(f"input_norm={input_norm!r}: True, or False for EAGLE heads (the published "
+                     f"EAGLE-1/2 layer), not {kind}")
+
+
+def _init_dflash(target, num_heads, num_layers, seed, scale, vocab, taps, input_norm, options):
   return Heads(*dflash.init_params(target, num_layers=num_layers, seed=seed, scale=scale or 0.02,
-                                   **dflash_options))
+                                   **options))
+
+
+def _init_medusa(target, num_heads, num_layers, seed, scale, vocab, taps, input_norm, options):
+  _refuse("medusa", taps, input_norm, options)
+  return init_medusa(target, num_heads=num_heads, num_layers=num_layers, seed=seed, scale=scale,
+                     vocab=vocab)
+
+
+def _init_eagle3(target, num_heads, num_layers, seed, scale, vocab, taps, input_norm, options):
+  _refuse("eagle3", taps, input_norm, options, taps_ok=True)
+  if taps:
+    raise InputError(f"taps={taps!r}: an EAGLE-3 head reads target layers 2, L // 2 and L - 3")
+  return init_eagle3_heads(target, seed=seed, scale=scale, vocab=vocab)
+
+
+def _init_feature(cls, eagle: bool):
+  def init(target, num_heads, num_layers, seed, scale, vocab, taps, input_norm, options):
+    _refuse(cls.kind, taps, input_norm, options, taps_ok=eagle, raw_ok=eagle)
+    return init_modules(cls, target, num_heads=num_heads, num_layers=num_layers, seed=seed,
+                        scale=scale, vocab=vocab, taps=taps, input_norm=input_norm)
+  return init
+
+
+# kind -> its init (the options it does not take are refused first)
+_INITS = {"medusa": _init_medusa, "eagle": _init_feature(EagleLayer, eagle=True),
+          "mtp": _init_feature(MtpModule, eagle=False), "eagle3": _init_eagle3,
+          "dflash": _init_dflash}
+
+
+def init_feature_heads(target, kind: str, **kw) -> Heads:
+  """EAGLE (num_heads 1) or MTP (num_heads modules, default 2) heads for `target`
+  (eagle.init_modules)."""
+  return init_modules(MODULES[kind], target, **kw)
 
 
 def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, num_layers: int = 1,
@@ -63,40 +113,40 @@ def init_heads(target, kind: str = "medusa", *, num_heads: int | None = None, nu
   (specjax.drafters.dflash.init_params; scale 0 there means its default 0.02)."""
   if kind not in KINDS:
     raise InputError(f"kind={kind!r} is invalid: heads kinds built so far are {', '.join(KINDS)}")
-  if kind == "dflash":
-    return _init_dflash(target, num_layers=num_layers, seed=seed, scale=scale, **dflash_options)
-  if dflash_options:
-    raise InputError(f"{', '.join(sorted(dflash_options))}: options of DFlash heads, not {kind}")
-  if taps and kind not in ("eagle", "eagle3"):
-    raise InputError(f"taps={taps!r}: fused features are for EAGLE heads, not {kind}")
-  if input_norm is not True and (input_norm is not False or kind != "eagle"):
-    raise InputError(f"input_norm={input_norm!r}: True, or False for EAGLE heads (the published "
-                     f"EAGLE-1/2 layer), not {kind}")
-  if kind == "eagle3":
-    if taps:
-      raise InputError(f"taps={taps!r}: an EAGLE-3 head reads target layers 2, L // 2 and L - 3")
-    return init_eagle3_heads(target, seed=seed, scale=scale, vocab=vocab)
-  if kind == "medusa":
-    return init_medusa(target, num_heads=num_heads, num_layers=num_layers, seed=seed, scale=scale,
-                       vocab=vocab)
-  return init_feature_heads(target, kind, num_heads=num_heads, num_layers=num_layers, seed=seed,
-                            scale=scale, vocab=vocab, taps=taps, input_norm=input_norm)
+  return _INITS[kind](target, num_heads, num_layers, seed, scale, vocab, taps, input_norm,
+                      dflash_options)
+
+
+def _fits_width(heads: Heads, target) -> None:
+  c, t = heads.config, target.config
+  if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
+    raise InputError(
+        f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
+        f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
+        f"{t.vocab_size}: load or train heads for this model")
 
 
 def _fits_medusa(heads: Heads, target) -> dict | None:
+  _fits_width(heads, target)
   return None  # (no tensor shaped by the target's layer)
 
 
 def _fits_feature(heads: Heads, target) -> dict:
+  _fits_width(heads, target)
   c, t = heads.config, target.config
   if c.taps and max(c.taps) >= t.num_layers:
     raise InputError(f"heads {heads!r} fuse the outputs of target layers {list(c.taps)}, but this "
                      f"target has {t.num_layers} layers: load or train heads for this model")
-  return feature_shapes(c.kind, c.num_heads, target, c.taps, c.input_norm,
+  return feature_shapes(module_type(c), c.num_heads, target, c.taps, c.input_norm,
                         "norm_o" in heads.params)
 
 
+def _fits_dflash(heads: Heads, target) -> None:
+  dflash.check_fits(heads.config, heads.params, target, repr(heads))  # (its own width check)
+
+
 def _fits_eagle3(heads: Heads, target) -> dict:
+  _fits_width(heads, target)
   c, t = heads.config, target.config
   want_taps = layouts.eagle3_taps(t.num_layers)
   if tuple(c.taps) != want_taps:
@@ -108,20 +158,12 @@ def _fits_eagle3(heads: Heads, target) -> dict:
 
 # kind -> (heads, target) -> the tensor shapes the heads must have for the target (None: no check)
 _FITS = {"medusa": _fits_medusa, "eagle": _fits_feature, "mtp": _fits_feature,
-         "eagle3": _fits_eagle3}
+         "eagle3": _fits_eagle3, "dflash": _fits_dflash}
 
 
 def check_fits(heads: Heads, target) -> None:
   """Raises InputError unless `heads` were made for a target of this width and vocabulary."""
-  c, t = heads.config, target.config
-  if c.kind == "dflash":
-    return dflash.check_fits(c, heads.params, target, repr(heads))
-  if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
-    raise InputError(
-        f"heads {heads!r} were made for a target of width {c.hidden_size} and vocabulary "
-        f"{c.vocab_size}, but this target has width {t.hidden_size} and vocabulary "
-        f"{t.vocab_size}: load or train heads for this model")
-  want = _FITS[c.kind](heads, target)
+  want = _FITS[heads.config.kind](heads, target)
   if want is None:
     return
   got = {k: tuple(np.shape(v)) for k, v in heads.params.items()}
@@ -185,5 +227,5 @@ def load_heads(path_or_name: str, target=None, *, dtype=None, revision: str | No
   return heads
 
 
-__all__ = ["MODULES", "check_fits", "check_taps", "drafter", "init_heads", "load_heads",
-           "module_type"]
+__all__ = ["MODULES", "check_fits", "check_taps", "drafter", "init_feature_heads", "init_heads",
+           "load_heads", "module_type"]

@@ -39,6 +39,8 @@ def medusa_hidden(params, hidden: jax.Array) -> jax.Array:
 class MedusaHeads(nnx.Module):
   """The K heads over their arrays {"w", "b", ("lm")}."""
 
+  raw_taps = False  # (it reads no taps: the target's final-normed hidden state)
+
   def __init__(self, heads_config, config, params: dict):
     del heads_config, config  # (their shapes are the arrays')
     self.w, self.b = nnx.Param(params["w"]), nnx.Param(params["b"])

@@ -5,7 +5,7 @@ Module k reads, at position i, the embedding of token x_{i+k+1} and module k - 1
 fc and one target Block (`eagle.FeatureLayer`): x = [RMSNorm_e(emb), RMSNorm_h(h)] W_fc + b_fc.
 Its output is a residual stream, read through its own output norm ("norm_o" [K,E], published
 DeepSeek-V3 layers) or else the target's final norm, then the target's LM head. Params and init:
-specjax/drafters/eagle.py (kind "mtp").
+specjax/drafters/eagle.py (`feature_shapes`, `init_modules` of MtpModule).
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from specjax.drafters.eagle import FeatureLayer
 
 class MtpModule(FeatureLayer):
   """One MTP module over its arrays (`layer.module_arrays`)."""
+
+  kind = "mtp"
+  modules = (2, 16, "")  # (default, most, why) modules per head
+  norms = ("norm_e", "norm_h")
 
   def __init__(self, heads_config, config, mod: dict):
     super().__init__(heads_config, config, mod)

@@ -12,7 +12,7 @@ from flax import nnx
 from specjax import cache as kv
 from specjax.drafters import dflash
 from specjax.drafters.heads_file import Heads
-from specjax.drafters.kinds import check_fits, drafter
+from specjax.drafters.kinds import check_fits, drafter, module_type
 from specjax.drafters.layer import module_arrays
 from specjax.errors import InputError
 from specjax.model import forward_sequence
@@ -82,7 +82,7 @@ def _logits(params, p, vocab, toks, *, graphdef, config, heads_config, dtype):
   dec = nnx.merge(graphdef, params)
   _, hidden, _ = forward_sequence(config, dec, toks, dtype=jnp.dtype(dtype),
                                   taps=heads_config.taps,
-                                  raw_taps=heads_config.kind in ("eagle3", "dflash"))
+                                  raw_taps=module_type(heads_config).raw_taps)
   return _SCORE[heads_config.kind](config, dec, heads_config, p, vocab, toks, hidden,
                                    jnp.dtype(dtype))
 
