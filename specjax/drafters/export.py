@@ -1,4 +1,4 @@
-"""Our heads written in a published layout: `export_heads`, and `specjax export`'s `export_files`."""
+"""Our heads written in a published layout: `export_heads`; `specjax export`'s `export_files`."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def export_heads(heads: Heads, fmt: str, out_dir: str, target=None) -> str:
 
 
 def export_files(heads: str, fmt: str, out_dir: str, model: str | None = None) -> str:
-  """`specjax export --format medusa|eagle|eagle3|dflash HEADS OUT_DIR [--model M]`: heads from a file, a
-  directory or a shipped name, written in a published layout. The target (`model`, else the one
-  the heads were made for) is loaded for EAGLE / EAGLE-3, whose config.json carries its rope and
+  """`specjax export --format medusa|eagle|eagle3|dflash HEADS OUT_DIR [--model M]`: heads from a
+  file, a directory or a shipped name, written in a published layout. The target (`model`, else the
+  one the heads were made for) is loaded for EAGLE / EAGLE-3, whose config.json carries its rope and
   norm settings, and for any heads when `model` is given (to check they fit it)."""
   from specjax.weights import load_model
 

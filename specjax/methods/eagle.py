@@ -1,8 +1,8 @@
 """EAGLE-1 / EAGLE-2: a one-layer head drafts on the target's features; a tree is verified at once.
 
 Li et al. 2024 (EAGLE: feature-level drafting; EAGLE-2: dynamic draft trees). The head
-(specjax/heads.py, kind "eagle") reads, at position i, the embedding of token x_{i+1} and the
-target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}; the target's own
+(specjax/drafters/eagle.py, kind "eagle") reads, at position i, the embedding of token x_{i+1} and
+the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}; the target's own
 LM head turns a feature into logits. Drafting feeds the head its own predicted features. One step,
 all rows at once, all shapes static:
 
@@ -72,7 +72,7 @@ def check_common(method, rules=RULES) -> None:
 class Eagle(Method):
   """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)), EAGLE-1/2
   heads or EAGLE-3 heads (kind "eagle3": fc over three target layers, their own LM head over a
-  draft vocabulary; specjax/heads.py), one code path.
+  draft vocabulary; specjax/drafters/eagle3.py), one code path.
 
   tree: "dynamic" (EAGLE-2: depth, top_k, num_nodes as in the module docstring) or a static tree
   (EAGLE-1: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...]; depth, top_k and
@@ -200,9 +200,10 @@ class Eagle(Method):
   # ------------------------------------------------------------------ drafting
 
   def _node_forward(self, mod, arrays, cache, tok, feat, pos, start, rows_anc, lengths):
-    """The head `mod` over new nodes: tok [B,T]; feat [B,T,E] (each node's parent's predicted feature);
-    pos [B,T]; start [B] their first slot; rows_anc [B or 1,T,F] each node's ancestors (itself
-    included) among the F drafted slots that begin at `lengths`. Returns (out [B,T,E], cache)."""
+    """The head `mod` over new nodes: tok [B,T]; feat [B,T,E] (each node's parent's predicted
+    feature); pos [B,T]; start [B] their first slot; rows_anc [B or 1,T,F] each node's ancestors
+    (itself included) among the F drafted slots that begin at `lengths`. Returns (out [B,T,E],
+    cache)."""
     s = jnp.arange(cache.max_len)[None, None, :]
     off = s - lengths[:, None, None]
     f = rows_anc.shape[-1]
@@ -244,14 +245,15 @@ class Eagle(Method):
     return (*out, carry[0])
 
   def draft_static(self, prog, params, arrays, mod, cache, root: jax.Array, lengths: jax.Array):
-    """EAGLE-1: the static tree's nodes, drafted by the head `mod`. root [B,E] -> (node tokens [B,N] (head-vocabulary
-    indices), the head cache)."""
+    """EAGLE-1: the static tree's nodes, drafted by the head `mod`. root [B,E] -> (node tokens [B,N]
+    (head-vocabulary indices), the head cache)."""
     t = self.tree
     r = t.ranks_needed()
     internal = self._internal()
     slot = {int(nd): i for i, nd in enumerate(internal)}
     anc_s = t.ancestor[np.ix_(internal, internal)] if len(internal) else np.zeros((0, 0), bool)
-    cands = {0: top_k_ids(lm_logits(prog, params, arrays, mod, root), r)}  # node -> its children [B,R]
+    # node -> its children [B,R]
+    cands = {0: top_k_ids(lm_logits(prog, params, arrays, mod, root), r)}
     feat = {0: root}
     tok = {}
     for d in range(1, t.max_depth + 1):

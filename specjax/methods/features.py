@@ -133,12 +133,12 @@ def catch_up(prog: Program, mods, arrays, seq, feats, lengths, head_cache, num_m
              draft_fn=None):
   """Re-runs the modules over the last W = feats.shape[1] committed positions.
 
-  mods: `modules`; seq [B,S]; feats [B,W,E] the target's features at positions [L - W, L) (L = lengths [B], the
-  committed target length; x_L is pending); head_cache: one layer per module. Module k at
-  position i reads token x_{i+k+1}: seq for i + k + 1 <= L, else drafts[:, i + k - L] (MTP's
-  chain, [B,K]; filled as modules run). Returns (head_cache with lengths = L, outputs at position
-  L - 1 per module [B,K,E], drafts [B,K] or None). draft_fn(out [B,E], k) -> tokens [B] (MTP):
-  module k's draft x_{L+k+1} from its output at L - 1, which module k + 1 then reads.
+  mods: `modules`; seq [B,S]; feats [B,W,E] the target's features at positions [L - W, L) (L =
+  lengths [B], the committed target length; x_L is pending); head_cache: one layer per module.
+  Module k at position i reads token x_{i+k+1}: seq for i + k + 1 <= L, else drafts[:, i + k - L]
+  (MTP's chain, [B,K]; filled as modules run). Returns (head_cache with lengths = L, outputs at
+  position L - 1 per module [B,K,E], drafts [B,K] or None). draft_fn(out [B,E], k) -> tokens [B]
+  (MTP): module k's draft x_{L+k+1} from its output at L - 1, which module k + 1 then reads.
   """
   b, w, _ = feats.shape
   s = seq.shape[1]

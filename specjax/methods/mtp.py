@@ -1,11 +1,11 @@
 """MTP: multi-token-prediction modules (DeepSeek-V3) draft a chain; the target verifies it at once.
 
-Gloeckle et al. 2024; DeepSeek-V3 (2024), section 2.2. Module k (k = 0..K-1, specjax/heads.py,
-kind "mtp") reads at position i RMSNorm(emb(x_{i+k+1})) and RMSNorm(h^k_i), where h^0 is the
-target's feature (its final-normed hidden state) and h^k the previous module's output, through a
-linear 2E -> E and one decoder layer of the target's type; the target's final norm and LM head
-turn h^{k+1}_i into the distribution of x_{i+k+2}. Each module attends over its own sequence (its
-own static KV cache), as in training. One step, all rows at once, all shapes static:
+Gloeckle et al. 2024; DeepSeek-V3 (2024), section 2.2. Module k (k = 0..K-1,
+specjax/drafters/mtp.py, kind "mtp") reads at position i RMSNorm(emb(x_{i+k+1})) and RMSNorm(h^k_i),
+where h^0 is the target's feature (its final-normed hidden state) and h^k the previous module's
+output, through a linear 2E -> E and one decoder layer of the target's type; the target's final norm
+and LM head turn h^{k+1}_i into the distribution of x_{i+k+2}. Each module attends over its own
+sequence (its own static KV cache), as in training. One step, all rows at once, all shapes static:
 
   catch up + draft   every module re-reads the last W = 2K positions [L - W, L) (L: the committed
             target length, x_L pending), module k reading token x_{i+k+1}; where that token is not

@@ -1,12 +1,12 @@
 """EAGLE head training: the loss on a frozen target, and the teacher features it reads.
 
-The head (specjax/heads.py, kind "eagle") reads, at position i, the embedding of token x_{i+1}
-and the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}. EAGLE's
-recipe (Li et al. 2024; its released trainer): regression of the next feature with smooth-L1,
-plus 0.1 x the cross-entropy of the head's next-token distribution (the target's LM head on the
-predicted feature) against the target's own (the LM head on the true feature), with uniform noise
-on the input features (their trainer: U(-0.1, 0.1) at its reference length) so the head learns to
-draft from its own slightly wrong features. The target, its embedding and LM head stay frozen.
+The head (specjax/drafters/eagle.py, kind "eagle") reads, at position i, the embedding of token
+x_{i+1} and the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}.
+EAGLE's recipe (Li et al. 2024; its released trainer): regression of the next feature with
+smooth-L1, plus 0.1 x the cross-entropy of the head's next-token distribution (the target's LM head
+on the predicted feature) against the target's own (the LM head on the true feature), with uniform
+noise on the input features (their trainer: U(-0.1, 0.1) at its reference length) so the head learns
+to draft from its own slightly wrong features. The target, its embedding and LM head stay frozen.
 
     loss_fn = make_loss(target, heads)                   # loss_fn(params, batch, rng, frozen)
     frozen = frozen_arrays(target, heads)                # the target's params (+ LM-head rows)

@@ -1,4 +1,5 @@
-"""EAGLE-3 head training: the loss on a frozen target, for heads of kind "eagle3" (heads.py).
+"""EAGLE-3 head training: the loss on a frozen target, for heads of kind "eagle3"
+(specjax/drafters/eagle3.py).
 
 The head reads, at position i, the embedding of token x_{i+1} and h_i = fc(cat of the target's raw
 hidden states entering layers 2, L // 2 and L - 3 at i), and scores token x_{i+2} over its draft

@@ -1,6 +1,6 @@
 """MTP module training: per-depth cross-entropy on a frozen target (DeepSeek-V3's MTP objective).
 
-Module k (specjax/heads.py, kind "mtp") at position i reads RMSNorm(emb(x_{i+k+1})) and
+Module k (specjax/drafters/mtp.py, kind "mtp") at position i reads RMSNorm(emb(x_{i+k+1})) and
 RMSNorm(h^k_i) (h^0 = the target's feature f_i) and predicts x_{i+k+2} through the target's final
 norm and LM head. Teacher forcing: every module reads the true tokens, and module k + 1 reads
 module k's outputs, all causal over the window, exactly as decoding's catch-up does. The loss is
