@@ -6,7 +6,8 @@
   it (Python runs the package first: `from specjax.drafters import layouts` runs
   specjax/drafters/__init__.py);
 - no function in specjax/ over 80 lines, argparse declarations excepted (a long `add_argument`
-  list is a table, not logic).
+  list is a table, not logic);
+- no Python file in specjax/ over 600 lines (split it by job).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "specjax")
 MAX_FUNCTION_LINES = 80
+MAX_FILE_LINES = 600
 ARGPARSE_CALLS = {"add_argument", "add_parser", "add_subparsers", "set_defaults",
                   "add_argument_group", "add_mutually_exclusive_group"}
 
@@ -169,6 +171,12 @@ def test_no_import_circles():
 
 def test_no_function_over_80_lines():
   assert long_functions() == []
+
+
+def test_no_file_over_600_lines():
+  long = {os.path.relpath(p, os.path.dirname(ROOT)): n for p in _modules().values()
+          if (n := len(open(p).read().splitlines())) > MAX_FILE_LINES}
+  assert long == {}
 
 
 @pytest.mark.parametrize("low,high", [("specjax.kernels", "specjax.model"),
