@@ -10,6 +10,7 @@ tree or a longer chain pays c(N + 1) per step) and what `method="auto"` predicts
 
     calibrate.cost_curve(model)    # {1: 1.0, 2: 1.5, 4: 1.7, ...}: measured once, then read
     calibrate.calibration(model)   # the whole record: curve, seconds, source, path, key
+    calibrate.measure_cost_ratio(target, sj.DraftModel(draft))   # a drafting method's c, timed
 
 The record is a JSON file under the user cache (`$SPECJAX_CACHE`, else `~/.cache/specjax`, folder
 `calibration/`), named by a hash of its key: the device kind and platform, the model's name and a
@@ -39,11 +40,13 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from tqdm import tqdm
 
 from specjax import cache as kv
 from specjax import distributed
 from specjax import packing
+from specjax.decode import Program
 from specjax.kernels import build
 
 ENV = "SPECJAX_CALIBRATION"
@@ -219,3 +222,65 @@ def _ints(d: dict) -> dict:
 def cost_curve(model) -> dict[int, float]:
   """{T: c(T)} for `model` on this device (see `calibration`)."""
   return calibration(model)["curve"]
+
+
+# ----------------------------------------------------------------------------- a method's c
+
+
+def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, reps: int = 20):
+  """c = (one draft forward of one token) / (one target decode step), timed on this device, for a
+  drafting method with a draft forward (specjax.methods.draft: DraftModel, SelfSpeculative,
+  QuantizedDraft).
+
+  Also returns the verification cost (gamma + 1 tokens) relative to one decode step, and for a
+  method whose verification width varies (adaptive / threshold) the cost of every width 2 ..
+  gamma + 1 as `verify_by_width` {width: cost / step}.
+  """
+  b, s = batch, cache_len
+  lengths = jnp.full((b,), s // 2, jnp.int32)
+  target_fn = _target_step(target, lengths, s)
+  prog = Program(target.graphdef, target.config, method, s)
+  arrays = method.arrays(target)
+  dcache = method.timing_cache(target, b, s)
+
+  def draft_fn(params, arrays, cache, toks):
+    return method._draft_forward(prog, params, arrays, cache, toks, lengths)
+
+  def timed(fn, *args):
+    f = jax.jit(fn)
+    jax.block_until_ready(f(*args))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+      out = f(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / reps
+
+  cache = target.init_cache(b, s)
+  t_step = timed(target_fn, target.params, cache, jnp.zeros((b, 1), jnp.int32))
+  t_verify = timed(target_fn, target.params, cache, jnp.zeros((b, method.gamma + 1), jnp.int32))
+  t_draft = timed(draft_fn, target.params, arrays, dcache, jnp.zeros((b, 1), jnp.int32))
+  out = {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
+         "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}
+  if method.variable_width:
+    out["verify_by_width"] = {w: timed(target_fn, target.params, cache,
+                                       jnp.zeros((b, w), jnp.int32)) / t_step
+                              for w in range(2, method.gamma + 1)}
+    out["verify_by_width"][method.gamma + 1] = t_verify / t_step
+  return out
+
+
+def _target_step(target, lengths, s: int):
+  """(params, cache, toks [B,T]) -> (logits, cache): one target forward of T tokens after
+  `lengths` [B] committed ones, in a cache of s slots."""
+  cfg = target.config
+
+  def target_fn(params, cache, toks):
+    cache = kv.rollback(cache, lengths)
+    t = toks.shape[1]
+    pos = lengths[:, None] + jnp.arange(t)[None, :]
+    mask = kv.causal_mask(lengths, t, s, cfg.sliding_window)
+    logits, _, cache = nnx.merge(target.graphdef, params)(tokens=toks, positions=pos, cache=cache,
+                                                          mask=mask)
+    return logits, cache
+
+  return target_fn

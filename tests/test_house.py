@@ -1,9 +1,13 @@
 """The house rules that keep specjax easy to change, checked on the source itself (no imports run):
 
 - dependencies point down: no import circle between specjax's modules, counting imports made
-  inside functions too (a function-level import hides a circle, it does not remove it);
+  inside functions too (a function-level import hides a circle, it does not remove it), and
+  counting a package's __init__ as imported by whoever imports one of its modules from outside
+  it (Python runs the package first: `from specjax.drafters import layouts` runs
+  specjax/drafters/__init__.py);
 - no function in specjax/ over 80 lines, argparse declarations excepted (a long `add_argument`
   list is a table, not logic);
+- no Python file in specjax/ over 600 lines (split it by job);
 - no file in tests/ imports a test file or conftest.py: what tests share lives in tests/helpers/.
 """
 
@@ -17,6 +21,7 @@ import pytest
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(TESTS, "..", "specjax")
 MAX_FUNCTION_LINES = 80
+MAX_FILE_LINES = 600
 ARGPARSE_CALLS = {"add_argument", "add_parser", "add_subparsers", "set_defaults",
                   "add_argument_group", "add_mutually_exclusive_group"}
 
@@ -65,6 +70,19 @@ def _imports(module: str, path: str, modules) -> set[str]:
       target = _resolve(n, modules)
       if target and target != module:
         out.add(target)
+        out.update(_packages_run(module, target, modules))
+  return out
+
+
+def _packages_run(module: str, target: str, modules) -> set[str]:
+  """The packages above `target` that importing it runs first, less those `module` is inside
+  (Python has already run those)."""
+  out = set()
+  pkg = target.rpartition(".")[0]
+  while pkg:
+    if pkg in modules and not (module == pkg or module.startswith(pkg + ".")):
+      out.add(pkg)
+    pkg = pkg.rpartition(".")[0]
   return out
 
 
@@ -155,11 +173,18 @@ def test_the_checks_see_a_circle_and_a_long_function(tmp_path):
   (pkg / "b.py").write_text("def f():\n  from specjax.sub import c\n")
   (pkg / "sub" / "__init__.py").write_text("")
   (pkg / "sub" / "c.py").write_text("from .. import a\n")
+  (pkg / "e.py").write_text("def f():\n  from specjax.pkg import low\n")
+  (pkg / "pkg").mkdir()
+  (pkg / "pkg" / "__init__.py").write_text("from specjax import e\nfrom specjax.pkg import low\n")
+  (pkg / "pkg" / "low.py").write_text("")
   (pkg / "d.py").write_text("def g():\n" + "  x = 1\n" * 81
                             + "def h(p):\n" + "  p.add_argument('--x')\n" * 90 + "  return p\n")
   graph = import_graph(str(pkg))
-  assert graph["specjax.b"] == {"specjax.sub.c"}  # a function-level import counts
-  assert circles(graph) == [["specjax.a", "specjax.b", "specjax.sub.c"]]
+  assert graph["specjax.b"] == {"specjax.sub", "specjax.sub.c"}  # a function-level import counts
+  assert graph["specjax.e"] == {"specjax.pkg", "specjax.pkg.low"}  # the package's __init__ runs
+  assert graph["specjax.pkg"] == {"specjax.e", "specjax.pkg.low"}  # (inside it: no self-edge)
+  assert circles(graph) == [["specjax.a", "specjax.b", "specjax.sub.c"],
+                            ["specjax.e", "specjax.pkg"]]
   assert [s.split(" ")[1] for s in long_functions(str(pkg))] == ["g:"]
 
 
@@ -186,6 +211,12 @@ def test_no_test_imports_another_test_or_conftest():
   """Tests share code through tests/helpers/ alone: a test file imported as a module runs its
   module-level code (fixtures, parametrize tables) a second time, under another name."""
   assert imports_of_tests() == []
+
+
+def test_no_file_over_600_lines():
+  long = {os.path.relpath(p, os.path.dirname(ROOT)): n for p in _modules().values()
+          if (n := len(open(p).read().splitlines())) > MAX_FILE_LINES}
+  assert long == {}
 
 
 @pytest.mark.parametrize("low,high", [("specjax.kernels", "specjax.model"),

@@ -167,6 +167,9 @@ class DFlashDrafter(nnx.Module):
   """The drafter: `context_kv` turns target features into every layer's context K/V; calling it
   runs the block over them. Built from flat params with `drafter(config, params)`."""
 
+  raw_taps = True  # its context is the raw residual stream (Decoder(..., raw_taps=True))
+  own_vocab = False  # the target's LM head reads its output
+
   def __init__(self, c: DFlashConfig, dtype=jnp.float32, *, seed: int = 0, scale: float = 0.02):
     n, e = len(c.target_layer_ids), c.hidden_size
     rng = np.random.default_rng(seed)

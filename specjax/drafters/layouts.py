@@ -39,10 +39,10 @@ The layouts (tensors [out, in] as torch's nn.Linear stores them; ours are [in, o
                 residual, then "midlayer.post_attention_layernorm" and the SiLU-gated MLP;
                 "norm.weight", "lm_head.weight" [Vd,E]; "d2t" [Vd] int64 (target id = draft id +
                 d2t[draft id]) and "t2d" [V] bool; optionally "embed_tokens.weight" [V,E] (else
-                the target's embedding). specjax.heads runs it as kind "eagle3".
+                the target's embedding). specjax.drafters.eagle3 runs it as kind "eagle3".
 
 This module depends on nothing above the config: it returns plain fields and arrays, and
-specjax.heads builds the Heads.
+specjax.drafters.heads_file builds the Heads.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def _medusa_fields(path, w, b, lm, vocab, cfg, tc, meta):
 
 # ----------------------------------------------------------------------------- EAGLE-1/2
 
-# One Llama decoder layer, HF names under "layers.0." -> ours under "layer." (heads.feature_module
+# One Llama decoder layer, HF names under "layers.0." -> ours under "layer." (eagle.EagleLayer
 # runs it as the target's Block, with its input norm removed).
 _EAGLE_IGNORED = ("embed_tokens.weight", "layers.0.input_layernorm.weight")
 

@@ -28,7 +28,6 @@ as accepted / (accepted + rejections)), and `leviathan_speedup(alpha, gamma, c)`
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import jax
@@ -38,6 +37,7 @@ import numpy as np
 from specjax import acceptance
 from specjax import cache as kv
 from specjax import sampling
+from specjax.calibrate import measure_cost_ratio  # noqa: F401 (the timing lives there; old name)
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.methods import sizing, verify
@@ -115,6 +115,11 @@ class _Speculative(Method):
 
   def _with_draft_cache(self, state: DecodeState, dcache: kv.KVCache) -> DecodeState:
     raise NotImplementedError
+
+  def timing_cache(self, target, batch: int, cache_len: int) -> kv.KVCache:
+    """An empty cache of the kind `_draft_forward` reads (calibrate.measure_cost_ratio times one
+    draft step over it): the target's own (a self-draft's layers run on it)."""
+    return target.init_cache(batch, cache_len)
 
   def _draft_forward(self, prog, params, arrays, dcache, tokens, start):
     """tokens [B,T] at positions start[b] + [0, T) -> (draft logits [B,Vs] after the last, dcache)."""
@@ -333,6 +338,10 @@ class DraftModel(_Speculative):
     dcache = kv.rollback(dcache, state.prompt_len - 1)
     return dict(self._init_stats(b), cache=dcache)
 
+  def timing_cache(self, target, batch: int, cache_len: int) -> kv.KVCache:
+    d = self.draft.config
+    return kv.init(d.num_layers, batch, cache_len, d.num_kv_heads, d.head_dim, self.draft.dtype)
+
   def _draft_cache(self, state):
     return state.method["cache"]
 
@@ -414,64 +423,3 @@ class SelfSpeculative(_Speculative):
     if "head" in arrays:  # as in DraftModel: the full-vocabulary logits are compiled away
       return subset_logits(hidden[:, -1], arrays), dcache
     return logits[:, 0], dcache
-
-
-# ----------------------------------------------------------------------------- measuring c
-
-
-def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, reps: int = 20):
-  """c = (one draft forward of one token) / (one target decode step), timed on this device.
-
-  Also returns the verification cost (gamma + 1 tokens) relative to one decode step, and for a
-  method whose verification width varies (adaptive / threshold) the cost of every width 2 ..
-  gamma + 1 as `verify_by_width` {width: cost / step}.
-  """
-  from flax import nnx
-
-  cfg = target.config
-  b, s = batch, cache_len
-  tok1 = jnp.zeros((b, 1), jnp.int32)
-  tokv = jnp.zeros((b, method.gamma + 1), jnp.int32)
-  lengths = jnp.full((b,), s // 2, jnp.int32)
-
-  def target_fn(params, cache, toks):
-    cache = kv.rollback(cache, lengths)
-    t = toks.shape[1]
-    pos = lengths[:, None] + jnp.arange(t)[None, :]
-    mask = kv.causal_mask(lengths, t, s, cfg.sliding_window)
-    logits, _, cache = nnx.merge(target.graphdef, params)(tokens=toks, positions=pos, cache=cache,
-                                                          mask=mask)
-    return logits, cache
-
-  prog = Program(target.graphdef, cfg, method, s)
-  arrays = method.arrays(target)
-  if isinstance(method, DraftModel):
-    d = method.draft.config
-    dcache = kv.init(d.num_layers, b, s, d.num_kv_heads, d.head_dim, method.draft.dtype)
-  else:
-    dcache = target.init_cache(b, s)
-
-  def draft_fn(params, arrays, cache, toks):
-    return method._draft_forward(prog, params, arrays, cache, toks, lengths)
-
-  def timed(fn, *args):
-    f = jax.jit(fn)
-    jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    for _ in range(reps):
-      out = f(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / reps
-
-  cache = target.init_cache(b, s)
-  t_step = timed(target_fn, target.params, cache, tok1)
-  t_verify = timed(target_fn, target.params, cache, tokv)
-  t_draft = timed(draft_fn, target.params, arrays, dcache, tok1)
-  out = {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
-         "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}
-  if method.variable_width:
-    out["verify_by_width"] = {w: timed(target_fn, target.params, cache,
-                                       jnp.zeros((b, w), jnp.int32)) / t_step
-                              for w in range(2, method.gamma + 1)}
-    out["verify_by_width"][method.gamma + 1] = t_verify / t_step
-  return out

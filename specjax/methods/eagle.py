@@ -1,8 +1,8 @@
 """EAGLE-1 / EAGLE-2: a one-layer head drafts on the target's features; a tree is verified at once.
 
 Li et al. 2024 (EAGLE: feature-level drafting; EAGLE-2: dynamic draft trees). The head
-(specjax/heads.py, kind "eagle") reads, at position i, the embedding of token x_{i+1} and the
-target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}; the target's own
+(specjax/drafters/eagle.py, kind "eagle") reads, at position i, the embedding of token x_{i+1} and
+the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}; the target's own
 LM head turns a feature into logits. Drafting feeds the head its own predicted features. One step,
 all rows at once, all shapes static:
 
@@ -51,11 +51,12 @@ from specjax import cache as kv
 from specjax import tree as trees
 from specjax.tree import capacity
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
+from specjax.drafters.kinds import check_fits, module_type
 from specjax.errors import InputError, check_int
-from specjax.heads import check_fits, feature_module, fuse_features, top_k_ids
 from specjax.methods import sizing, verify
 from specjax.methods.features import (catch_up, check_heads, embed, feature_buffer, head_arrays,
-                                      lm_logits, prompt_pass, shift_in, to_tokens)
+                                      lm_logits, modules, prompt_pass, shift_in, to_tokens)
+from specjax.sampling import top_k_ids
 
 RULES = ("exact", "greedy", "typical")
 TREE_NAMES = ("dynamic",)
@@ -71,7 +72,7 @@ def check_common(method, rules=RULES) -> None:
 class Eagle(Method):
   """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)), EAGLE-1/2
   heads or EAGLE-3 heads (kind "eagle3": fc over three target layers, their own LM head over a
-  draft vocabulary; specjax/heads.py), one code path.
+  draft vocabulary; specjax/drafters/eagle3.py), one code path.
 
   tree: "dynamic" (EAGLE-2: depth, top_k, num_nodes as in the module docstring) or a static tree
   (EAGLE-1: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...]; depth, top_k and
@@ -138,7 +139,7 @@ class Eagle(Method):
   @property
   def raw_taps(self) -> bool:
     """EAGLE-3 heads read the raw residual stream at their taps (fused heads: normalised)."""
-    return self.heads.config.kind == "eagle3"
+    return module_type(self.heads.config).raw_taps
 
   @property
   def lossless(self) -> bool:
@@ -174,6 +175,10 @@ class Eagle(Method):
   def arrays(self, model):
     return head_arrays(self.heads, model)
 
+  def module(self, prog, arrays):
+    """The head, of its kind's module type, over the device arrays (inside the program)."""
+    return modules(self.heads.config, prog, arrays)[0]
+
   def init(self, prog, arrays, state, hidden):
     """Fills the head cache over the prompt and keeps the last W prompt features."""
     return dict(self.head_state(prog, arrays, state, hidden, self.window),
@@ -187,16 +192,18 @@ class Eagle(Method):
     c = prog.config
     s_h = prog.max_len + window + self._frontier_slots()
     cache = kv.init(1, b, s_h, c.num_kv_heads, c.head_dim, hidden.dtype)
-    hidden = fuse_features(arrays["mods"][0], hidden)  # taps + final -> the fused feature
-    cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
+    mod = self.module(prog, arrays)
+    hidden = mod.fuse(hidden)  # taps + final -> the fused feature
+    cache = prompt_pass(prog, [mod], arrays, state.seq, hidden, cache)
     return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, window)}
 
   # ------------------------------------------------------------------ drafting
 
-  def _node_forward(self, prog, arrays, cache, tok, feat, pos, start, rows_anc, lengths):
-    """The head over new nodes: tok [B,T]; feat [B,T,E] (each node's parent's predicted feature);
-    pos [B,T]; start [B] their first slot; rows_anc [B or 1,T,F] each node's ancestors (itself
-    included) among the F drafted slots that begin at `lengths`. Returns (out [B,T,E], cache)."""
+  def _node_forward(self, mod, arrays, cache, tok, feat, pos, start, rows_anc, lengths):
+    """The head `mod` over new nodes: tok [B,T]; feat [B,T,E] (each node's parent's predicted
+    feature); pos [B,T]; start [B] their first slot; rows_anc [B or 1,T,F] each node's ancestors
+    (itself included) among the F drafted slots that begin at `lengths`. Returns (out [B,T,E],
+    cache)."""
     s = jnp.arange(cache.max_len)[None, None, :]
     off = s - lengths[:, None, None]
     f = rows_anc.shape[-1]
@@ -204,12 +211,12 @@ class Eagle(Method):
     from_tree = jnp.take_along_axis(
         rows_anc, jnp.broadcast_to(jnp.clip(off, 0, f - 1), tok.shape + (cache.max_len,)), axis=2)
     mask = (off < 0) | ((off < f) & from_tree)  # committed cache, then ancestors and self
-    h, layer = feature_module(prog.config, arrays["mods"][0], embed(arrays["embed"], tok), feat,
-                              pos, cache.layers[0], start, mask)
+    h, layer = mod(embed(arrays["embed"], tok), feat, pos, cache.layers[0], start, mask)
     return h, cache.replace(layers=(layer,))
 
-  def draft_dynamic(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array):
-    """EAGLE-2's expansion with the head (see `expand_tree`). root [B,E]: the head's predicted
+  def draft_dynamic(self, prog, params, arrays, mod, cache, root: jax.Array,
+                    lengths: jax.Array):
+    """EAGLE-2's expansion with the head `mod` (see `expand_tree`). root [B,E]: the head's predicted
     feature at the pending token. Returns (tokens [B,N] head-vocabulary indices, parents [B,N+1],
     depth [B,N+1], scores [B,N], the head cache)."""
     k = self.top_k
@@ -226,26 +233,27 @@ class Eagle(Method):
         anc = jnp.take_along_axis(anc, local[..., None], axis=1)
       slots = (d - 1) * k + jnp.arange(k)
       anc = anc | (jnp.arange(f)[None, None, :] == slots[None, :, None])
-      h, cache = self._node_forward(prog, arrays, cache, to_tokens(arrays, ids), feat,
+      h, cache = self._node_forward(mod, arrays, cache, to_tokens(arrays, ids), feat,
                                     jnp.broadcast_to(lengths[:, None] + d - 1, (b, k)),
                                     lengths + (d - 1) * k, anc, lengths)
-      logp = jax.nn.log_softmax(lm_logits(prog, params, arrays, h), axis=-1)  # [B,k,Vh]
+      logp = jax.nn.log_softmax(lm_logits(prog, params, arrays, mod, h), axis=-1)  # [B,k,Vh]
       return (cache, anc, h), logp
 
-    logp0 = jax.nn.log_softmax(lm_logits(prog, params, arrays, root), axis=-1)  # [B,Vh]
+    logp0 = jax.nn.log_softmax(lm_logits(prog, params, arrays, mod, root), axis=-1)  # [B,Vh]
     carry = (cache, jnp.zeros((b, k, f), bool), jnp.zeros((b, k, e), root.dtype))
     *out, carry = expand_tree(logp0, expand, carry, self.depth, k, self.num_nodes)
     return (*out, carry[0])
 
-  def draft_static(self, prog, params, arrays, cache, root: jax.Array, lengths: jax.Array):
-    """EAGLE-1: the static tree's nodes. root [B,E] -> (node tokens [B,N] (head-vocabulary
-    indices), the head cache)."""
+  def draft_static(self, prog, params, arrays, mod, cache, root: jax.Array, lengths: jax.Array):
+    """EAGLE-1: the static tree's nodes, drafted by the head `mod`. root [B,E] -> (node tokens [B,N]
+    (head-vocabulary indices), the head cache)."""
     t = self.tree
     r = t.ranks_needed()
     internal = self._internal()
     slot = {int(nd): i for i, nd in enumerate(internal)}
     anc_s = t.ancestor[np.ix_(internal, internal)] if len(internal) else np.zeros((0, 0), bool)
-    cands = {0: top_k_ids(lm_logits(prog, params, arrays, root), r)}  # node -> its children [B,R]
+    # node -> its children [B,R]
+    cands = {0: top_k_ids(lm_logits(prog, params, arrays, mod, root), r)}
     feat = {0: root}
     tok = {}
     for d in range(1, t.max_depth + 1):
@@ -258,10 +266,10 @@ class Eagle(Method):
       x = jnp.stack([tok[i] for i in run], axis=1)  # [B,T]
       fp = jnp.stack([feat[int(t.parent[i])] for i in run], axis=1)  # [B,T,E]
       rows = jnp.asarray(anc_s[[slot[i] for i in run]])[None]  # [1,T,F]
-      h, cache = self._node_forward(prog, arrays, cache, to_tokens(arrays, x), fp,
+      h, cache = self._node_forward(mod, arrays, cache, to_tokens(arrays, x), fp,
                                     jnp.broadcast_to(lengths[:, None] + d - 1, x.shape),
                                     lengths + slot[run[0]], rows, lengths)
-      top = top_k_ids(lm_logits(prog, params, arrays, h), r)  # [B,T,R]
+      top = top_k_ids(lm_logits(prog, params, arrays, mod, h), r)  # [B,T,R]
       for j, i in enumerate(run):
         cands[i] = top[:, j]
         feat[i] = h[:, j]
@@ -272,13 +280,14 @@ class Eagle(Method):
     state, "hcache" and "feats"), then the tree. Returns (tokens [B,N] token ids, parents and depth
     (per row [B,N+1] for the dynamic tree, the static tree's own [N+1]), the nodes' cumulative
     draft log-probabilities [B,N] (None for a static tree), the head cache)."""
-    hcache, root, _ = catch_up(prog, arrays, seq, m["feats"], lengths, m["hcache"])
+    mod = self.module(prog, arrays)
+    hcache, root, _ = catch_up(prog, [mod], arrays, seq, m["feats"], lengths, m["hcache"])
     root = root[:, 0]  # [B,E] predicted feature of the pending token
     if self.dynamic:
-      draft, parents, depth, scores, hcache = self.draft_dynamic(prog, params, arrays, hcache,
+      draft, parents, depth, scores, hcache = self.draft_dynamic(prog, params, arrays, mod, hcache,
                                                                  root, lengths)
     else:
-      draft, hcache = self.draft_static(prog, params, arrays, hcache, root, lengths)
+      draft, hcache = self.draft_static(prog, params, arrays, mod, hcache, root, lengths)
       scores = None
       parents, depth = jnp.asarray(self.tree.parent), jnp.asarray(self.tree.depth)
     return to_tokens(arrays, draft), parents, depth, scores, hcache
@@ -300,7 +309,7 @@ class Eagle(Method):
                                             delta=self.delta)
 
     c = jnp.where(active, n + 1, 0)
-    feats = absorb(arrays, m["feats"], hidden, keep, c)
+    feats = absorb(self.module(prog, arrays), m["feats"], hidden, keep, c)
     return state.replace(method=verify.count(dict(m, hcache=hcache, feats=feats), active, n))
 
   def _rule(self) -> str:
@@ -312,12 +321,13 @@ class Eagle(Method):
                 tree_nodes=self.num_nodes, tree_depth=self.depth, acceptance=self.acceptance)
 
 
-def absorb(arrays, feats, hidden, keep, c):
+def absorb(mod, feats, hidden, keep, c):
   """The feature buffer after a round: the target's hidden states [B,N+1,E] at the kept block
   offsets keep [B,D+1] (the pending token, then the accepted path) are the true features
-  f_L .. f_{L+n}; the first c [B] of them (fused from the taps, for such heads) enter feats."""
+  f_L .. f_{L+n}; the first c [B] of them (fused from the taps by the head `mod`, for such heads)
+  enter feats."""
   new = jnp.take_along_axis(hidden, keep[..., None], axis=1)
-  return shift_in(feats, fuse_features(arrays["mods"][0], new), c)
+  return shift_in(feats, mod.fuse(new), c)
 
 
 def expand_tree(logp0: jax.Array, expand, carry, depth: int, k: int, n: int):

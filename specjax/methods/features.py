@@ -1,7 +1,9 @@
 """Feature drafters' shared parts: EAGLE's head and MTP's modules both read the target's features.
 
-Both drafters run `heads.feature_module` (a linear 2E -> E and one decoder layer of the target's
-type) over [embedding of the next token, a feature], keep their own static head cache, re-read the
+Both drafters run their modules (specjax.drafters: `eagle.EagleLayer`, `mtp.MtpModule`,
+`eagle3.Eagle3Head`, built over the device arrays by `modules`: a linear and one decoder layer of
+the target's type) over [embedding of the next token, a feature], keep their own static head
+cache, re-read the
 last W committed positions each round with the target's true features (`catch_up`, from a rolling
 `feature_buffer` that `shift_in` advances), and score drafts through the target's frozen LM head
 (`lm_logits`, optionally over a vocabulary subset, `to_tokens` mapping back to token ids).
@@ -15,9 +17,10 @@ from flax import nnx
 
 from specjax import cache as kv
 from specjax.decode import Program
+from specjax.drafters.heads_file import Heads
+from specjax.drafters.kinds import drafter, module_type
+from specjax.drafters.layer import module_arrays, pack_module
 from specjax.errors import InputError
-from specjax.heads import (Heads, eagle3_logits, feature_module, module_arrays, module_out,
-                           pack_module)
 from specjax.model import subset_logits
 from specjax.packing import on_kernel, subset_head
 
@@ -33,12 +36,15 @@ def check_heads(heads, kind, method: str) -> None:
                      f"{' or '.join(map(repr, kinds))}")
 
 
-def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = False):
-  """Draft logits over the head's vocabulary: h [...,E] -> [...,V or Vs] float32, through the
-  target's (frozen) LM head, or its rows for the subset arrays["vocab"]; an EAGLE-3 head's own
-  final norm and LM head over its draft vocabulary."""
-  if "lm" in arrays["mods"][0]:
-    return eagle3_logits(arrays["mods"][0], h, prog.config.norm_eps)
+def modules(heads_config, prog: Program, arrays) -> list:
+  """The drafter's modules, of its kind's type, over the device arrays (`head_arrays`; inside the
+  traced program)."""
+  return [drafter(heads_config, prog.config, m) for m in arrays["mods"]]
+
+
+def target_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = False):
+  """Logits through the target's (frozen) LM head: h [...,E] -> [...,V or Vs] float32, or its
+  rows for the subset arrays["vocab"]."""
   target = nnx.merge(prog.graphdef, params)
   if final_norm:
     h = target.final_norm(h)
@@ -47,13 +53,19 @@ def lm_logits(prog: Program, params, arrays, h: jax.Array, final_norm: bool = Fa
   return target.head(h)
 
 
-def mtp_logits(prog: Program, params, arrays, mod: dict, h: jax.Array):
+def lm_logits(prog: Program, params, arrays, mod, h: jax.Array):
+  """Draft logits over the head's vocabulary: h [...,E] -> [...,V or Vs] float32: the module's
+  own (an EAGLE-3 head's final norm and LM head over its draft vocabulary) or the target's."""
+  return mod.logits(h, lambda x: target_logits(prog, params, arrays, x))
+
+
+def mtp_logits(prog: Program, params, arrays, mod, h: jax.Array):
   """An MTP module's draft logits from its output h [...,E]: through its own output norm where it
   has one (published DeepSeek-V3 layers), else the target's final norm; then the LM head."""
-  normed = module_out(prog.config, mod, h)
+  normed = mod.out(h)
   if normed is None:
-    return lm_logits(prog, params, arrays, h, final_norm=True)
-  return lm_logits(prog, params, arrays, normed)
+    return target_logits(prog, params, arrays, h, final_norm=True)
+  return target_logits(prog, params, arrays, normed)
 
 
 def to_tokens(arrays, ids: jax.Array) -> jax.Array:
@@ -81,9 +93,10 @@ def shift_in(buf: jax.Array, new: jax.Array, c: jax.Array) -> jax.Array:
   return jnp.take_along_axis(both, idx[..., None], axis=1)
 
 
-def prompt_pass(prog: Program, arrays, seq, hidden, head_cache):
+def prompt_pass(prog: Program, mods, arrays, seq, hidden, head_cache):
   """Runs every module over the prompt bucket after prefill (positions 0..P-1, module k reading
-  token x_{i+k+1}); fills the head cache's layers. hidden [B,P,E]; seq [B,S]. Entries whose
+  token x_{i+k+1}); fills the head cache's layers. mods: `modules`; hidden [B,P,E]; seq [B,S].
+  Entries whose
   tokens are not known yet hold garbage that the first catch-up rewrites."""
   b, p, _ = hidden.shape
   s = seq.shape[1]
@@ -92,40 +105,40 @@ def prompt_pass(prog: Program, arrays, seq, hidden, head_cache):
   mask = kv.causal_mask(start, p, head_cache.max_len, prog.config.sliding_window)
   h = hidden
   layers = list(head_cache.layers)
-  for k, mod in enumerate(arrays["mods"]):
+  for k, mod in enumerate(mods):
     tok = jnp.take_along_axis(seq, jnp.minimum(pos + k + 1, s - 1), axis=1)
-    h, layers[k] = feature_module(prog.config, mod, embed(arrays["embed"], tok), h, pos, layers[k],
-                                  start, mask)
+    h, layers[k] = mod(embed(arrays["embed"], tok), h, pos, layers[k], start, mask)
   return head_cache.replace(layers=tuple(layers))
 
 
 def head_arrays(heads, model) -> dict:
   """The device arrays EAGLE / MTP read: the modules, the target's embedding (shared, not a copy)
   and, for a vocabulary subset, its ids and LM-head rows."""
+  kind = module_type(heads.config)
   mods = [module_arrays(heads.params, k) for k in range(heads.config.num_heads)]
   # The modules' products on the kernel, as the target's (EAGLE-3's layer runs on XLA's dot).
-  if on_kernel(model) and all("fc_w" in m and m["fc_w"].dtype == jnp.float32 for m in mods):
+  if on_kernel(model) and kind.packs and all(m["fc_w"].dtype == jnp.float32 for m in mods):
     mods = [pack_module(m) for m in mods]
   # The target's embedding (shared, not a copy), unless an EAGLE-3 head brought its own.
-  embed_table = mods[0].pop("embed") if "embed" in mods[0] else model.params["embed"][...]
-  out = {"mods": mods, "embed": embed_table}
-  if heads.vocab is not None and "lm" in mods[0]:  # EAGLE-3: its own LM head, draft ids -> ids
+  own = mods[0].pop("embed", None)
+  out = {"mods": mods, "embed": model.params["embed"][...] if own is None else own}
+  if heads.vocab is not None and kind.own_vocab:  # EAGLE-3: its own LM head, draft ids -> ids
     out["vocab"] = jnp.asarray(heads.vocab, jnp.int32)
   elif heads.vocab is not None:
     out.update(subset_head(model, heads.vocab))  # vocab [Vs], head [Vs,E]
   return out
 
 
-def catch_up(prog: Program, arrays, seq, feats, lengths, head_cache, num_modules: int = 1,
+def catch_up(prog: Program, mods, arrays, seq, feats, lengths, head_cache, num_modules: int = 1,
              draft_fn=None):
   """Re-runs the modules over the last W = feats.shape[1] committed positions.
 
-  seq [B,S]; feats [B,W,E] the target's features at positions [L - W, L) (L = lengths [B], the
-  committed target length; x_L is pending); head_cache: one layer per module. Module k at
-  position i reads token x_{i+k+1}: seq for i + k + 1 <= L, else drafts[:, i + k - L] (MTP's
-  chain, [B,K]; filled as modules run). Returns (head_cache with lengths = L, outputs at position
-  L - 1 per module [B,K,E], drafts [B,K] or None). draft_fn(out [B,E], k) -> tokens [B] (MTP):
-  module k's draft x_{L+k+1} from its output at L - 1, which module k + 1 then reads.
+  mods: `modules`; seq [B,S]; feats [B,W,E] the target's features at positions [L - W, L) (L =
+  lengths [B], the committed target length; x_L is pending); head_cache: one layer per module.
+  Module k at position i reads token x_{i+k+1}: seq for i + k + 1 <= L, else drafts[:, i + k - L]
+  (MTP's chain, [B,K]; filled as modules run). Returns (head_cache with lengths = L, outputs at
+  position L - 1 per module [B,K,E], drafts [B,K] or None). draft_fn(out [B,E], k) -> tokens [B]
+  (MTP): module k's draft x_{L+k+1} from its output at L - 1, which module k + 1 then reads.
   """
   b, w, _ = feats.shape
   s = seq.shape[1]
@@ -145,8 +158,7 @@ def catch_up(prog: Program, arrays, seq, feats, lengths, head_cache, num_modules
       d = jnp.take_along_axis(drafts, jnp.clip(j - lengths[:, None] - 1, 0, drafts.shape[1] - 1),
                               axis=1)
       tok = jnp.where(j <= lengths[:, None], tok, d)
-    h, layers[k] = feature_module(prog.config, arrays["mods"][k], embed(arrays["embed"], tok), h,
-                                  pos, layers[k], start, mask)
+    h, layers[k] = mods[k](embed(arrays["embed"], tok), h, pos, layers[k], start, mask)
     outs.append(jnp.take_along_axis(h, last, axis=1)[:, 0])
     if draft_fn is not None:
       drafts = drafts.at[:, k].set(draft_fn(outs[-1], k).astype(jnp.int32))

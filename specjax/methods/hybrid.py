@@ -323,8 +323,8 @@ class Hybrid(Method):
     i = self._eagle
     if i is not None:  # the target's features along the accepted path enter EAGLE's buffer
       c = jnp.where(active, n + 1, 0)
-      upd["eagle"] = dict(hcache=hcache, feats=absorb(arrays[i], m["eagle"]["feats"], hidden,
-                                                      keep, c))
+      mod = self.drafters[i].module(prog, arrays[i])
+      upd["eagle"] = dict(hcache=hcache, feats=absorb(mod, m["eagle"]["feats"], hidden, keep, c))
     return state.replace(key=key, method=upd)
 
   def stats(self, state) -> dict:

@@ -33,10 +33,11 @@ from flax import nnx
 
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
-from specjax.heads import Heads, check_fits, init_heads, load_heads, medusa_hidden, top_k_ids
+from specjax.heads import Heads, check_fits, drafter, init_heads, load_heads
 from specjax.methods import sizing, verify
 from specjax.model import subset_logits
 from specjax.packing import subset_head
+from specjax.sampling import top_k_ids
 from specjax.tree import Tree, default_tree
 
 RULES = ("exact", "greedy", "typical")
@@ -139,10 +140,11 @@ class Medusa(Method):
 
   def propose(self, prog: Program, params, arrays, hidden: jax.Array) -> jax.Array:
     """hidden [B,E] -> the heads' top-R candidates [B,K,R] (R = the ranks the tree reads)."""
-    z = medusa_hidden(arrays, hidden)  # [B,K,E]
+    heads = drafter(self.heads.config, prog.config, arrays)  # MedusaHeads
+    z = heads(hidden)  # [B,K,E]
     r = self.tree.ranks_needed()
-    if "lm" in arrays:  # head k's own LM head
-      ids = top_k_ids(jnp.einsum("bke,kve->bkv", z, arrays["lm"]).astype(jnp.float32), r)
+    if heads.own_vocab:  # head k's own LM head
+      ids = top_k_ids(heads.logits(z, None), r)
       return arrays["vocab"][ids] if "vocab" in arrays else ids
     if "head" in arrays:  # score only the subset's rows of the target's LM head
       logits = subset_logits(z, arrays)  # [B,K,Vs]

@@ -1,11 +1,11 @@
 """MTP: multi-token-prediction modules (DeepSeek-V3) draft a chain; the target verifies it at once.
 
-Gloeckle et al. 2024; DeepSeek-V3 (2024), section 2.2. Module k (k = 0..K-1, specjax/heads.py,
-kind "mtp") reads at position i RMSNorm(emb(x_{i+k+1})) and RMSNorm(h^k_i), where h^0 is the
-target's feature (its final-normed hidden state) and h^k the previous module's output, through a
-linear 2E -> E and one decoder layer of the target's type; the target's final norm and LM head
-turn h^{k+1}_i into the distribution of x_{i+k+2}. Each module attends over its own sequence (its
-own static KV cache), as in training. One step, all rows at once, all shapes static:
+Gloeckle et al. 2024; DeepSeek-V3 (2024), section 2.2. Module k (k = 0..K-1,
+specjax/drafters/mtp.py, kind "mtp") reads at position i RMSNorm(emb(x_{i+k+1})) and RMSNorm(h^k_i),
+where h^0 is the target's feature (its final-normed hidden state) and h^k the previous module's
+output, through a linear 2E -> E and one decoder layer of the target's type; the target's final norm
+and LM head turn h^{k+1}_i into the distribution of x_{i+k+2}. Each module attends over its own
+sequence (its own static KV cache), as in training. One step, all rows at once, all shapes static:
 
   catch up + draft   every module re-reads the last W = 2K positions [L - W, L) (L: the committed
             target length, x_L pending), module k reading token x_{i+k+1}; where that token is not
@@ -34,11 +34,11 @@ import jax.numpy as jnp
 from specjax import cache as kv
 from specjax import sampling
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
+from specjax.drafters.kinds import check_fits
 from specjax.errors import InputError, check_int
-from specjax.heads import check_fits
 from specjax.methods import sizing, verify
 from specjax.methods.features import (catch_up, check_heads, feature_buffer, head_arrays,
-                                      mtp_logits, prompt_pass, shift_in, to_tokens)
+                                      modules, mtp_logits, prompt_pass, shift_in, to_tokens)
 
 RULES = ("exact",)
 
@@ -100,7 +100,8 @@ class MTP(Method):
     c = prog.config
     cache = kv.init(self.gamma, b, prog.max_len + self.window, c.num_kv_heads, c.head_dim,
                     hidden.dtype)
-    cache = prompt_pass(prog, arrays, state.seq, hidden, cache)
+    cache = prompt_pass(prog, modules(self.heads.config, prog, arrays), arrays, state.seq, hidden,
+                        cache)
     return {"hcache": cache, "feats": feature_buffer(hidden, state.prompt_len, self.window),
             **verify.depth_counts(b, self.gamma)}
 
@@ -109,13 +110,14 @@ class MTP(Method):
     active = ~state.done
     key, k_acc = jax.random.split(state.key)
     lengths = state.cache.lengths
+    mods = modules(self.heads.config, prog, arrays)
 
     def draft_fn(out, k):  # module k's output at L - 1 -> d_{k+1}
-      return to_tokens(arrays, sampling.argmax(mtp_logits(prog, params, arrays,
-                                                          arrays["mods"][k], out)))
+      return to_tokens(arrays, sampling.argmax(mtp_logits(prog, params, arrays, mods[k],
+                                                          out)))
 
     with phase(DRAFT):
-      hcache, _, draft = catch_up(prog, arrays, state.seq, m["feats"], lengths, m["hcache"],
+      hcache, _, draft = catch_up(prog, mods, arrays, state.seq, m["feats"], lengths, m["hcache"],
                                   self.gamma, draft_fn)  # draft [B,G]
     state, n, hidden = verify.chain(prog, params, state.replace(key=key), k_acc, draft)
 

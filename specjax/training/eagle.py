@@ -1,12 +1,12 @@
 """EAGLE head training: the loss on a frozen target, and the teacher features it reads.
 
-The head (specjax/heads.py, kind "eagle") reads, at position i, the embedding of token x_{i+1}
-and the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}. EAGLE's
-recipe (Li et al. 2024; its released trainer): regression of the next feature with smooth-L1,
-plus 0.1 x the cross-entropy of the head's next-token distribution (the target's LM head on the
-predicted feature) against the target's own (the LM head on the true feature), with uniform noise
-on the input features (their trainer: U(-0.1, 0.1) at its reference length) so the head learns to
-draft from its own slightly wrong features. The target, its embedding and LM head stay frozen.
+The head (specjax/drafters/eagle.py, kind "eagle") reads, at position i, the embedding of token
+x_{i+1} and the target's feature f_i (its final-normed last hidden state) and predicts f_{i+1}.
+EAGLE's recipe (Li et al. 2024; its released trainer): regression of the next feature with
+smooth-L1, plus 0.1 x the cross-entropy of the head's next-token distribution (the target's LM head
+on the predicted feature) against the target's own (the LM head on the true feature), with uniform
+noise on the input features (their trainer: U(-0.1, 0.1) at its reference length) so the head learns
+to draft from its own slightly wrong features. The target, its embedding and LM head stay frozen.
 
     loss_fn = make_loss(target, heads)                   # loss_fn(params, batch, rng, frozen)
     frozen = frozen_arrays(target, heads)                # the target's params (+ LM-head rows)
@@ -29,8 +29,10 @@ import jax.numpy as jnp
 
 from specjax import cache as kv
 from specjax import compile_options
+from specjax.drafters.heads_file import Heads
+from specjax.drafters.kinds import drafter
+from specjax.drafters.layer import module_arrays
 from specjax.errors import InputError, check_int
-from specjax.heads import Heads, feature_module, fuse_features, module_arrays
 from specjax.training.features import (frozen_arrays, target_features,  # noqa: F401 (re-exported)
                                        teacher_features)
 
@@ -44,8 +46,9 @@ def _smooth_l1(d: jax.Array) -> jax.Array:
   return jnp.where(a < 1.0, 0.5 * d * d, a - 0.5)
 
 
-def run_head(config, mod: dict, emb: jax.Array, feat: jax.Array) -> jax.Array:
-  """A module over whole windows: emb, feat [B,T,E] at positions 0..T-1, causal -> [B,T,E]."""
+def run_head(config, mod, emb: jax.Array, feat: jax.Array) -> jax.Array:
+  """A module (specjax.drafters.kinds.drafter) over whole windows: emb, feat [B,T,E] at positions
+  0..T-1, causal -> [B,T,E]."""
   return run_unrolled(config, mod, [emb], feat)[0]
 
 
@@ -68,8 +71,9 @@ def unroll_masks(t: int, steps: int, window: int = 0) -> list[jax.Array]:
   return out
 
 
-def run_unrolled(config, mod: dict, embs: list, feat: jax.Array) -> list[jax.Array]:
-  """Training-time test: the module drafting len(embs) steps ahead from every position at once.
+def run_unrolled(config, mod, embs: list, feat: jax.Array) -> list[jax.Array]:
+  """Training-time test: the module `mod` (specjax.drafters.kinds.drafter) drafting len(embs)
+  steps ahead from every position at once.
 
   embs: [B,T,E] per pass (pass d at index i reads the embedding of token x_{i+1+d}); feat [B,T,E]
   the input features of pass 0 (the target's, f_i). Pass d >= 1 reads pass d-1's outputs (its
@@ -85,7 +89,7 @@ def run_unrolled(config, mod: dict, embs: list, feat: jax.Array) -> list[jax.Arr
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + d, (b, t))
     start = jnp.full((b,), d * t, jnp.int32)
     mask = jnp.broadcast_to(masks[d], (b, t, steps * t))
-    x, layer = feature_module(config, mod, embs[d], x, pos, layer, start, mask)
+    x, layer = mod(embs[d], x, pos, layer, start, mask)
     outs.append(x)
   return outs
 
@@ -134,7 +138,7 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
   optional "feats" [B,T,E] (heads with taps: [B,T,(n+1)E] as `target_features` gives them, or
   those under "full" beside the plain "feats")}. Entry i (i = 0..T-2) reads (emb(x_{i+1}),
   f_i + U(-noise, noise)) and predicts f_{i+1} (a head with taps reads the fused feature g_i,
-  heads.fuse_features, trained with the head, in place of f_i; the targets stay f); it counts
+  the head's `fuse`, trained with the head, in place of f_i; the targets stay f); it counts
   where mask[:, i + 1] (the token it scores, x_{i+2}, is one to learn).
   loss = smooth-L1(f^, f) averaged over E + ce_weight * CE(p_target, q_head).
   metrics: vloss, ploss, top1 (the head's argmax is the target's), count.
@@ -162,8 +166,8 @@ def make_loss(target, heads: Heads, *, noise: float = NOISE, ce_weight: float = 
     tokens, feats, valid = pad_for_unroll(tokens, feats, valid, unroll)
     embed = frozen["target"]["embed"][...]
     embs = [embed[tokens[:, 1 + d:t + d]] for d in range(unroll)]  # [B,T-1,E] each
-    mod = module_arrays(params, 0)
-    inp = fuse_features(mod, feats[:, :t - 1])  # g_i (f_i for a head without taps)
+    mod = drafter(heads.config, cfg, module_arrays(params, 0))
+    inp = mod.fuse(feats[:, :t - 1])  # g_i (f_i for a head without taps)
     feats = feats[..., -e:]  # f: the targets
     if noise:
       inp = inp + jax.random.uniform(rng, inp.shape, inp.dtype, -noise, noise)

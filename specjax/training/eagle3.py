@@ -1,4 +1,5 @@
-"""EAGLE-3 head training: the loss on a frozen target, for heads of kind "eagle3" (heads.py).
+"""EAGLE-3 head training: the loss on a frozen target, for heads of kind "eagle3"
+(specjax/drafters/eagle3.py).
 
 The head reads, at position i, the embedding of token x_{i+1} and h_i = fc(cat of the target's raw
 hidden states entering layers 2, L // 2 and L - 3 at i), and scores token x_{i+2} over its draft
@@ -19,8 +20,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.drafters.heads_file import Heads
+from specjax.drafters.kinds import drafter
+from specjax.drafters.layer import module_arrays
 from specjax.errors import InputError, check_int
-from specjax.heads import Heads, eagle3_logits, fuse_features, module_arrays
 from specjax.training.eagle import UNROLL_DECAY, pad_for_unroll, run_unrolled
 from specjax.training.features import target_features
 
@@ -49,10 +52,10 @@ def make_loss(target, heads: Heads, *, unroll: int = 1, unroll_decay: float = UN
     feats = target_features(graphdef, frozen["target"], tokens, taps, raw_taps=True)  # [B,T,4E]
     valid = jnp.ones((b, t), bool) if batch.get("mask") is None else batch["mask"]
     tokens, feats, valid = pad_for_unroll(tokens, feats, valid, unroll)
-    mod = module_arrays(params, 0)
+    mod = drafter(heads.config, cfg, module_arrays(params, 0))  # an Eagle3Head
     embed = frozen["target"]["embed"][...]
     embs = [embed[tokens[:, 1 + d:t + d]] for d in range(unroll)]  # [B,T-1,E] each
-    preds = run_unrolled(cfg, mod, embs, fuse_features(mod, feats[:, :t - 1]))
+    preds = run_unrolled(cfg, mod, embs, mod.fuse(feats[:, :t - 1]))
     # The target's next-token distribution over the draft vocabulary, at every position.
     p_all = jnp.einsum("bte,ve->btv", feats[:, 1:, -e:], frozen["head"]).astype(jnp.float32)
     p_prob = jax.nn.softmax(p_all, axis=-1)  # [B,T-1+extra,Vd]
@@ -61,7 +64,7 @@ def make_loss(target, heads: Heads, *, unroll: int = 1, unroll_decay: float = UN
     for d, pred in enumerate(preds):
       ok = valid[:, 1 + d:t + d]
       n = jnp.maximum(jnp.sum(ok), 1)
-      q = eagle3_logits(mod, pred, cfg.norm_eps)  # [B,T-1,Vd]
+      q = mod.logits(pred)  # [B,T-1,Vd]
       ce = -jnp.sum(p_prob[:, d:d + t - 1] * jax.nn.log_softmax(q, axis=-1), axis=-1)
       ploss = jnp.sum(jnp.where(ok, ce, 0.0)) / n
       top1 = jnp.sum(ok & (jnp.argmax(q, -1) == p_top[:, d:d + t - 1])) / n

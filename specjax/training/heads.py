@@ -128,9 +128,9 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   shipped name, with "{kind}" standing for each kind (e.g. "smollm2-135m-{kind}"); their head
   count and vocabulary subset are kept (vocab_size is then ignored).
 
-  taps (EAGLE only): fused features from these target layers (heads.py; "auto" = a low and a
-  middle layer); with init from an unfused EAGLE head, the head is grown (`add_taps`: it starts
-  out drafting exactly as before and learns to use the taps).
+  taps (EAGLE only): fused features from these target layers (specjax/drafters/eagle.py; "auto" =
+  a low and a middle layer); with init from an unfused EAGLE head, the head is grown (`add_taps`:
+  it starts out drafting exactly as before and learns to use the taps).
   """
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import compile_options
-from specjax.heads import HeadsConfig, medusa_hidden
+from specjax.drafters.heads_file import HeadsConfig
+from specjax.drafters.medusa import medusa_hidden
 from specjax.model import head_rows
 from specjax.training.features import features_jit, target_features
 

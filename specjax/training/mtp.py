@@ -1,6 +1,6 @@
 """MTP module training: per-depth cross-entropy on a frozen target (DeepSeek-V3's MTP objective).
 
-Module k (specjax/heads.py, kind "mtp") at position i reads RMSNorm(emb(x_{i+k+1})) and
+Module k (specjax/drafters/mtp.py, kind "mtp") at position i reads RMSNorm(emb(x_{i+k+1})) and
 RMSNorm(h^k_i) (h^0 = the target's feature f_i) and predicts x_{i+k+2} through the target's final
 norm and LM head. Teacher forcing: every module reads the true tokens, and module k + 1 reads
 module k's outputs, all causal over the window, exactly as decoding's catch-up does. The loss is
@@ -20,7 +20,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.heads import Heads, module_arrays
+from specjax.drafters.heads_file import Heads
+from specjax.drafters.kinds import drafter
+from specjax.drafters.layer import module_arrays
 from specjax.training.eagle import fit as _fit, run_head
 from specjax.training.features import frozen_arrays, target_features, teacher_features
 
@@ -64,7 +66,8 @@ def make_loss(target, heads: Heads, *, weights=None):
     total, metrics, count = 0.0, {}, 0
     for k in range(num):
       j = jnp.minimum(i + k + 1, t - 1)  # the token module k reads at each position
-      h = run_head(cfg, module_arrays(params, k), table[tokens[:, j]], h)  # [B,T-1,E]
+      mod = drafter(heads.config, cfg, module_arrays(params, k))  # an MtpModule
+      h = run_head(cfg, mod, table[tokens[:, j]], h)  # [B,T-1,E]
       logits = jnp.einsum("bte,ve->btv", model.final_norm(h), frozen["head"]).astype(jnp.float32)
       lab_i = jnp.minimum(i + k + 2, t - 1)
       ok = ((i + k + 2 < t)[None, :] & valid[:, j] & in_vocab[:, lab_i])  # [B,T-1]

@@ -265,7 +265,7 @@ def test_model_uses_the_kernel_and_keeps_its_params():
 def test_feature_heads_use_the_kernel(kind):
   """A packed target's EAGLE / MTP modules run their 5 dense products (fc, qkv, o, mlp in / out)
   on the kernel for few-row inputs and match XLA's result; unpacked modules never call it."""
-  from specjax.heads import feature_module, init_heads, module_arrays, pack_module
+  from specjax.heads import drafter, init_heads, module_arrays, pack_module
 
   m = tiny_model()
   heads = init_heads(m, kind, seed=3, scale=0.5)
@@ -281,7 +281,7 @@ def test_feature_heads_use_the_kernel(kind):
   mask = kv.causal_mask(cache.lengths, t, 16)
 
   def run(md):
-    return feature_module(cfg, md, emb, feat, pos, cache.layers[0], cache.lengths, mask)
+    return drafter(heads.config, cfg, md)(emb, feat, pos, cache.layers[0], cache.lengths, mask)
 
   lowered = [jax.jit(run).lower(md).as_text() for md in (mod, packed)]
   assert kernels.TARGET not in lowered[0] and lowered[1].count(kernels.TARGET) == 5

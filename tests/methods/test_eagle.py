@@ -332,12 +332,12 @@ def test_unrolled_passes_equal_chain_drafting(window):
   """Training-time test: pass d's entry i is what drafting d+1 steps from prefix i computes at
   inference (a cache of the true prefix, then one entry per drafted step on its own features)."""
   from specjax import cache as kv
-  from specjax.heads import feature_module, module_arrays
+  from specjax.heads import drafter, module_arrays
 
   target = sj.Model.random(tiny_config(sliding_window=window), seed=1, scale=0.3)
   cfg = target.config
   heads = init_heads(target, "eagle", seed=5)
-  mod = module_arrays(heads.params, 0)
+  mod = drafter(heads.config, cfg, module_arrays(heads.params, 0))
   toks = np.asarray(random_prompts(2, 61, seed=9, lo=12, hi=13))
   feats = jnp.asarray(te.teacher_features(target, toks))
   embed = target.params["embed"][...]
@@ -349,15 +349,15 @@ def test_unrolled_passes_equal_chain_drafting(window):
     layer = kv.init(1, 2, s, cfg.num_kv_heads, cfg.head_dim, jnp.float32).layers[0]
     zero = jnp.zeros((2,), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(i + 1), (2, i + 1))
-    x, layer = feature_module(cfg, mod, embed[toks[:, 1:i + 2]], feats[:, :i + 1], pos, layer,
-                              zero, kv.causal_mask(zero, i + 1, s, cfg.sliding_window))
+    x, layer = mod(embed[toks[:, 1:i + 2]], feats[:, :i + 1], pos, layer,
+                   zero, kv.causal_mask(zero, i + 1, s, cfg.sliding_window))
     x = x[:, -1:]
     np.testing.assert_allclose(outs[0][:, i], x[:, 0], rtol=1e-5, atol=1e-5)
     for d in range(1, steps):
       at = jnp.full((2,), i + d, jnp.int32)
-      x, layer = feature_module(cfg, mod, embed[toks[:, i + 1 + d:i + 2 + d]], x,
-                                at[:, None], layer, at,
-                                kv.causal_mask(at, 1, s, cfg.sliding_window))
+      x, layer = mod(embed[toks[:, i + 1 + d:i + 2 + d]], x,
+                     at[:, None], layer, at,
+                     kv.causal_mask(at, 1, s, cfg.sliding_window))
       np.testing.assert_allclose(outs[d][:, i], x[:, 0], rtol=1e-5, atol=1e-5)
 
 

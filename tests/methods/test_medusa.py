@@ -112,7 +112,7 @@ def test_missing_heads(monkeypatch, tmp_path):
   from specjax import shipped
 
   entry = shipped.DRAFTERS["smollm2-135m-medusa"]
-  import specjax.heads as heads_mod  # as if the asset were not shipped:
+  import specjax.drafters.kinds as heads_mod  # as if the asset were not shipped:
   monkeypatch.setattr(heads_mod.os.path, "isfile", lambda p: False if p.endswith(entry.asset) else
                       os.path.exists(p))
   with pytest.raises(ModelNotFoundError, match="specjax train medusa"):
