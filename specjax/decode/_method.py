@@ -38,7 +38,9 @@ class Method(Protocol):
     lossless      whether outputs follow the target's distribution exactly (greedy: identical to
                   autoregressive decoding); the lossless suite holds every such method to it
     extra_slots   cache slots one step may write past the committed length
-    max_emit      the most tokens one step can emit (the size of the acceptance histogram)
+    max_emit      the most tokens one step can emit (the size of the acceptance histogram);
+                  methods/verify.py's ChainSizes and TreeSizes derive both from a chain's
+                  length or a tree's nodes and depth
     taps          target layers whose outputs the target's forwards also return (EAGLE's fused
                   features); () for the rest
 

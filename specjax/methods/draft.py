@@ -72,7 +72,7 @@ def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
   return arr.astype(np.int32)
 
 
-class _Speculative(Method):
+class _Speculative(verify.ChainSizes, Method):
   """The step of a drafter that samples a chain: propose here (with the draft's distributions q),
   then the shared chain step (`verify.chain`) with the exact rule over q. Subclasses (frozen
   dataclasses) supply the drafter and these static options:
@@ -99,14 +99,6 @@ class _Speculative(Method):
   def variable_width(self) -> bool:
     """Whether rounds can draft fewer than gamma tokens (then verification width follows)."""
     return (self.adaptive or self.threshold > 0) and self.gamma > 1
-
-  @property
-  def extra_slots(self) -> int:
-    return self.gamma + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.gamma + 1
 
   # --- drafter hooks -------------------------------------------------------------------------
 

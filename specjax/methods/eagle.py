@@ -69,7 +69,7 @@ def check_common(method, rules=RULES) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle(Method):
+class Eagle(verify.TreeSizes, Method):
   """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)), EAGLE-1/2
   heads or EAGLE-3 heads (kind "eagle3": fc over three target layers, their own LM head over a
   draft vocabulary; specjax/drafters/eagle3.py), one code path.
@@ -146,12 +146,8 @@ class Eagle(Method):
     return self.acceptance != "typical"
 
   @property
-  def extra_slots(self) -> int:
-    return self.num_nodes + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.depth + 1
+  def max_depth(self) -> int:
+    return self.depth
 
   @property
   def window(self) -> int:

@@ -109,7 +109,7 @@ def path_probability(d: Medusa | Eagle) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hybrid(Method):
+class Hybrid(verify.TreeSizes, Method):
   """One candidate tree per step from several drafters (module docstring).
 
   drafters: a list of PromptLookup and SuffixDecoding objects and at most one Medusa or Eagle
@@ -198,14 +198,6 @@ class Hybrid(Method):
   @property
   def max_depth(self) -> int:
     return max(_depth(d) for d in self.drafters)
-
-  @property
-  def extra_slots(self) -> int:
-    return self.num_nodes + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.max_depth + 1
 
   @property
   def _heads(self) -> bool:

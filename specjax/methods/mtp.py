@@ -44,7 +44,7 @@ RULES = ("exact",)
 
 
 @dataclasses.dataclass(frozen=True)
-class MTP(Method):
+class MTP(verify.ChainSizes, Method):
   """MTP decoding with `heads` (sj.init_heads(target, "mtp", num_heads=K) / sj.load_heads(...)).
 
   gamma: how many modules draft (default all K; the chain's length); acceptance: "exact" (greedy
@@ -74,14 +74,6 @@ class MTP(Method):
   def prepare(self, model) -> "MTP":
     """gamma, if left out, from the cost curve and each module's held-out top-1 (sizing)."""
     return sizing.prepare(self, "mtp", model, self.heads)
-
-  @property
-  def extra_slots(self) -> int:
-    return self.gamma + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.gamma + 1
 
   @property
   def window(self) -> int:

@@ -67,7 +67,7 @@ class LookupState:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup(Method):
+class PromptLookup(verify.ChainSizes, Method):
   """Prompt lookup decoding. ngram: longest suffix to match (falls back to 1);
   num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens; None:
   as many as verify nearly free on the target's cost curve, methods/sizing.py; else 10)."""
@@ -86,12 +86,8 @@ class PromptLookup(Method):
     return sizing.prepare(self, "prompt-lookup", model, self.ngram)
 
   @property
-  def extra_slots(self) -> int:
-    return self.num_tokens + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.num_tokens + 1
+  def chain_len(self) -> int:
+    return self.num_tokens
 
   def init(self, prog, arrays, state, hidden):
     z = jnp.zeros_like(state.seq_len)

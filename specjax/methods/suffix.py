@@ -114,7 +114,7 @@ def chain_parents(k: int, d: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class SuffixDecoding(Method):
+class SuffixDecoding(verify.TreeSizes, Method):
   """Suffix decoding (module docstring). num_nodes: the tree verified per step (N); max_depth:
   tokens copied after each occurrence; max_match: the longest suffix matched; occurrences: how many
   earlier occurrences feed the tree; store: a SuffixStore of earlier outputs (None: the row's own
@@ -144,13 +144,6 @@ class SuffixDecoding(Method):
                        f"{', '.join(RULES)}")
     object.__setattr__(self, "capacity", 0 if self.store is None else self.store.capacity)
 
-  @property
-  def extra_slots(self) -> int:
-    return self.num_nodes + 1
-
-  @property
-  def max_emit(self) -> int:
-    return self.max_depth + 1
 
   def arrays(self, model):
     # The store's own numpy table (not a copy): generate passes its current contents every call.

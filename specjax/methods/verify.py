@@ -38,6 +38,37 @@ from specjax import tree as trees
 from specjax.decode import DecodeState, Program, emit, emitted
 
 
+class ChainSizes:
+  """A chain method's step sizes: `chain_len` drafted tokens after the pending one (gamma unless
+  the method says otherwise) take that many cache slots past the committed length and one more,
+  and a step emits at most chain_len + 1 tokens."""
+
+  @property
+  def chain_len(self) -> int:
+    return self.gamma
+
+  @property
+  def extra_slots(self) -> int:
+    return self.chain_len + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.chain_len + 1
+
+
+class TreeSizes:
+  """A tree method's step sizes: `num_nodes` candidates after the pending token, a path of at
+  most `max_depth` of them accepted, plus the target's own token."""
+
+  @property
+  def extra_slots(self) -> int:
+    return self.num_nodes + 1
+
+  @property
+  def max_emit(self) -> int:
+    return self.max_depth + 1
+
+
 def one_hot_rule(key, draft, logits, sp):
   """The chain rule for a deterministic draft (q = one-hot): greedy token matching when every row
   is greedy, else exact rejection sampling. draft [B,G], logits [B,G+1,V] -> (n [B], next [B])."""
