@@ -58,6 +58,17 @@ def layer_windows(f: HFFields, num_layers: int, window: int) -> tuple[int, ...]:
   return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
+def sizes(f: HFFields, *, hidden: int, layers: int, heads: int, head_dim: int,
+          max_positions: int, kv_heads: int | None = None) -> dict:
+  """ModelConfig's sizes from the fields llama-, gemma- and phi-style config.json files name
+  alike (vocab, MLP width, key/value heads, context), with the ones a family reads its own way."""
+  return dict(vocab_size=f.req("vocab_size", lo=1), hidden_size=hidden, num_layers=layers,
+              num_heads=heads, head_dim=head_dim,
+              num_kv_heads=f.opt("num_key_value_heads", heads, lo=1) if kv_heads is None else kv_heads,
+              intermediate_size=f.req("intermediate_size", lo=1),
+              max_position_embeddings=f.opt("max_position_embeddings", max_positions, lo=1))
+
+
 def token_ids(f: HFFields) -> dict:
   return dict(bos_token_id=f.opt("bos_token_id", None), eos_token_ids=eos_tuple(f.raw("eos_token_id")),
               pad_token_id=f.opt("pad_token_id", None))

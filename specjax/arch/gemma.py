@@ -74,14 +74,8 @@ def config_from_hf(f: HFFields, model_type: str) -> ModelConfig:
     windows = tuple(f.req("sliding_window") if i % 2 == 0 else 0 for i in range(n))
   return ModelConfig(
       arch=model_type,
-      vocab_size=f.req("vocab_size", lo=1),
-      hidden_size=e,
-      num_layers=n,
-      num_heads=h,
-      num_kv_heads=f.opt("num_key_value_heads", h, lo=1),
-      head_dim=f.opt("head_dim", 256, lo=1),
-      intermediate_size=f.req("intermediate_size", lo=1),
-      max_position_embeddings=f.opt("max_position_embeddings", 8192, lo=1),
+      **common.sizes(f, hidden=e, layers=n, heads=h, head_dim=f.opt("head_dim", 256, lo=1),
+                     max_positions=8192),
       norm_eps=f.opt("rms_norm_eps", 1e-6, float),
       activation="gelu_tanh",
       qkv_bias=bool(f.raw("attention_bias", False)),

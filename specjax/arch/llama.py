@@ -42,14 +42,8 @@ def config_from_hf(f: HFFields, model_type: str) -> ModelConfig:
                   f"'head_dim' is given)")
   return ModelConfig(
       arch=model_type,
-      vocab_size=f.req("vocab_size", lo=1),
-      hidden_size=e,
-      num_layers=n,
-      num_heads=h,
-      num_kv_heads=f.opt("num_key_value_heads", h, lo=1),
-      head_dim=head_dim or e // h,
-      intermediate_size=f.req("intermediate_size", lo=1),
-      max_position_embeddings=f.opt("max_position_embeddings", 2048, lo=1),
+      **common.sizes(f, hidden=e, layers=n, heads=h, head_dim=head_dim or e // h,
+                     max_positions=2048),
       norm_eps=f.opt("rms_norm_eps", 1e-6, float),
       qkv_bias=model_type == "qwen2" or bool(f.raw("attention_bias", False)),
       qk_norm=model_type == "qwen3",

@@ -31,14 +31,8 @@ def config_from_hf(f: HFFields, model_type: str) -> ModelConfig:
   theta, scaling = common.rope(f)
   return ModelConfig(
       arch=model_type,
-      vocab_size=f.req("vocab_size", lo=1),
-      hidden_size=e,
-      num_layers=f.req("num_hidden_layers", lo=1),
-      num_heads=h,
-      num_kv_heads=kv,
-      head_dim=e // h,
-      intermediate_size=f.req("intermediate_size", lo=1),
-      max_position_embeddings=f.opt("max_position_embeddings", 4096, lo=1),
+      **common.sizes(f, hidden=e, layers=f.req("num_hidden_layers", lo=1), heads=h,
+                     head_dim=e // h, max_positions=4096, kv_heads=kv),
       norm_eps=f.opt("rms_norm_eps", 1e-5, float),
       rope_theta=theta,
       rope_scaling=scaling,
