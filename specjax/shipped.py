@@ -184,15 +184,22 @@ def asset_path(path_or_name) -> str:
   return name
 
 
-def _header(z, path: str) -> dict:
-  """A draft asset's JSON header from its open archive; a heads file or a foreign .npz is a
-  WeightsError saying what the file is."""
+def json_header(z, path: str, expected: str) -> dict:
+  """The JSON object in an open .npz asset's __header__ (a draft asset's, a heads file's); a
+  WeightsError naming what was `expected` where there is none."""
   try:
     header = json.loads(bytes(z["__header__"]).decode())
   except (UnicodeDecodeError, ValueError) as e:
-    raise WeightsError(f"{path}: its __header__ is not JSON ({e}); expected {DRAFT_ASSET}") from e
+    raise WeightsError(f"{path}: its __header__ is not JSON ({e}); expected {expected}") from e
   if not isinstance(header, dict):
-    raise WeightsError(f"{path}: its __header__ is not a JSON object; expected {DRAFT_ASSET}")
+    raise WeightsError(f"{path}: its __header__ is not a JSON object; expected {expected}")
+  return header
+
+
+def _header(z, path: str) -> dict:
+  """A draft asset's JSON header from its open archive; a heads file or a foreign .npz is a
+  WeightsError saying what the file is."""
+  header = json_header(z, path, DRAFT_ASSET)
   kind = header.get("kind")
   if kind in KINDS and kind != "draft":
     raise WeightsError(f"{path} holds {kind} heads (written by save_heads), not {DRAFT_ASSET}: "

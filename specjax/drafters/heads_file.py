@@ -117,12 +117,7 @@ HEADS_FILE = "heads (.npz written by sj.save_heads / `specjax train medusa|eagle
 def _header(z, path: str) -> dict:
   """A heads file's JSON header from its open archive; a draft model asset or a foreign .npz is
   a WeightsError saying what the file is and what was expected."""
-  try:
-    header = json.loads(bytes(z["__header__"]).decode())
-  except (UnicodeDecodeError, ValueError) as e:
-    raise WeightsError(f"{path}: its __header__ is not JSON ({e}); expected {HEADS_FILE}") from e
-  if not isinstance(header, dict):
-    raise WeightsError(f"{path}: its __header__ is not a JSON object; expected {HEADS_FILE}")
+  header = shipped.json_header(z, path, HEADS_FILE)
   if "kind" not in header and "shared" in header:  # shipped.export_draft's header
     raise WeightsError(f"{path} is a draft model asset (export_draft), not {HEADS_FILE}: use it "
                        f"with method draft (sj.DraftModel / load_model with target=)")
