@@ -137,12 +137,7 @@ def load(kind: str = "mt_bench", n: int | None = None, fallback: bool = False) -
   elif kind == BUILTIN:
     rows, source, path = list(FALLBACK), BUILTIN, None
   else:
-    name, sep, category = kind.partition(":")
-    if name not in SETS:
-      raise InputError(f"prompt set {kind!r} unknown; use one of {', '.join(SETS)}, "
-                       f"{BUILTIN!r} or a file path")
-    if sep and name != "spec_bench":
-      raise InputError(f"prompt set {kind!r}: only spec_bench has categories")
+    _, _, category = _split_set(kind, "prompt set")
     try:
       path = set_path(kind)
     except InputError:
@@ -240,12 +235,7 @@ def check_prompt_set(spec, what: str = "--prompts", fallback: bool = False) -> N
       raise InputError(f"{what} {spec!r} is invalid: a prompt file must end in "
                        f"{', '.join(FILE_TYPES)}")
     return
-  name, sep, category = spec.partition(":")
-  if name not in PROMPT_SETS:
-    raise InputError(f"{what} {spec!r} is unknown: use one of {', '.join(PROMPT_SETS)}, "
-                     f"spec_bench:CATEGORY or a .jsonl/.txt file")
-  if sep and name != "spec_bench":
-    raise InputError(f"{what} {spec!r} is invalid: only spec_bench has categories")
+  name, sep, category = _split_set(spec, what)
   if name != BUILTIN and not fallback:
     try:  # "spec_bench:mt_bench" is read from mt_bench.jsonl (load_prompt_set)
       set_path("mt_bench" if category == "mt_bench" else spec)
@@ -254,6 +244,20 @@ def check_prompt_set(spec, what: str = "--prompts", fallback: bool = False) -> N
   if sep and category not in spec_bench_categories():
     raise InputError(f"{what} {spec!r}: unknown Spec-Bench category {category!r}; categories: "
                      f"{', '.join(spec_bench_categories())}")
+
+
+def _split_set(spec: str, what: str) -> tuple[str, str, str]:
+  """(set, ":" or "", category) of a named set "name" or "spec_bench:category"; InputError for
+  an unknown set or a category on a set without them."""
+  from specjax.errors import InputError
+
+  name, sep, category = spec.partition(":")
+  if name not in PROMPT_SETS:
+    raise InputError(f"{what} {spec!r} is unknown: use one of {', '.join(PROMPT_SETS)}, "
+                     f"spec_bench:CATEGORY or a .jsonl/.txt file")
+  if sep and name != "spec_bench":
+    raise InputError(f"{what} {spec!r} is invalid: only spec_bench has categories")
+  return name, sep, category
 
 
 def spec_bench_categories() -> tuple[str, ...]:
