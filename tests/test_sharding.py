@@ -36,6 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 on_8 = pytest.mark.eight_devices
 
 MESHES = ["data=8", "model=8", "data=2,model=4"]
+# The methods test_two_processes_on_localhost runs by name across two processes (mesh data=2,model=4)
+WORKER_METHODS = ("autoregressive", "draft", "eagle", "medusa", "prompt-lookup", "lookahead")
 MAX_NEW = 12
 
 
@@ -132,9 +134,12 @@ METHODS = [(n, f) for n, f in METHODS if "greedy" in MESH_ONCE.get(n.split("/")[
 # baseline and Medusa (heads and a static tree); every other method's state is sharded by the same
 # rules, which the mixed mesh checks. Each compile on 8 simulated devices costs ~10 s, and this
 # child is CI's longest test.
+# The methods the two-process test (test_two_processes_on_localhost) runs on the same mixed mesh,
+# across two processes, greedy and sampling, are not run on it again here.
 FAMILIES = _first_of_each_family(METHODS)
 ONE_AXIS = ("autoregressive", "medusa")
-GREEDY_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES] + [
+GREEDY_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES
+                if n.split("/")[0] not in WORKER_METHODS] + [
     (n, f, m) for n, f in FAMILIES if n.split("/")[0] in ONE_AXIS
     for m in MESHES if m != "data=2,model=4"]
 
@@ -154,13 +159,10 @@ SAMPLING = dict(temperature=0.9, top_p=0.95, seed=3)
 
 
 # Sampling: the same seed draws the same tokens on a mesh wherever the draws happen: the baseline
-# on all three meshes, and on the mixed mesh one method per rule (a chain's rejection sampling with
-# a second model, a static and a dynamic tree's multi-draft rule); the other methods draw through
-# these same rules.
-SAMPLING_ONE = ("draft", "medusa", "eagle")
-SAMPLING_CASES = [(n, f, "data=2,model=4") for n, f in FAMILIES
-                  if n.split("/")[0] in SAMPLING_ONE
-                  and "sampling" in MESH_ONCE.get(n.split("/")[0], ("sampling",))] + [
+# on the one-axis meshes here; on the mixed mesh one method per rule (a chain's rejection sampling
+# with a second model, a static and a dynamic tree's multi-draft rule) in the two-process test,
+# which runs draft, Medusa and EAGLE sampled there; the other methods draw through these rules.
+SAMPLING_CASES = [
     (n, f, m) for n, f in METHODS if n == "autoregressive" for m in MESHES if m != "data=2,model=4"]
 
 
@@ -607,7 +609,6 @@ def test_lost_process_is_named(tmp_path):
   print(f"the survivor ended {ended - died[0]:.1f} s after worker 1 died")
 
 
-WORKER_METHODS = ("autoregressive", "draft", "eagle", "medusa", "prompt-lookup", "lookahead")
 WORKER_SAMPLING = dict(temperature=0.8, seed=11)
 
 
