@@ -259,16 +259,25 @@ class Block(nnx.Module):
     return x + y, layer_cache
 
 
-def _run_block(block: Block, x, rope, layer_cache, start, mask, empty_cache, positions):
-  """block(...) through one jitted function: layers of the same shape and settings (the same
-  graphdef) are traced and lowered once per program instead of once each, and XLA inlines the
-  calls, so the compiled program is the one an unrolled loop gives."""
-  graphdef, state = nnx.split(block)
-  return _block_jit(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions)
+def layer_runner(x):
+  """How one forward runs its layers. Inside a trace (jit), through a jitted function made for
+  this forward alone: layers of the same graphdef (shape and settings) are traced and lowered
+  once per forward instead of once each, and XLA inlines the calls, so the compiled program is
+  the one an unrolled loop gives. Made per forward, not once per process, so that whatever a
+  trace reads (the kernels' availability, a patched function) is read again by every new
+  program. Eagerly (x not traced), the layers are called directly."""
+  if not isinstance(x, jax.core.Tracer):
+    return lambda block, *args: block(*args)
+  run = jax.jit(partial(_apply_block), static_argnums=(0, 7))
+
+  def call(block, *args):
+    graphdef, state = nnx.split(block)
+    return run(graphdef, state, *args)
+
+  return call
 
 
-@partial(jax.jit, static_argnums=(0, 7))
-def _block_jit(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions):
+def _apply_block(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions):
   return nnx.merge(graphdef, state)(x, rope, layer_cache, start, mask, empty_cache, positions)
 
 
@@ -336,10 +345,11 @@ class Decoder(nnx.Module):
     x, ropes = self._embed(tokens, positions)
     layers = list(cache.layers)
     tapped = []
+    run = layer_runner(x)
     for i in range(n):
       rope = ropes[self.layer_rope[i] if self.cfg.position == "rope" else 0]
-      x, layers[i] = _run_block(self.layers[i], x, rope, layers[i], cache.lengths, mask,
-                                empty_cache, positions)
+      x, layers[i] = run(self.layers[i], x, rope, layers[i], cache.lengths, mask, empty_cache,
+                         positions)
       if i + 1 in taps:
         tapped.append(x if raw_taps else rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
     if len(tapped) != len(taps):
