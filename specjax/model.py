@@ -268,6 +268,8 @@ def layer_runner(x):
   program. Eagerly (x not traced), the layers are called directly."""
   if not isinstance(x, jax.core.Tracer):
     return lambda block, *args: block(*args)
+  # A fresh partial, not _apply_block itself: jax keys its trace cache on the function object,
+  # so two jits of one function share traces, and this one must be this forward's own.
   run = jax.jit(partial(_apply_block), static_argnums=(0, 7))
 
   def call(block, *args):
