@@ -321,22 +321,11 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
 
 }  // namespace
 
-#if SJ_PART == SJ_AVX512
-extern "C" RowsFn sj_attn_rows_avx512;
-void sj_attn_rows_avx512(const Call* c, long bi, long h, long r0, long r1, float* p, int32_t* j) {
+extern "C" RowsFn SJ_PATH(sj_attn_rows);
+void SJ_PATH(sj_attn_rows)(const Call* c, long bi, long h, long r0, long r1, float* p,
+                           int32_t* j) {
   rows(c, bi, h, r0, r1, p, j);
 }
-#elif SJ_PART == SJ_AVX2
-extern "C" RowsFn sj_attn_rows_avx2;
-void sj_attn_rows_avx2(const Call* c, long bi, long h, long r0, long r1, float* p, int32_t* j) {
-  rows(c, bi, h, r0, r1, p, j);
-}
-#else
-extern "C" RowsFn sj_attn_rows_scalar;
-void sj_attn_rows_scalar(const Call* c, long bi, long h, long r0, long r1, float* p, int32_t* j) {
-  rows(c, bi, h, r0, r1, p, j);
-}
-#endif
 
 #else  // SJ_MAIN
 

@@ -319,17 +319,10 @@ void group(int qtype, const float* x, long ldx, const uint8_t* w, long nblk, lon
 
 }  // namespace
 
-#if SJ_PART == SJ_AVX512
-extern "C" void sj_blocks_avx512(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
-                                 long rows, float* out) {
+extern "C" void SJ_PATH(sj_blocks)(int qtype, const float* x, long ldx, const uint8_t* w,
+                                  long nblk, long rows, float* out) {
   group(qtype, x, ldx, w, nblk, rows, out);
 }
-#else
-extern "C" void sj_blocks_avx2(int qtype, const float* x, long ldx, const uint8_t* w, long nblk,
-                               long rows, float* out) {
-  group(qtype, x, ldx, w, nblk, rows, out);
-}
-#endif
 
 #elif SJ_PART == SJ_SCALAR
 

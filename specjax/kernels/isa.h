@@ -24,6 +24,17 @@
 #error "compile with -DSJ_PART=SJ_MAIN|SJ_AVX512|SJ_AVX2|SJ_SCALAR"
 #endif
 
+// In a vector or scalar part: the extern "C" name of this part's path of `name`
+// (name##_avx512, name##_avx2 or name##_scalar), so a source that compiles one body into both
+// vector parts defines it once: `extern "C" Fn SJ_PATH(sj_x); void SJ_PATH(sj_x)(...) {...}`.
+#if SJ_PART == SJ_AVX512
+#define SJ_PATH(name) name##_avx512
+#elif SJ_PART == SJ_AVX2
+#define SJ_PATH(name) name##_avx2
+#elif SJ_PART == SJ_SCALAR
+#define SJ_PATH(name) name##_scalar
+#endif
+
 #if SJ_PART == SJ_MAIN
 
 #include <atomic>

@@ -256,27 +256,16 @@ void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
 
 }  // namespace
 
-#if SJ_PART == SJ_AVX512
-extern "C" GroupFn sj_qdot_group_avx512;
-extern "C" QuantFn sj_qdot_quant_avx512;
-void sj_qdot_group_avx512(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
-                          const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+extern "C" GroupFn SJ_PATH(sj_qdot_group);
+extern "C" QuantFn SJ_PATH(sj_qdot_quant);
+void SJ_PATH(sj_qdot_group)(const int8_t* xq, long ldq, const float* dx, const float* dxs,
+                            long ldd, const uint8_t* w, long nblk, long rows, float* out,
+                            long ldo) {
   group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo);
 }
-void sj_qdot_quant_avx512(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+void SJ_PATH(sj_qdot_quant)(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
   quant_row(x, k, xq, dx, dxs);
 }
-#else
-extern "C" GroupFn sj_qdot_group_avx2;
-extern "C" QuantFn sj_qdot_quant_avx2;
-void sj_qdot_group_avx2(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
-                        const uint8_t* w, long nblk, long rows, float* out, long ldo) {
-  group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo);
-}
-void sj_qdot_quant_avx2(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
-  quant_row(x, k, xq, dx, dxs);
-}
-#endif
 
 #elif SJ_PART == SJ_SCALAR
 

@@ -173,15 +173,17 @@ def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- the op
 
 
-def quantize_activations(x2):
-  """x2 float32 [M, K] -> (xq int32 [M, K/32, 32], dx float32 [M, K/32]) in JAX: the math above."""
-  m, k = x2.shape
-  xb = x2.reshape(m, k // BLOCK, BLOCK)
+def quantize_activations(x: jax.Array):
+  """x [M, Kp] float32 (Kp a multiple of 32) -> (xq int8 [M, Kp/32, 32], dx float32 [M, Kp/32],
+  sx int32 [M, Kp/32]): per row, per block, llama.cpp's Q8_1 in JAX (the math above; sx the
+  block's sum of xq, for the weights' offsets)."""
+  mrows, kp = x.shape
+  xb = x.reshape(mrows, kp // BLOCK, BLOCK)
   amax = jnp.max(jnp.abs(xb), axis=-1)
   pos = amax > 0
   inv = jnp.where(pos, jnp.float32(127) / jnp.where(pos, amax, 1), jnp.float32(0))
-  xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int32)  # half to even
-  return xq, amax / jnp.float32(127)
+  xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int8)  # half to even
+  return xq, amax / jnp.float32(127), jnp.sum(xq.astype(jnp.int32), axis=-1)
 
 
 def reference(x2, packed, n: int, k: int) -> jax.Array:
@@ -190,8 +192,8 @@ def reference(x2, packed, n: int, k: int) -> jax.Array:
   row all blocks in one batched dot, else a scan over the blocks (folded in order, as the kernel
   folds them)."""
   q, d, mn = unpack(packed, n, k)
-  xq, dx = quantize_activations(x2)
-  dxs = dx * jnp.sum(xq, axis=-1).astype(jnp.float32)  # [M, nblk]
+  xq, dx, sx = quantize_activations(x2)
+  dxs = dx * sx.astype(jnp.float32)  # [M, nblk]
   xq, q = xq.transpose(1, 0, 2).astype(jnp.float32), q.astype(jnp.float32)  # [nblk, M, 32]
   hi = jax.lax.Precision.HIGHEST
   if x2.shape[0] == 1:  # (batched over blocks: faster for one row only, on XLA's CPU backend)

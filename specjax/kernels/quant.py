@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.kernels.qdot import quantize_activations  # noqa: F401 (llama.cpp's Q8_1)
 from specjax.kernels.reduce import fixed_sum
 
 BLOCK = 32  # k per block
@@ -171,18 +172,6 @@ def from_gguf(rows: np.ndarray, n: int, k: int, qtype: str, *, pack: bool | None
     packed = jnp.asarray(qdot.pack(q, d, m))
   return QWeight(jnp.asarray(q), jnp.asarray(d), None if m is None else jnp.asarray(m), packed,
                  bits, k)
-
-
-def quantize_activations(x: jax.Array):
-  """x [M, Kp] float32 (Kp a multiple of 32) -> (xq int8 [M, Kp/32, 32], dx float32 [M, Kp/32],
-  sx int32 [M, Kp/32]): per row, per block, llama.cpp's Q8_1 (module docstring)."""
-  mrows, kp = x.shape
-  xb = x.reshape(mrows, kp // BLOCK, BLOCK)
-  amax = jnp.max(jnp.abs(xb), axis=-1)
-  pos = amax > 0
-  inv = jnp.where(pos, jnp.float32(127) / jnp.where(pos, amax, 1), jnp.float32(0))
-  xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int8)  # half to even
-  return xq, amax / jnp.float32(127), jnp.sum(xq.astype(jnp.int32), axis=-1)
 
 
 def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
