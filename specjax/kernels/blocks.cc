@@ -490,7 +490,6 @@ struct Job {
   const uint8_t* w;  // [ng, nblk, record]
   float* y;          // [m, n]
   long m, k, n, ng, nblk;
-  long groups_per_chunk;
   GroupFn* fn;
 };
 
@@ -506,25 +505,14 @@ void run_groups(const Job& j, long g0, long g1) {
   }
 }
 
-void run_chunk(const void* ctx, long c) {
-  const Job& j = *static_cast<const Job*>(ctx);
-  const long g0 = c * j.groups_per_chunk;
-  run_groups(j, g0, std::min(j.ng, g0 + j.groups_per_chunk));
-}
-
 // Below this many weight bytes a call is not worth waking another thread for.
 constexpr long kThreadedBytes = 128 * 1024;
 
 void blocks_dense(int qtype, const float* x, const uint8_t* w, float* y, long m, long k, long n) {
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlockOf[qtype];
-  Job j{qtype, x, w, y, m, k, n, ng, nblk, ng, group_fn()};
-  sj_pool::Pool& p = sj_pool::pool();
-  if (ng * nblk * kRecord[qtype] >= kThreadedBytes && p.threads > 1) {
-    j.groups_per_chunk = std::max<long>(1, ng / (p.threads * 8));
-    p.run(run_chunk, &j, (ng + j.groups_per_chunk - 1) / j.groups_per_chunk);
-  } else {
-    run_groups(j, 0, ng);
-  }
+  const Job j{qtype, x, w, y, m, k, n, ng, nblk, group_fn()};
+  sj_pool::split(ng, ng * nblk * kRecord[qtype], kThreadedBytes,
+                 [&](long g0, long g1) { run_groups(j, g0, g1); });
 }
 
 // ----------------------------------------------------------------------------- XLA FFI

@@ -428,7 +428,6 @@ struct Job {
   const char* w;  // [nb, block_bytes]
   float* y;       // [m, n]
   long m, k, n, bw, nb, ldx, esize, block_bytes;
-  long blocks_per_chunk;
   BlockFn* fn;
 };
 
@@ -453,33 +452,19 @@ void run_blocks(const Job& j, long b0, long b1) {
   }
 }
 
-void run_chunk(const void* ctx, long c) {
-  const Job& j = *static_cast<const Job*>(ctx);
-  const long b0 = c * j.blocks_per_chunk;
-  run_blocks(j, b0, std::min(j.nb, b0 + j.blocks_per_chunk));
-}
-
 // Below this much work (weight bytes, times the row tiles that re-read them) a call is not worth
 // waking another thread for.
 constexpr long kThreadedBytes = 256 * 1024;
 
-void run(Job& j) {
-  sj_pool::Pool& p = sj_pool::pool();
-  const long work = j.nb * j.block_bytes * ((j.m + 5) / 6);
-  if (work >= kThreadedBytes && p.threads > 1) {
-    // 8 chunks per thread balance a core that other processes share; never fewer blocks than
-    // one per chunk.
-    j.blocks_per_chunk = std::max<long>(1, j.nb / (p.threads * 8));
-    p.run(run_chunk, &j, (j.nb + j.blocks_per_chunk - 1) / j.blocks_per_chunk);
-  } else {
-    run_blocks(j, 0, j.nb);
-  }
+void run(const Job& j) {
+  sj_pool::split(j.nb, j.nb * j.block_bytes * ((j.m + 5) / 6), kThreadedBytes,
+                 [&](long b0, long b1) { run_blocks(j, b0, b1); });
 }
 
 void dense_f32(const float* x, const float* w, float* y, long m, long k, long n, long bw,
                long nb) {
   Job j{reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(w), y, m, k, n, bw, nb,
-        k, 4, k * bw * 4, nb, block_fn()};
+        k, 4, k * bw * 4, block_fn()};
   run(j);
 }
 
@@ -494,7 +479,7 @@ void dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k, 
     x = padded.data();
   }
   Job j{reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(w), y, m, 2 * k2, n, bw,
-        nb, 2 * k2, 2, k2 * bw * 4, nb, bf16_fn()};
+        nb, 2 * k2, 2, k2 * bw * 4, bf16_fn()};
   run(j);
 }
 

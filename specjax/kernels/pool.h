@@ -133,4 +133,29 @@ inline Pool& pool() {
   return g_pool;
 }
 
+// Runs run(i0, i1) over the items [0, n) of one call (a product's column groups or blocks). A
+// call whose `work` (the caller's measure of the bytes it reads) is below `threshold` runs in one
+// piece on this thread; a larger one in chunks on the pool, about 8 per thread, which balance a
+// core that other processes share (never less than one item a chunk). Which thread computes an
+// item never changes its numbers.
+template <class F>
+void split(long n, long work, long threshold, F&& run) {
+  Pool& p = pool();
+  if (work < threshold || p.threads <= 1) {
+    run(0L, n);
+    return;
+  }
+  struct Call {
+    F* run;
+    long n, per;
+  };
+  const Call c{&run, n, std::max<long>(1, n / (p.threads * 8))};
+  p.run([](const void* ctx, long i) {
+          const Call& c = *static_cast<const Call*>(ctx);
+          const long i0 = i * c.per;
+          (*c.run)(i0, std::min(c.n, i0 + c.per));
+        },
+        &c, (n + c.per - 1) / c.per);
+}
+
 }  // namespace sj_pool

@@ -341,7 +341,6 @@ struct Job {
   const uint8_t* w;  // [ng, nblk, record]
   float* y;          // [m, n]
   long m, k, n, ng, nblk;
-  long groups_per_chunk;
   GroupFn* fn;
 };
 
@@ -358,12 +357,6 @@ void run_groups(const Job& j, long g0, long g1) {
     for (long r = 0; r < j.m; ++r)
       std::memcpy(j.y + r * j.n + col, buf + r * kGroup, (j.n - col) * sizeof(float));
   }
-}
-
-void run_chunk(const void* ctx, long c) {
-  const Job& j = *static_cast<const Job*>(ctx);
-  const long g0 = c * j.groups_per_chunk;
-  run_groups(j, g0, std::min(j.ng, g0 + j.groups_per_chunk));
 }
 
 // Below this much work (weight bytes, times the row tiles that re-read them) a call is not worth
@@ -388,15 +381,9 @@ void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long
   const Path f = path();
   for (long r = 0; r < m; ++r)
     f.quant(x + r * k, k, s.xq.data() + r * k, s.dx.data() + r * nblk, s.dxs.data() + r * nblk);
-  Job j{s.xq.data(), s.dx.data(), s.dxs.data(), w, y, m, k, n, ng, nblk, ng, f.group};
-  sj_pool::Pool& p = sj_pool::pool();
-  const long work = ng * nblk * kRecord * ((m + 7) / 8);
-  if (work >= kThreadedBytes && p.threads > 1) {
-    j.groups_per_chunk = std::max<long>(1, ng / (p.threads * 8));
-    p.run(run_chunk, &j, (ng + j.groups_per_chunk - 1) / j.groups_per_chunk);
-  } else {
-    run_groups(j, 0, ng);
-  }
+  const Job j{s.xq.data(), s.dx.data(), s.dxs.data(), w, y, m, k, n, ng, nblk, f.group};
+  sj_pool::split(ng, ng * nblk * kRecord * ((m + 7) / 8), kThreadedBytes,
+                 [&](long g0, long g1) { run_groups(j, g0, g1); });
 }
 
 // ----------------------------------------------------------------------------- XLA FFI
