@@ -21,9 +21,10 @@ chose), Medusa with the tree `specjax.tree.choose_budget` picks on the cost curv
 run (or --medusa-nodes). The drafters: the shipped `smollm2-135m-draft` for SmolLM2, else the
 target's first layer (layer-skip drafts over the draft's vocabulary where it has one); heads come
 from the registry when the model has shipped ones (a Medusa-2 model's are its asset's); a model
-with a registry entry whose asset is not there yet skips that method; a model with no entries
-(e.g. a test checkpoint) gets random heads (`sj.init_heads(target, kind,
-seed=0)`), so the script runs end to end on any model.
+with a registry entry whose asset is not there yet skips that method, and every model skips a
+method the registry says it cannot run that has no stand-in here (DFlash without shipped heads),
+saying why; a model with no entries (e.g. a test checkpoint) gets random heads
+(`sj.init_heads(target, kind, seed=0)`), so the script runs end to end on any model.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def build_methods(target, names=METHODS, *, medusa_nodes: int = 0,
       if drafter[0] is None:
         notes[n] = drafter[1]  # registered for this model but not shipped yet: skipped
         continue
+    elif why := sj_methods.get(n).unavailable(target):  # no stand-in here (DFlash unshipped)
+      log(f"(skipping {n}: {why})")
+      notes[n] = f"not run: {why}"
+      continue
     else:
       drafter = (None, None)
     options, note = _settings(n, target, *drafter, medusa_nodes, cost_sizes, log)
