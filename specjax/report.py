@@ -41,6 +41,22 @@ SET_TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarizati
 NO_COMMAND = "not recorded in the file (written before runs recorded their command)"
 
 
+ARITHMETIC = {("float32", "float32"): ("float32", "float32 (the GGUF's weights dequantized)"),
+              ("blocks", "float32"): ("GGUF blocks", "the GGUF's own quantized blocks "
+                                      "(weights=\"blocks\"), float32 activations"),
+              ("blocks", "int8"): ("GGUF blocks, int8 activations", "the GGUF's own quantized "
+                                   "blocks with int8 activations (W4A8)")}
+
+
+def arithmetic(info: dict, short: bool = False) -> str:
+  """What a run's target computed with, from its info's weights / activations (absent: the
+  float32 default, as every run made before they were recorded)."""
+  key = (info.get("weights") or "float32", info.get("activations") or "float32")
+  if key not in ARITHMETIC:
+    raise ReportError(f"weights={key[0]!r}, activations={key[1]!r}: not one of {list(ARITHMETIC)}")
+  return ARITHMETIC[key][0 if short else 1]
+
+
 class ReportError(ValueError):
   """A results file or README that the report cannot read: names the file and what is wrong."""
 

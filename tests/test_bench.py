@@ -143,7 +143,8 @@ def test_run_cases_times_an_external_decoder_and_reports_its_agreement(monkeypat
         "wall_time_s": wall[name].pop(0), "compile_time_s": compile_s, "new_tokens": 4,
         "target_calls_per_row": [2], "prompt_bucket": 16})
 
-  monkeypatch.setattr(sj, "generate", lambda model, prompts, method, **kw: out(method, [[1, 2, 3, 4]]))
+  monkeypatch.setattr(sj, "generate",
+                      lambda model, prompts, method, **kw: out(method, [[1, 2, 3, 4]]))
   first = [True]
 
   def external(model, prompts, *, max_new_tokens, seed, **kw):
@@ -162,6 +163,23 @@ def test_run_cases_times_an_external_decoder_and_reports_its_agreement(monkeypat
   s = bench.summarize(recs)
   assert s["ext"][bench.OVERALL]["same_as_ar"] == pytest.approx(0.5)
   assert s["ext"][bench.OVERALL]["identical"] is None
+
+
+def test_spec_bench_llama_cpp_errors_before_loading(monkeypatch, capsys):
+  """--llama-cpp without llama-cpp-python says how to install it; on a model that is not a
+  GGUF file it says so. Both before any model loads."""
+  import sys
+  import types
+
+  run = _load("spec_bench_run", os.path.join(ROOT, "experiments", "spec_bench", "run.py"))
+  monkeypatch.setattr(run.sj, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+  monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+  with pytest.raises(SystemExit, match="--llama-cpp needs llama-cpp-python"):
+    run.main(["--quick", "--llama-cpp", "--model", "smollm2-135m", "--no-progress"])
+  monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))  # "installed"
+  with pytest.raises(SystemExit):
+    run.main(["--quick", "--llama-cpp", "--model", ROOT, "--no-progress"])
+  assert "--llama-cpp needs a GGUF model" in capsys.readouterr().err
 
 
 def test_rescore_follows_drifting_load_and_ignores_one_disturbed_run():
