@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -277,6 +278,16 @@ class Case:
   meta: dict = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class External:
+  """A decoder outside specjax that `run_cases` times among the methods (llama.cpp, in
+  experiments/spec_bench): generate(model, prompts, **sj.generate's keywords) returns what
+  sj.generate does (.tokens; .stats with wall_time_s, compile_time_s > 0 on a warm-up call,
+  new_tokens, target_calls_per_row, prompt_bucket). Other arithmetic may give other greedy
+  tokens, so its records' `identical` is None and `same_as_ar` says how far they agree."""
+  generate: Callable
+
+
 def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: int = 128,
               temperature: float = 0.0, repeats: int = 1, baseline: str = "autoregressive",
               stop_at_eos: bool = False, progress: bool = True, desc: str = "bench") -> list[dict]:
@@ -295,7 +306,8 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
   Records: method, case, group, meta..., batch, prompt_bucket, new_tokens, target_calls, tau
   (new tokens per target call, prefill included), time_s (median of its runs), times_s,
   base_time_s and ratio (see `rescore`), tok_s, identical (greedy: every run's tokens equal the
-  baseline's; None when sampling), compile_s.
+  baseline's; None when sampling), compile_s. An `External` method's greedy records have
+  same_as_ar instead of identical (`agreement`'s share of tokens before the first difference).
   """
   import specjax as sj
   from specjax.errors import InputError, check_int
@@ -316,10 +328,13 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
 
     def run(name):
       bar.set_postfix_str(f"{case.group} {name}", refresh=False)
-      out = sj.generate(model, case.prompts, methods[name], **kw)
+      m = methods[name]
+      gen = functools.partial(m.generate, model, case.prompts) if isinstance(m, External) \
+          else functools.partial(sj.generate, model, case.prompts, m)
+      out = gen(**kw)
       if out.stats["compile_time_s"] > 0:  # a fresh program's first run pays one-off costs
         compile_s[name] += out.stats["compile_time_s"]
-        out = sj.generate(model, case.prompts, methods[name], **kw)
+        out = gen(**kw)
       outs[name].append(out)
       bar.update()
       return out.stats["wall_time_s"]
@@ -331,6 +346,7 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
       run(baseline)
     ref = outs[baseline][0].tokens
     for name in [baseline] + others:
+      exact = temperature == 0 and not isinstance(methods[name], External)
       times = [o.stats["wall_time_s"] for o in outs[name]]
       st = outs[name][-1].stats
       calls = int(sum(st["target_calls_per_row"]))
@@ -341,7 +357,9 @@ def run_cases(model, cases: Sequence[Case], methods: dict, *, max_new_tokens: in
           "new_tokens": st["new_tokens"], "target_calls": calls,
           "tau": st["new_tokens"] / max(1, calls), "time_s": t, "times_s": times,
           "tok_s": st["new_tokens"] / t,
-          "identical": (all(o.tokens == ref for o in outs[name]) if temperature == 0 else None),
+          "identical": all(o.tokens == ref for o in outs[name]) if exact else None,
+          **({"same_as_ar": agreement(outs[name][0].tokens, ref)[1]}
+             if temperature == 0 and not exact else {}),
           "compile_s": compile_s[name]})
   bar.close()
   return rescore(records, baseline)
@@ -403,6 +421,7 @@ def _ratio(r: dict, base: dict) -> float:
 
 def _cell_stats(rs: list[dict], base: dict) -> dict:
   same = [r["identical"] for r in rs if r["identical"] is not None]
+  shares = [r["same_as_ar"] for r in rs if r.get("same_as_ar") is not None]
   return {
       "speedup": median([_ratio(r, base) for r in rs]),
       # Spec-Bench's own figure (evaluation/speed.py): mean tok/s over mean baseline tok/s.
@@ -412,6 +431,7 @@ def _cell_stats(rs: list[dict], base: dict) -> dict:
       "tok_s": median([r["tok_s"] for r in rs]),
       "ms_per_token": 1e3 * median([r["time_s"] / max(1, r["new_tokens"]) for r in rs]),
       "identical": all(same) if same else None,
+      **({"same_as_ar": float(np.mean(shares))} if shares else {}),
       "cases": len(rs),
   }
 

@@ -17,6 +17,10 @@ HumanEval, 10 prompts each, 128 new tokens: the prompts and lengths speed goals 
 the quick run over all six Spec-Bench sets and HumanEval (2 prompts each, 64 tokens); and the
 quick run on the Medusa-2 model (the target with the shipped adapters merged in: a different
 model, so its Medusa row is against that model's own autoregressive decoding, in its own process).
+Each table's title and first row name the arithmetic its baseline decodes with (`--weights`,
+`--activations`; a file from before runs recorded them ran the float32 path). Rows a file lists
+as `external` (llama.cpp, `--llama-cpp`) show the speedup alone and are marked "(not exact)":
+they compute with other arithmetic, so they are neither exact nor counted as specjax's tau.
 """
 
 from __future__ import annotations
@@ -41,6 +45,23 @@ SET_TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarizati
 NO_COMMAND = "not recorded in the file (written before runs recorded their command)"
 
 
+ARITHMETIC = {("float32", "float32"): ("float32", "the float32 path (the GGUF's weights "
+                                      "dequantized to float32)"),
+              ("blocks", "float32"): ("GGUF blocks", "the GGUF's own quantized blocks "
+                                      "(weights=\"blocks\"), float32 activations"),
+              ("blocks", "int8"): ("GGUF blocks, int8 activations", "the GGUF's own quantized "
+                                   "blocks with int8 activations (W4A8)")}
+
+
+def arithmetic(info: dict, short: bool = False) -> str:
+  """What a run's target computed with, from its info's weights / activations (absent: the
+  float32 default, as every run made before they were recorded)."""
+  key = (info.get("weights") or "float32", info.get("activations") or "float32")
+  if key not in ARITHMETIC:
+    raise ReportError(f"weights={key[0]!r}, activations={key[1]!r}: not one of {list(ARITHMETIC)}")
+  return ARITHMETIC[key][0 if short else 1]
+
+
 class ReportError(ValueError):
   """A results file or README that the report cannot read: names the file and what is wrong."""
 
@@ -61,10 +82,12 @@ def load_source(path: str, name: str | None = None) -> dict:
   sets = [s for s in data["categories"] if any(s in cell for cell in summary.values())]
   if any("overall" in cell for cell in summary.values()):
     sets.append("overall")
-  cells = {m: {s: (c["speedup"], c["tau"], c.get("identical"), c.get("tok_s"))
-               for s, c in by_set.items() if s in sets} for m, by_set in summary.items()}
+  cells = {m: {s: (c["speedup"], c["tau"], c.get("identical"), c.get("tok_s"),
+                   c.get("same_as_ar")) for s, c in by_set.items() if s in sets}
+           for m, by_set in summary.items()}
   return {"name": name or path, "sets": sets, "methods": list(summary), "cells": cells,
-          "notes": data.get("methods", {}), "meta": _meta(data)}
+          "notes": data.get("methods", {}), "external": data.get("external", []),
+          "meta": _meta(data)}
 
 
 def _meta(data: dict) -> dict:
@@ -74,32 +97,40 @@ def _meta(data: dict) -> dict:
           "load": info.get("load_average"), "load_end": info.get("load_average_end"),
           "run_s": info.get("run_s"), "command": info.get("command"), "jax": info.get("jax"),
           "model": data.get("model"), "prompts": data.get("num_prompts"),
-          "new_tokens": data.get("max_new_tokens"), "repeats": data.get("repeats")}
+          "new_tokens": data.get("max_new_tokens"), "repeats": data.get("repeats"),
+          "arithmetic": arithmetic(info), "short": arithmetic(info, short=True)}
 
 
 def render_source(src: dict, baseline: str = "autoregressive") -> str:
-  """One source's table (a cell per method x prompt set: "speedup x (tau)", the baseline's row
-  its tokens/s) and the notes that say where it comes from."""
-  sets = src["sets"]
+  """One source's title, its table (a cell per method x prompt set: "speedup x (tau)", the
+  baseline's row its tokens/s, an external row its speedup alone) and the notes that say where
+  it comes from."""
+  sets, m = src["sets"], src["meta"]
+  title = (f"**{m['model']} on {m['arithmetic']}: "
+           f"{', '.join(SET_TITLES.get(s, s) for s in sets if s != 'overall')}, "
+           f"{m['prompts']} prompt(s) per set x {m['new_tokens']} tokens**")
   head = "| method | " + " | ".join(SET_TITLES.get(s, s) for s in sets) + " |"
-  lines = [head, "|---" * (len(sets) + 1) + "|"]
+  lines = [_wrap(title), "", head, "|---" * (len(sets) + 1) + "|"]
   if baseline in src["cells"]:
     base = src["cells"][baseline]
-    lines.append(f"| {baseline}, tokens/s | " + " | ".join(
+    lines.append(f"| {baseline} ({m['short']}), tokens/s | " + " | ".join(
         "-" if base.get(s) is None or base[s][3] is None else f"{base[s][3]:.1f}"
         for s in sets) + " |")
-  for m in src["methods"]:
-    if m != baseline:
-      lines.append(f"| {m} | " + " | ".join(_cell(src["cells"][m].get(s)) for s in sets) + " |")
-  notes = [_source_line(src), _settings_line(src, baseline), _identity_line(src)]
-  return "\n".join(lines + [""] + [_wrap(n) + "\n" for n in notes]).rstrip("\n")
+  for name in src["methods"]:
+    if name != baseline:
+      ext = name in src["external"]
+      lines.append(f"| {name}{' (not exact)' if ext else ''} | " + " | ".join(
+          _cell(src["cells"][name].get(s), tau=not ext) for s in sets) + " |")
+  notes = [_source_line(src), _settings_line(src, baseline), _external_line(src, baseline),
+           _identity_line(src)]
+  return "\n".join(lines + [""] + [_wrap(n) + "\n" for n in notes if n]).rstrip("\n")
 
 
-def _cell(c) -> str:
+def _cell(c, tau: bool = True) -> str:
   if c is None:
     return "-"
-  speedup, tau = c[0], c[1]
-  text = f"{speedup:.2f}x ({tau:.2f})"
+  text = f"{c[0]:.2f}x ({c[1]:.2f})" if tau else f"{c[0]:.2f}x"
+  speedup = c[0]
   return f"**{text}**" if round(speedup, 2) > 1.0 else text  # bold: faster than the baseline
 
 
@@ -124,13 +155,32 @@ def _load(x) -> str:
 
 def _settings_line(src: dict, baseline: str) -> str:
   m = src["meta"]
-  notes = "; ".join(f"{name}: {note}" for name, note in src["notes"].items() if name != baseline)
+  notes = "; ".join(f"{name}: {note}" for name, note in src["notes"].items()
+                    if name != baseline and name not in src["external"])
   return (f"Cells: speedup over {baseline} decoding (median over prompts of the per-prompt time "
           f"ratio; bold where above 1.00x) and, in brackets, tau (new tokens per target forward, "
           f"prefill included); the first row, {baseline} decoding's own speed (median over "
-          f"prompts). "
+          f"prompts), on {m['arithmetic']}. "
           f"{m['model']}, greedy, batch 1, {m['prompts']} prompt(s) per set, {m['new_tokens']} new "
           f"tokens, {m['repeats']} timed run(s) per prompt. Methods: {notes}.")
+
+
+def _external_line(src: dict, baseline: str) -> str:
+  """What the external rows (llama.cpp) are and how far their greedy tokens follow the
+  baseline's; empty when the source has none."""
+  if not src["external"]:
+    return ""
+  rows = []
+  for name in src["external"]:
+    shares = [c[4] for c in src["cells"].get(name, {}).values() if c[4] is not None]
+    lo, hi = (f"{min(shares):.2f}", f"{max(shares):.2f}") if shares else ("", "")
+    same = f"; {lo if lo == hi else f'{lo}-{hi}'} of the {baseline} tokens before the first " \
+           f"difference, per set" if shares else ""
+    rows.append(f"{name}: {src['notes'].get(name, 'not described')}{same}")
+  return (f"Rows marked (not exact) run outside specjax, timed among the methods against the same "
+          f"{baseline} runs on the same token ids; their arithmetic differs, so their greedy "
+          f"tokens may differ from {baseline} decoding's, and the cell is the speedup alone. "
+          + "; ".join(rows) + ".")
 
 
 def _identity_line(src: dict) -> str:
@@ -138,7 +188,8 @@ def _identity_line(src: dict) -> str:
             for s, c in by_set.items() if c[2] is False]
   if differ:
     return "Greedy output NOT token-identical to autoregressive: " + ", ".join(differ) + "."
-  return "Every greedy output was token-identical to autoregressive decoding."
+  every = "Every specjax method's" if src["external"] else "Every"
+  return f"{every} greedy output was token-identical to autoregressive decoding."
 
 
 def render(sources: list[dict]) -> str:

@@ -128,6 +128,60 @@ def test_run_cases_interleaves_the_baseline_and_discards_warmups(monkeypatch):
   assert s["slow"][bench.OVERALL]["identical"] is False
 
 
+def test_run_cases_times_an_external_decoder_and_reports_its_agreement(monkeypatch):
+  """A bench.External (llama.cpp in experiments/spec_bench) runs in the same order as the
+  methods, its warm-up is discarded, and its greedy tokens are compared, not asserted."""
+  import types
+
+  import specjax as sj
+
+  calls, wall = [], {"autoregressive": [1.0, 1.0], "ext": [9.0, 0.5]}
+
+  def out(name, tokens, compile_s=0.0):
+    calls.append(name)
+    return types.SimpleNamespace(tokens=tokens, stats={
+        "wall_time_s": wall[name].pop(0), "compile_time_s": compile_s, "new_tokens": 4,
+        "target_calls_per_row": [2], "prompt_bucket": 16})
+
+  monkeypatch.setattr(sj, "generate",
+                      lambda model, prompts, method, **kw: out(method, [[1, 2, 3, 4]]))
+  first = [True]
+
+  def external(model, prompts, *, max_new_tokens, seed, **kw):
+    assert prompts == ["p"] and max_new_tokens == 4 and seed == 0
+    warm, first[0] = first[0], False
+    return out("ext", [[1, 2, 0, 4]], compile_s=1.0 if warm else 0.0)
+
+  methods = {"autoregressive": "autoregressive", "ext": bench.External(external)}
+  recs = bench.run_cases(None, [bench.Case(["p"])], methods, max_new_tokens=4, progress=False)
+  assert calls == ["autoregressive", "ext", "ext", "autoregressive"]
+  by = {r["method"]: r for r in recs}
+  assert by["ext"]["times_s"] == [0.5] and by["ext"]["ratio"] == pytest.approx(2.0)
+  assert by["ext"]["identical"] is None and by["ext"]["same_as_ar"] == pytest.approx(0.5)
+  assert by["ext"]["tau"] == 2.0 and by["autoregressive"]["identical"] is True
+  assert "same_as_ar" not in by["autoregressive"]
+  s = bench.summarize(recs)
+  assert s["ext"][bench.OVERALL]["same_as_ar"] == pytest.approx(0.5)
+  assert s["ext"][bench.OVERALL]["identical"] is None
+
+
+def test_spec_bench_llama_cpp_errors_before_loading(monkeypatch, capsys):
+  """--llama-cpp without llama-cpp-python says how to install it; on a model that is not a
+  GGUF file it says so. Both before any model loads."""
+  import sys
+  import types
+
+  run = _load("spec_bench_run", os.path.join(ROOT, "experiments", "spec_bench", "run.py"))
+  monkeypatch.setattr(run.sj, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+  monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+  with pytest.raises(SystemExit, match="--llama-cpp needs llama-cpp-python"):
+    run.main(["--quick", "--llama-cpp", "--model", "smollm2-135m", "--no-progress"])
+  monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))  # "installed"
+  with pytest.raises(SystemExit):
+    run.main(["--quick", "--llama-cpp", "--model", ROOT, "--no-progress"])
+  assert "--llama-cpp needs a GGUF model" in capsys.readouterr().err
+
+
 def test_rescore_follows_drifting_load_and_ignores_one_disturbed_run():
   """Each method run is compared with the baseline runs around it: exact under load that rises
   through a case (the case's median would make the first method 2x, the last 0.67x), and one

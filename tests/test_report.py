@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -14,8 +15,9 @@ from specjax import bench, report
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
-def _cell(speedup, tau, identical=True, tok_s=None):
-  return {"speedup": speedup, "tau": tau, "identical": identical, "cases": 1, "tok_s": tok_s}
+def _cell(speedup, tau, identical=True, tok_s=None, same_as_ar=None):
+  c = {"speedup": speedup, "tau": tau, "identical": identical, "cases": 1, "tok_s": tok_s}
+  return c if same_as_ar is None else dict(c, same_as_ar=same_as_ar)
 
 
 FIXTURE = {
@@ -38,14 +40,29 @@ FIXTURE = {
 }
 
 
+# The first source: a run on the GGUF's blocks, with llama.cpp rows beside it.
+BLOCKS = copy.deepcopy(FIXTURE)
+BLOCKS["info"].update(weights="blocks", activations="float32")
+BLOCKS["external"] = ["llama.cpp", "llama.cpp prompt-lookup 2"]
+BLOCKS["methods"].update({"llama.cpp": "llama.cpp 9.9, 2 threads",
+                          "llama.cpp prompt-lookup 2": "llama.cpp 9.9, prompt lookup 2"})
+BLOCKS["summary"].update({
+    "llama.cpp": {"mt_bench": _cell(1.25, 1.0, None, same_as_ar=0.5),
+                  "humaneval": _cell(0.875, 1.0, None, same_as_ar=1.0),
+                  "overall": _cell(1.125, 1.0, None, same_as_ar=0.75)},
+    "llama.cpp prompt-lookup 2": {"mt_bench": _cell(2.0, 1.5, None, same_as_ar=0.25),
+                                  "humaneval": _cell(0.5, 1.25, None, same_as_ar=0.25),
+                                  "overall": _cell(1.0, 1.375, None, same_as_ar=0.25)}})
+
+
 @pytest.fixture
 def tree(tmp_path):
-  """A repository root with the fixture at every source's path and a README holding an empty
-  results block."""
+  """A repository root with BLOCKS at the first source's path, the fixture at every other, and a
+  README holding an empty results block."""
   for rel in report.SOURCES:
     src = tmp_path / rel
     src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text(json.dumps(FIXTURE))
+    src.write_text(json.dumps(BLOCKS if rel == report.SOURCES[0] else FIXTURE))
   readme = tmp_path / "README.md"
   readme.write_text(f"# title\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
   return tmp_path
@@ -58,10 +75,11 @@ def test_block_from_fixture(tree):
   assert "| method | MT-Bench | HumanEval | all sets |" in lines
   # the baseline's tokens/s first, then a row per method: "speedup x (tau)", above 1x in bold
   rows = [l for l in lines if l.startswith("| ")]
-  assert rows == rows[:4] * len(report.SOURCES)  # a table per source, in SOURCES' order
-  assert rows[1:4] == ["| autoregressive, tokens/s | 40.2 | 50.0 | 45.0 |",
-                      "| prompt-lookup | 0.81x (1.25) | **1.50x (2.00)** | 1.00x (1.50) |",
-                      "| medusa | 0.50x (1.12) | 0.75x (1.50) | 0.62x (1.25) |"]
+  first, rest = rows[:6], rows[6:]
+  assert rest == rest[:4] * (len(report.SOURCES) - 1)  # a table per source, in SOURCES' order
+  assert rest[1:4] == ["| autoregressive (float32), tokens/s | 40.2 | 50.0 | 45.0 |",
+                       "| prompt-lookup | 0.81x (1.25) | **1.50x (2.00)** | 1.00x (1.50) |",
+                       "| medusa | 0.50x (1.12) | 0.75x (1.50) | 0.62x (1.25) |"]
   flat = " ".join(block.split())  # the notes are wrapped at 100 characters
   assert ("Source: `experiments/spec_bench/results_quick.json`, 2026-01-02 03:04; Some CPU, 2 cores "
           "(cpu, jax 0.0.1); load average 1.5 at start, 2.2 at end; run 123 s. Command: "
@@ -70,6 +88,39 @@ def test_block_from_fixture(tree):
   assert "tiny, greedy, batch 1, 1 prompt(s) per set, 32 new tokens" in flat
   assert "prompt-lookup: PromptLookup(ngram=3); medusa: Medusa, 3 nodes." in flat
   assert "NOT token-identical to autoregressive: medusa on MT-Bench." in flat
+  assert ("**tiny on the float32 path (the GGUF's weights dequantized to float32): MT-Bench, "
+          "HumanEval, 1 prompt(s) per set x 32 tokens**") in flat
+
+
+def test_first_table_names_its_baseline_and_shows_llama_cpp_as_speedup_alone(tree):
+  """The blocks run: the title and the first row name the baseline's arithmetic; llama.cpp
+  rows are marked, carry no tau, are described once, and their agreement is reported."""
+  block = report.build(str(tree))
+  rows = [l for l in block.splitlines() if l.startswith("| ")][:6]
+  assert rows[1:] == [
+      "| autoregressive (GGUF blocks), tokens/s | 40.2 | 50.0 | 45.0 |",
+      "| prompt-lookup | 0.81x (1.25) | **1.50x (2.00)** | 1.00x (1.50) |",
+      "| medusa | 0.50x (1.12) | 0.75x (1.50) | 0.62x (1.25) |",
+      "| llama.cpp (not exact) | **1.25x** | 0.88x | **1.12x** |",
+      "| llama.cpp prompt-lookup 2 (not exact) | **2.00x** | 0.50x | 1.00x |"]
+  flat = " ".join(block.split())
+  first = flat[:flat.index(f"Source: `{report.SOURCES[1]}`")]
+  assert ("**tiny on the GGUF's own quantized blocks (weights=\"blocks\"), float32 activations: "
+          "MT-Bench, HumanEval, 1 prompt(s) per set x 32 tokens**") in first
+  assert "Methods: prompt-lookup: PromptLookup(ngram=3); medusa: Medusa, 3 nodes." in first
+  assert ("llama.cpp: llama.cpp 9.9, 2 threads; 0.50-1.00 of the autoregressive tokens before "
+          "the first difference, per set; llama.cpp prompt-lookup 2: llama.cpp 9.9, prompt "
+          "lookup 2; 0.25 of the autoregressive tokens") in first
+  assert "Every specjax method's greedy output was token-identical" not in first  # medusa differs
+  assert "(not exact)" not in flat[len(first):]  # the float32 tables have no llama.cpp rows
+
+
+def test_arithmetic_names_what_the_target_computed_with():
+  assert report.arithmetic({}) == report.arithmetic({"weights": "float32"})  # the old default
+  assert report.arithmetic({"weights": "blocks", "activations": "int8"}, short=True) == \
+      "GGUF blocks, int8 activations"
+  with pytest.raises(report.ReportError, match="weights='bf16'"):
+    report.arithmetic({"weights": "bf16"})
 
 
 def test_missing_command_is_said_not_invented(tree):

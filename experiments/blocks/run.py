@@ -19,9 +19,10 @@ Ratios are against float32 autoregressive in the same process; `x blocks AR` aga
 autoregressive. Greedy rows also give the share of each configuration's tokens that equal float32
 autoregressive decoding's up to its first difference (`same as AR`: 1.00 for every exact method).
 
-llama.cpp runs the same GGUF file through llama-cpp-python with 2 threads (`--threads`) on the
-same token ids (the chat template applied by the model's own tokenizer), generating exactly as
-many tokens (no EOS stop), greedy (top-k 1) or at T with top-k / top-p / min-p off. It computes
+llama.cpp runs the same GGUF file through llama-cpp-python (llama_runner.py here, shared with
+experiments/spec_bench) with 2 threads (`--threads`) on the same token ids (the chat template
+applied by the model's own tokenizer), generating exactly as many tokens (no EOS stop), greedy
+(top-k 1) or at T with top-k / top-p / min-p off. It computes
 with 8-bit activations (Q4_1 x Q8_1), so it is not the float32 model and its greedy tokens may
 differ. Every llama.cpp call evaluates its whole prompt, as every sj.generate call does (its
 cache is reset first). Beside tok/s, the autoregressive configurations and llama.cpp report the
@@ -43,6 +44,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import specjax as sj  # noqa: E402
+from experiments.blocks.llama_runner import LlamaCpp  # noqa: E402
 from specjax import bench, weights  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,40 +61,22 @@ def specjax_runner(model, method):
 
 
 def llama_cpp_runner(model, threads: int):
-  """A configuration that decodes with llama.cpp on the same GGUF, one prompt at a time."""
-  try:
-    import llama_cpp
-  except ImportError as e:
-    raise SystemExit("--llama-cpp needs llama-cpp-python: "
-                     "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install llama-cpp-python") from e
-  llm = llama_cpp.Llama(weights.resolve(MODEL), n_ctx=2048, n_batch=512, n_threads=threads,
-                        n_threads_batch=threads, verbose=False)
+  """A configuration that decodes with llama.cpp on the same GGUF, one prompt at a time
+  (experiments/blocks/llama_runner.py)."""
+  llm = LlamaCpp(weights.resolve(MODEL), threads)
 
   def run(group, chat, temperature, n_new, seed):
     rows, eval_s, evals, prompt_s = [], 0.0, 0, 0.0
     for p in group:
       ids = sj.decode._encode(model, [p], chat)[0]  # the ids sj.generate feeds
-      llm.set_seed(seed)
-      # Every call evaluates its whole prompt, as sj.generate does. Without this, llama-cpp-python
-      # keeps the previous call's KV cache and re-evaluates only the prompt's last token when the
-      # prompt matches it, so every timed repeat of a prompt would skip llama.cpp's prefill.
-      llm.reset()
-      llama_cpp.llama_perf_context_reset(llm.ctx)
-      sample = dict(top_k=1, temp=0.0) if temperature == 0 else \
-          dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
-      new = []
-      for tok in llm.generate(ids, reset=True, repeat_penalty=1.0, **sample):
-        new.append(int(tok))
-        if len(new) == n_new:
-          break
-      perf = llama_cpp.llama_perf_context(llm.ctx)
-      eval_s, evals = eval_s + perf.t_eval_ms / 1e3, evals + perf.n_eval
-      prompt_s += perf.t_p_eval_ms / 1e3
-      rows.append(new)
+      out = llm.decode(ids, n_new, temperature, seed)
+      rows.append(out["tokens"])
+      eval_s, evals = eval_s + out["eval_s"], evals + out["evals"]
+      prompt_s += out["prompt_s"]
     # llama.cpp's own timers: the prompt's evaluation, and the decoding after the first token.
     return rows, {"first_token_s": prompt_s, "decode_tok_s": evals / eval_s if eval_s else None,
-                  "llama_cpp_version": llama_cpp.__version__}
-  run.close = llm.close  # freed before the interpreter exits (its finaliser fails at exit)
+                  "llama_cpp_version": llm.version}
+  run.close = llm.close
   return run
 
 

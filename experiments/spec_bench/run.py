@@ -21,9 +21,21 @@ chose), Medusa with the tree `specjax.tree.choose_budget` picks on the cost curv
 run (or --medusa-nodes). The drafters: the shipped `smollm2-135m-draft` for SmolLM2, else the
 target's first layer (layer-skip drafts over the draft's vocabulary where it has one); heads come
 from the registry when the model has shipped ones (a Medusa-2 model's are its asset's); a model
-with a registry entry whose asset is not there yet skips that method; a model with no entries
-(e.g. a test checkpoint) gets random heads (`sj.init_heads(target, kind,
-seed=0)`), so the script runs end to end on any model.
+with a registry entry whose asset is not there yet skips that method, and every model skips a
+method the registry says it cannot run that has no stand-in here (DFlash without shipped heads),
+saying why; a model with no entries (e.g. a test checkpoint) gets random heads
+(`sj.init_heads(target, kind, seed=0)`), so the script runs end to end on any model.
+
+`--weights blocks` decodes with the GGUF's own quantized blocks instead of float32 (and
+`--activations int8` with 8-bit activations too: W4A8); every method then runs on that target and
+is exact with respect to it. `--llama-cpp` adds llama.cpp on the same GGUF file and the same
+token ids (experiments/blocks/llama_runner.py: `--threads` threads, greedy, exactly as many
+tokens, whole prompt evaluated every call), plain and with llama-cpp-python's own prompt-lookup
+speculation (`LlamaPromptLookupDecoding`, num_pred_tokens 2 and 10), timed among the methods
+against the same autoregressive runs (`bench.External`). llama.cpp computes with 8-bit
+activations, so its greedy tokens may differ from autoregressive's: the report gives the share
+of them before the first difference instead of asserting identity; its tau counts its forwards
+(the prompt's, then one per verification) as specjax counts target calls.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ sys.path.insert(0, ROOT)
 
 import specjax as sj  # noqa: E402
 from specjax import bench, shipped  # noqa: E402
+from specjax import report as sj_report  # noqa: E402
 from specjax import methods as sj_methods  # noqa: E402
 
 CATEGORIES = bench.SPEC_BENCH_CATEGORIES + ("humaneval",)
@@ -84,6 +97,10 @@ def build_methods(target, names=METHODS, *, medusa_nodes: int = 0,
       if drafter[0] is None:
         notes[n] = drafter[1]  # registered for this model but not shipped yet: skipped
         continue
+    elif why := sj_methods.get(n).unavailable(target):  # no stand-in here (DFlash unshipped)
+      log(f"(skipping {n}: {why})")
+      notes[n] = f"not run: {why}"
+      continue
     else:
       drafter = (None, None)
     options, note = _settings(n, target, *drafter, medusa_nodes, cost_sizes, log)
@@ -93,6 +110,43 @@ def build_methods(target, names=METHODS, *, medusa_nodes: int = 0,
 
 
 HEAD_METHODS = ("medusa", "eagle", "mtp")
+# llama.cpp rows (--llama-cpp): name -> llama-cpp-python's prompt-lookup num_pred_tokens (0: off).
+LLAMA_CPP = {"llama.cpp": 0, "llama.cpp prompt-lookup 2": 2, "llama.cpp prompt-lookup 10": 10}
+
+
+def llama_cpp_methods(target, gguf: str, threads: int):
+  """(name -> bench.External, name -> what it is, close: frees them) for the LLAMA_CPP rows on
+  the GGUF file `gguf`, fed the token ids sj.generate would feed `target`."""
+  from experiments.blocks.llama_runner import LlamaCpp
+
+  methods, notes, opened = {}, {}, []
+  for name, k in LLAMA_CPP.items():
+    llm = LlamaCpp(gguf, threads, num_pred_tokens=k)
+    methods[name], opened = bench.External(_llama_generate(target, llm)), opened + [llm]
+    notes[name] = (f"llama.cpp {llm.version} (llama-cpp-python) on the same GGUF, {threads} "
+                   f"threads, 8-bit activations (not specjax's arithmetic)"
+                   + (f", prompt lookup (LlamaPromptLookupDecoding, num_pred_tokens={k})"
+                      if k else ""))
+  return methods, notes, lambda: [llm.close() for llm in opened]
+
+
+def _llama_generate(target, llm):
+  """sj.generate's shape around llama.cpp (one prompt a call): its first call is a warm-up."""
+  import types
+
+  calls = [0]
+
+  def generate(model, prompts, *, max_new_tokens, temperature=0.0, chat=True, seed=0, **_):
+    if len(prompts) != 1:
+      raise ValueError(f"llama.cpp rows decode one prompt a call, got {len(prompts)}")
+    ids = sj.decode._encode(target, prompts, chat)[0]  # the ids sj.generate feeds
+    out = llm.decode(ids, max_new_tokens, temperature, seed)
+    calls[0] += 1
+    return types.SimpleNamespace(tokens=[out["tokens"]], stats={
+        "wall_time_s": out["wall_s"], "compile_time_s": out["wall_s"] if calls[0] == 1 else 0.0,
+        "new_tokens": len(out["tokens"]), "target_calls_per_row": [out["forwards"]],
+        "prompt_bucket": len(ids)})
+  return generate
 
 
 def _shipped(target, kind: str):
@@ -218,6 +272,9 @@ def tables(summary: dict, categories, methods) -> str:
     r = {"method": name, "overall": None if ov is None else f"{ov['speedup']:.2f}x",
          "tau": None if ov is None else ov["tau"],
          "identical": bench.OVERALL in cells and cells[bench.OVERALL]["identical"]}
+    share = cells.get(bench.OVERALL, {}).get("same_as_ar")
+    if share is not None:  # llama.cpp: other arithmetic, its agreement is reported, not asserted
+      r["identical"] = f"{share:.2f} of tokens"
     t = {"method": name}
     for c in categories:
       r[c] = f"{cells[c]['speedup']:.2f}x" if c in cells else None
@@ -285,6 +342,14 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=1, help="timed runs per (method, prompt)")
   ap.add_argument("--medusa-nodes", type=int, default=0,
                   help="Medusa tree size (0: choose_budget on the measured cost curve)")
+  ap.add_argument("--weights", choices=("float32", "blocks"), default="float32",
+                  help="the target's weights (sj.load_model): float32, or a GGUF's own blocks")
+  ap.add_argument("--activations", choices=("float32", "int8"), default="float32",
+                  help="int8 (with --weights blocks): the W4A8 target")
+  ap.add_argument("--llama-cpp", action="store_true",
+                  help="add llama.cpp on the same GGUF: plain and prompt lookup 2 / 10 "
+                  "(llama-cpp-python)")
+  ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
   ap.add_argument("--no-progress", action="store_true")
   ap.add_argument("--rescore", default="", metavar="JSON",
                   help="decode nothing: score the records of an earlier run's JSON again and "
@@ -305,13 +370,19 @@ def main(argv=None):
   if n < 1 or new < 1 or args.repeats < 1:
     ap.error("--num-prompts, --max-new-tokens and --repeats must be >= 1")
   names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
+  gguf = _check_llama_cpp(ap, args) if args.llama_cpp else None
 
   info, t_start = bench.machine_info(), time.time()
+  info.update(weights=args.weights, activations=args.activations)
   print(f"{info['date']}, {info['processor']}, {info['cores']} cores, load average "
         f"{info['load_average']}, jax {info['jax']}")
-  target = sj.load_model(args.model)
+  target = sj.load_model(args.model, weights=args.weights, activations=args.activations)
   methods, notes = build_methods(target, names, medusa_nodes=args.medusa_nodes,
                                  cost_sizes=(1, 2, 4, 8, 16) if quick else (1, 2, 4, 8, 16, 32))
+  close = lambda: None  # noqa: E731
+  if gguf:
+    extra, extra_notes, close = llama_cpp_methods(target, gguf, args.threads)
+    methods, notes = {**methods, **extra}, {**notes, **extra_notes}
   for name, note in notes.items():
     print(f"  {name}: {note}")
   cases = []
@@ -323,11 +394,28 @@ def main(argv=None):
     cases += [bench.Case([p], chat, c) for p in ps]
   records = bench.run_cases(target, cases, methods, max_new_tokens=new, repeats=args.repeats,
                             desc="spec-bench", progress=not args.no_progress)
+  close()
   bench.finish_machine_info(info, t_start)
   data = {"info": info, "args": vars(args), "model": args.model, "num_prompts": n,
           "max_new_tokens": new, "repeats": args.repeats, "max_prompt_tokens": max_prompt,
-          "categories": cats, "methods": notes, "records": records}
+          "categories": cats, "methods": notes, "records": records,
+          "external": [m for m in methods if isinstance(methods[m], bench.External)]}
   return report(data, args.out, "results_quick" if quick else "results")
+
+
+def _check_llama_cpp(ap, args) -> str:
+  """The GGUF file llama.cpp will read, after checking that llama-cpp-python is installed and
+  that the model is a GGUF: errors before anything loads or compiles."""
+  from experiments.blocks.llama_runner import import_llama_cpp
+  from specjax import weights
+
+  import_llama_cpp()
+  if args.threads < 1:
+    ap.error(f"--threads {args.threads}: must be >= 1")
+  path = weights.resolve(args.model)
+  if not str(path).endswith(".gguf"):
+    ap.error(f"--llama-cpp needs a GGUF model; {args.model!r} is {path}")
+  return path
 
 
 def report(data: dict, out: str, stem: str) -> dict:
@@ -342,13 +430,18 @@ def report(data: dict, out: str, stem: str) -> dict:
     for name in summary:
       summary[name]["spec_bench"] = pooled[name][bench.OVERALL]
   ran = list(summary)
-  head = (f"{data['model']}, greedy, batch 1, {data['num_prompts']} prompt(s) per category, "
+  head = (f"{data['model']} on {sj_report.arithmetic(info)}, greedy, batch 1, "
+          f"{data['num_prompts']} prompt(s) per category, "
           f"{data['max_new_tokens']} new tokens (fixed length), {data['repeats']} timed run(s) "
           f"per prompt; {info['date']}, {info['processor'] or info['machine']}, {info['cores']} "
           f"cores, load average {info['load_average'][0]:.1f} at start / "
           f"{info['load_average_end'][0]:.1f} at end.")
   skipped = [f"{m} ({note})" for m, note in notes.items() if m not in ran]
   head += f" Not run: {'; '.join(skipped)}." if skipped else ""
+  if data.get("external"):
+    head += (f" {', '.join(data['external'])}: run outside specjax with other arithmetic (not "
+             f"exact); their \"greedy = AR\" is the share of autoregressive's tokens before the "
+             f"first difference.")
   markdown = "\n\n".join([head, tables(summary, cats, ran), reference_table()])
   data = dict(data, summary=summary, reference={"source": SPEC_BENCH_SOURCE,
                                                 "vicuna7b_a100": SPEC_BENCH_A100_VICUNA7B})
