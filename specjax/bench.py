@@ -221,6 +221,26 @@ def finish_machine_info(info: dict, t_start: float) -> dict:
   return info
 
 
+def alternating_autoregressive(models: dict, prompts: Sequence, *, chat: bool,
+                               max_new_tokens: int, repeats: int) -> dict:
+  """{name: tok/s} of autoregressive decoding by each of `models` (several arithmetics of one
+  checkpoint) over whole calls (prefill included; compiling in an untimed first call), the
+  models alternating within each repeat so load falls on all alike; the fastest repeat kept."""
+  import specjax as sj
+
+  kw = dict(max_new_tokens=max_new_tokens, chat=chat, stop_at_eos=False)
+  best = {name: float("inf") for name in models}
+  for m in models.values():
+    sj.generate(m, list(prompts[:1]), **kw)
+  for _ in range(repeats):
+    for name, m in models.items():
+      t0 = time.perf_counter()
+      for p in prompts:
+        sj.generate(m, [p], **kw)
+      best[name] = min(best[name], time.perf_counter() - t0)
+  return {name: len(prompts) * max_new_tokens / t for name, t in best.items()}
+
+
 def paired(method_run: Callable, ar_run: Callable, repeats: int):
   """The method and autoregressive decoding alternately, `repeats` times each, on one prompt ->
   (the method's first output, its fastest wall time, autoregressive's fastest). The fastest run

@@ -51,20 +51,6 @@ def build(name: str, model) -> tuple[object, bool]:
   return exactness.build_method(name, model), True
 
 
-def autoregressive(models: dict, prompts: list, chat: bool, n_new: int, repeats: int) -> dict:
-  """{arithmetic: tok/s} over whole calls, the arithmetics alternating within each repeat."""
-  best = {name: float("inf") for name in models}
-  for m in models.values():  # compile (untimed)
-    sj.generate(m, prompts[:1], max_new_tokens=n_new, chat=chat, stop_at_eos=False)
-  for _ in range(repeats):
-    for name, m in models.items():
-      t0 = time.perf_counter()
-      for p in prompts:
-        sj.generate(m, [p], max_new_tokens=n_new, chat=chat, stop_at_eos=False)
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return {name: len(prompts) * n_new / t for name, t in best.items()}
-
-
 def lossless(model, sets: dict, names: list, n_new: int) -> list:
   """Every method by name on the bf16 model, batch 1 and 3, against bf16 autoregressive decoding
   of the same batch: runs with identical tokens, and tau (new tokens per target forward)."""
@@ -95,7 +81,8 @@ def one_model(name: str, args, n: int, n_new: int, sizes) -> dict:
   curves = {a: {int(t): float(c) for t, c in bench.measure_cost_curve(
       m, sizes, cache_len=512, filled=256, reps=3 if args.quick else 9).items()}
       for a, m in models.items()}
-  speed = {g: autoregressive(models, ps, chat, n_new, args.repeats)
+  speed = {g: bench.alternating_autoregressive(models, ps, chat=chat, max_new_tokens=n_new,
+                                               repeats=args.repeats)
            for g, (ps, chat) in sets.items()}
   names = [m for m in (args.methods.split(",") if args.methods else sj.METHODS)
            if m and m != "autoregressive"]

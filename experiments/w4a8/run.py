@@ -47,20 +47,6 @@ def cost_curves(models: dict, sizes, reps: int) -> dict:
           for name, m in models.items()}
 
 
-def autoregressive(models: dict, prompts: list, chat: bool, n_new: int, repeats: int) -> dict:
-  """{name: tok/s} over whole calls, the arithmetics alternating within each repeat."""
-  best = {name: float("inf") for name in models}
-  for name, m in models.items():  # compile (untimed)
-    sj.generate(m, prompts[:1], max_new_tokens=n_new, chat=chat, stop_at_eos=False)
-  for _ in range(repeats):
-    for name, m in models.items():
-      t0 = time.perf_counter()
-      for p in prompts:
-        sj.generate(m, [p], max_new_tokens=n_new, chat=chat, stop_at_eos=False)
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return {name: len(prompts) * n_new / t for name, t in best.items()}
-
-
 def agreement(ref_model, model, prompts: list, chat: bool, n_new: int) -> float:
   """Share of positions where `model`'s argmax equals `ref_model`'s, teacher forced along
   ref_model's greedy output (prompt and output in one forward of each)."""
@@ -110,7 +96,8 @@ def main(argv=None):
          "autoregressive": {}, "agreement": {}, "methods": {}}
   for group, (ps, chat) in sets.items():
     ps = list(ps)
-    res["autoregressive"][group] = autoregressive(models, ps, chat, n_new, args.repeats)
+    res["autoregressive"][group] = bench.alternating_autoregressive(
+        models, ps, chat=chat, max_new_tokens=n_new, repeats=args.repeats)
     res["agreement"][group] = agreement(models["blocks"], models["w4a8"], ps, chat, n_new)
     if names:
       res["methods"][group] = methods_on_w4a8(models["w4a8"], ps, chat, n_new,
