@@ -40,6 +40,8 @@ SOURCES = ("experiments/spec_bench/chat_code_blocks/results.json",
            "experiments/spec_bench/chat_code/results.json",
            "experiments/spec_bench/results_quick.json",
            "experiments/spec_bench/medusa2/results_quick.json")
+# The one-GPU check (experiments/accelerator): the tables' accelerator column, after them.
+ACCELERATOR = "experiments/accelerator/results.json"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SET_TITLES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
@@ -195,9 +197,80 @@ def _identity_line(src: dict) -> str:
   return f"{every} greedy output was token-identical to autoregressive decoding."
 
 
-def render(sources: list[dict]) -> str:
+def load_accelerator(path: str, name: str | None = None) -> dict:
+  """experiments/accelerator's results.json -> {name, res}; checks the sections the column reads."""
+  with open(path) as f:
+    res = json.load(f)
+  missing = [k for k in ("device", "lossless", "methods") if not isinstance(res.get(k), dict)]
+  if missing:
+    raise ReportError(f"{path}: no {', '.join(missing)}; expected the layout that "
+                      f"experiments/accelerator/run.py writes")
+  return {"name": name or path, "res": res}
+
+
+def _lossless_cell(row) -> str:
+  if row is None:
+    return "-"
+  if row.get("status") != "ok" or row.get("failures"):
+    return f"**FAILED** ({row.get('status')}, {row.get('failures')} failure(s))"
+  return "identical" if row.get("identical") else f"lossless ({row.get('ties')} tie(s))"
+
+
+def render_accelerator(acc: dict) -> str:
+  """The accelerator column: per method, lossless on the GPU in float32 and bf16, a round's cost
+  in autoregressive steps and the speedup that cost predicts at the CPU's tau; then
+  autoregressive decoding against the memory roofline and transformers, and c(T)."""
+  res, dev = acc["res"], acc["res"]["device"]
+  lossless = {(r["method"], r["dtype"]): r for r in res["lossless"].get("rows", [])}
+  lines = [_wrap(f"**On one GPU ({dev.get('device_kind')}, jax {dev.get('jax')}): every method on "
+                 f"{res['lossless'].get('target')}, and its round's cost on "
+                 f"{res['methods'].get('target')}**"), "",
+           "| method | lossless, float32 | lossless, bf16 | round / AR step | tau (CPU) | "
+           "speedup at CPU tau (predicted) |", "|---|---|---|---|---|---|"]
+  for r in res["methods"].get("rows", []):
+    num = [r.get(k) for k in ("round_in_ar_steps", "tau_cpu", "speedup_if_tau_cpu")]
+    lines.append(f"| {r['method']} | {_lossless_cell(lossless.get((r['method'], 'float32')))} | "
+                 f"{_lossless_cell(lossless.get((r['method'], 'bfloat16')))} | " + " | ".join(
+                     "-" if v is None else f"{v:.2f}" for v in num) + " |")
+  notes = [_accelerator_ar_line(res), _accelerator_source_line(acc)]
+  return "\n".join(lines + [""] + [_wrap(n) + "\n" for n in notes if n]).rstrip("\n")
+
+
+def _accelerator_ar_line(res: dict) -> str:
+  roof, tf, cc = (res.get(k) or {} for k in ("ar_vs_roofline", "ar_vs_transformers",
+                                             "cost_curve"))
+  parts = []
+  for shape, r in roof.items():
+    if isinstance(r, dict) and r.get("status") == "ok":
+      t = tf.get(shape) or {}
+      c = (cc.get(shape) or {}).get("c", {})
+      vs = f", {t['speedup']:.2f}x transformers' `generate`" if t.get("status") == "ok" else ""
+      cost = ", ".join(f"c({k}) {c[k]:.2f}" for k in ("16", "64") if k in c)
+      parts.append(f"{shape}-shaped (random weights) {r['tokens_per_s']:.1f} tok/s, "
+                   f"{r['fraction_of_roofline']:.2f} of the memory roofline{vs}"
+                   + (f"; {cost}" if cost else ""))
+  if not parts:
+    return ""
+  return (f"Autoregressive bf16, batch 1, against the memory roofline at the measured copy "
+          f"bandwidth ({roof.get('copy_bandwidth_gbs')} GB/s) and transformers' static-cache "
+          f"`generate` on the same GPU and weights: " + "; ".join(parts) + ". c(T): a T-token "
+          f"forward over a one-token forward. The predicted speedup is the CPU's tau over the "
+          f"round's cost; tau is not measured on the GPU, whose models have random weights.")
+
+
+def _accelerator_source_line(acc: dict) -> str:
+  res = acc["res"]
+  runs = res.get("runs") or [{"command": res.get("command"), "run_s": res.get("run_s")}]
+  date = ((res["device"].get("machine") or {}).get("date")) or "date not recorded"
+  note = f" {res['note']}" if res.get("note") else ""
+  return (f"Source: `{acc['name']}`, {date}; " + "; ".join(
+      f"`{r.get('command')}` ({r.get('run_s')} s)" for r in runs) + "." + note)
+
+
+def render(sources: list[dict], accelerator: dict | None = None) -> str:
   """The whole block, markers included."""
-  body = "\n\n".join(render_source(s) for s in sources)
+  body = "\n\n".join([render_source(s) for s in sources]
+                      + ([render_accelerator(accelerator)] if accelerator else []))
   note = "<!-- generated by `python -m specjax.report` from the files named below; do not edit -->"
   return f"{BEGIN}\n{note}\n\n{body}\n\n{END}"
 
@@ -211,9 +284,12 @@ def splice(readme: str, block: str, path: str = "README.md") -> str:
   return readme[:start] + block + readme[end + len(END):]
 
 
-def build(root: str = ROOT, sources=SOURCES) -> str:
-  """The block from `sources` (paths relative to `root`)."""
-  return render([load_source(os.path.join(root, p), name=p) for p in sources])
+def build(root: str = ROOT, sources=SOURCES, accelerator: str | None = ACCELERATOR) -> str:
+  """The block from `sources` and `accelerator` (paths relative to `root`; the accelerator's
+  column only where its file exists)."""
+  acc = os.path.join(root, accelerator) if accelerator else None
+  return render([load_source(os.path.join(root, p), name=p) for p in sources],
+                load_accelerator(acc, name=accelerator) if acc and os.path.exists(acc) else None)
 
 
 def main(argv=None) -> int:

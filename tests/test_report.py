@@ -180,3 +180,55 @@ def test_command_line_is_relative_to_the_repository():
       "python -m specjax.report --check"
   assert bench.command_line(["/somewhere/bin/specjax", "demo"]) == "specjax demo"
   assert bench.command_line([run, "--prompts", "a b"]).endswith("--prompts 'a b'")
+
+
+ACCEL = {
+    "device": {"device_kind": "Some GPU", "platform": "gpu", "jax": "0.0.2",
+               "machine": {"date": "2026-01-03 04:05"}},
+    "lossless": {"target": "tiny", "rows": [
+        {"method": "autoregressive", "dtype": "float32", "status": "ok", "identical": True,
+         "ties": 0, "failures": 0},
+        {"method": "prompt-lookup", "dtype": "float32", "status": "ok", "identical": True,
+         "ties": 0, "failures": 0},
+        {"method": "prompt-lookup", "dtype": "bfloat16", "status": "ok", "identical": False,
+         "ties": 2, "failures": 0},
+        {"method": "medusa", "dtype": "bfloat16", "status": "ok", "identical": False,
+         "ties": 0, "failures": 1}]},
+    "methods": {"target": "small shape", "rows": [
+        {"method": "autoregressive", "status": "ok", "round_in_ar_steps": 1.0, "tau_cpu": 1.0,
+         "speedup_if_tau_cpu": 1.0},
+        {"method": "prompt-lookup", "status": "ok", "round_in_ar_steps": 1.25, "tau_cpu": 1.5,
+         "speedup_if_tau_cpu": 1.2},
+        {"method": "medusa", "status": "skipped: past the time budget (--budget)"}]},
+    "ar_vs_roofline": {"copy_bandwidth_gbs": 1000.0,
+                       "big": {"status": "ok", "tokens_per_s": 100.0,
+                               "fraction_of_roofline": 0.75},
+                       "small": {"status": "skipped: past the time budget (--budget)"}},
+    "ar_vs_transformers": {"big": {"status": "ok", "speedup": 1.5}},
+    "cost_curve": {"big": {"status": "ok", "c": {"1": 1.0, "16": 1.05, "64": 1.25}}},
+    "command": "python experiments/accelerator/run.py", "run_s": 99.0,
+}
+
+
+def test_accelerator_column_reads_the_gpu_check(tree):
+  """The GPU check's file adds a table after the Spec-Bench ones: lossless per dtype (identical,
+  lossless with ties, or FAILED), the round's cost and the predicted speedup, and autoregressive
+  decoding against the roofline and transformers; absent file, no table."""
+  assert "On one GPU" not in report.build(str(tree))
+  path = tree / report.ACCELERATOR
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(ACCEL))
+  block = report.build(str(tree))
+  assert block.index("On one GPU (Some GPU, jax 0.0.2)") > block.index("MT-Bench")
+  assert "| autoregressive | identical | - | 1.00 | 1.00 | 1.00 |" in block
+  assert "| prompt-lookup | identical | lossless (2 tie(s)) | 1.25 | 1.50 | 1.20 |" in block
+  assert "| medusa | - | **FAILED** (ok, 1 failure(s)) | - | - | - |" in block
+  flat = " ".join(block.split())
+  assert "big-shaped (random weights) 100.0 tok/s, 0.75 of the memory roofline, 1.50x " \
+         "transformers' `generate`; c(16) 1.05, c(64) 1.25" in flat
+  assert "small-shaped" not in flat
+  assert "Source: `experiments/accelerator/results.json`, 2026-01-03 04:05; " \
+         "`python experiments/accelerator/run.py` (99.0 s)." in flat
+  path.write_text(json.dumps({"device": {}}))
+  with pytest.raises(report.ReportError, match="results.json: no lossless, methods"):
+    report.build(str(tree))

@@ -513,7 +513,13 @@ def render(res: dict) -> str:
            f"{dev.get('device_kind', '?')} ({dev.get('platform', '?')}), "
            f"jax {dev.get('jax', '?')}, "
            f"torch {dev.get('torch', '-')} (CUDA: {dev.get('torch_cuda', '-')}); "
-           f"{res.get('run_s', '?')} s.", ""]
+           + (f"{res.get('run_s', '?')} s." if not res.get("runs") else "merged runs below."),
+           ""]
+  if res.get("runs"):
+    lines += ["Merged from these runs (`--merge`; the first run's entry that ran wins):", ""]
+    lines += [f"- `{r.get('command')}` ({r.get('run_s')} s)" for r in res["runs"]] + [""]
+  if res.get("note"):
+    lines += [res["note"], ""]
   ll = res.get("lossless")
   if isinstance(ll, dict) and "rows" in ll:
     lines += ["## lossless", "", f"{ll['target']}; batch {ll['batch']}, {ll['new_tokens']} new "
@@ -583,6 +589,48 @@ def _entries(sec):
   return list(sec.items())
 
 
+def _ok(entry) -> bool:
+  return isinstance(entry, dict) and entry.get("status") == "ok"
+
+
+def merge(parts: list[dict], note: str | None = None) -> dict:
+  """One result from several runs of this check (two processes side by side on one device, or a
+  rerun of what a time budget skipped): per section, per shape, per (method, dtype) row, the first
+  run's entry that ran ("ok") wins, else the first run's entry; `runs` keeps every run's command,
+  length and device."""
+  out = {"quick": any(p.get("quick") for p in parts),
+         "runs": [{"command": p.get("command"), "run_s": p.get("run_s"),
+                   "device": (p.get("device") or {}).get("device_kind")} for p in parts]}
+  if note:
+    out["note"] = note
+  for sec in SECTIONS:
+    have = [p[sec] for p in parts if isinstance(p.get(sec), dict)]
+    if not have:
+      continue
+    if sec == "device":
+      out[sec] = have[0]
+    elif any("rows" in h for h in have):
+      base = next(h for h in have if "rows" in h)
+      rows: dict = {}
+      for h in have:
+        for r in h.get("rows", []):
+          key = (r.get("method"), r.get("dtype"))
+          if key not in rows or (not _ok(rows[key]) and _ok(r)):
+            rows[key] = r
+      merged = dict(base, rows=list(rows.values()))
+      if "all_ok" in base:
+        merged["all_ok"] = all(_ok(r) and r.get("failures", 0) == 0 for r in rows.values())
+      out[sec] = merged
+    else:
+      merged = {}
+      for h in have:
+        for k, v in h.items():
+          if k not in merged or (isinstance(v, dict) and not _ok(merged[k]) and _ok(v)):
+            merged[k] = v
+      out[sec] = merged
+  return out
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -618,7 +666,24 @@ def main(argv=None) -> dict:
                   help="timed runs, best kept (default 3; quick 1)")
   ap.add_argument("--budget", type=float, default=None,
                   help="seconds; past them remaining work is skipped (default 450; quick: none)")
+  ap.add_argument("--merge", nargs="+", metavar="RESULTS_JSON",
+                  help="write one results.json / results.md into --out from these runs' files "
+                  "(first ok entry wins) and run nothing")
+  ap.add_argument("--note", help="with --merge: how the runs were made, kept in the result")
   args = ap.parse_args(argv)
+  if args.merge:
+    parts = []
+    for path in args.merge:
+      try:
+        with open(path) as f:
+          parts.append(json.load(f))
+      except (OSError, ValueError) as e:
+        ap.error(f"--merge: cannot read {path}: {e}")
+    merged = merge(parts, note=args.note)
+    bench.save_report(args.out, "results_quick" if merged["quick"] else "results", merged,
+                      render(merged))
+    print(render(merged))
+    return merged
   if args.quick:
     quick_compiles()
   sections = [s for s in args.sections.split(",") if s]

@@ -55,3 +55,35 @@ def test_quick_run_writes_every_section(tmp_path):
   assert set(methods) == {"autoregressive"}
   assert all(r["status"] == "ok" and r["ms_per_round"] > 0 for r in methods.values())
   assert methods["autoregressive"]["round_in_ar_steps"] == 1.0
+
+
+def test_merge_fills_what_one_run_skipped(tmp_path):
+  """--merge: per shape and per (method, dtype) row the first run's entry that ran wins, a skipped
+  entry is filled from a later run, and every run's command is kept."""
+  mod = load_script()
+  skip = {"status": mod.SKIPPED}
+  first = {"command": "run a", "run_s": 10.0, "device": {"device_kind": "G"},
+           "lossless": {"target": "t", "batch": 4, "new_tokens": 8, "all_ok": False, "rows": [
+               {"method": "autoregressive", "dtype": "float32", "status": "ok", "failures": 0},
+               dict(skip, method="suffix", dtype="float32")]},
+           "ar_vs_roofline": {"copy_bandwidth_gbs": 5.0, "big": {"status": "ok", "x": 1},
+                              "small": skip}}
+  second = {"command": "run b", "run_s": 20.0, "device": {"device_kind": "H"},
+            "lossless": {"target": "t", "batch": 4, "new_tokens": 8, "all_ok": True, "rows": [
+                {"method": "suffix", "dtype": "float32", "status": "ok", "failures": 0}]},
+            "ar_vs_roofline": {"copy_bandwidth_gbs": 6.0, "big": {"status": "ok", "x": 2},
+                               "small": {"status": "ok", "x": 3}}}
+  for i, part in enumerate((first, second)):
+    (tmp_path / f"{i}.json").write_text(json.dumps(part))
+  out = tmp_path / "out"
+  merged = mod.main(["--merge", str(tmp_path / "0.json"), str(tmp_path / "1.json"),
+                     "--out", str(out), "--note", "side by side"])
+  assert merged["device"]["device_kind"] == "G"
+  assert [r["status"] for r in merged["lossless"]["rows"]] == ["ok", "ok"]
+  assert merged["lossless"]["all_ok"] is True
+  roof = merged["ar_vs_roofline"]
+  assert roof["big"]["x"] == 1 and roof["small"]["x"] == 3 and roof["copy_bandwidth_gbs"] == 5.0
+  assert [r["command"] for r in merged["runs"]] == ["run a", "run b"]
+  md = (out / "results.md").read_text()
+  assert "- `run b` (20.0 s)" in md and "side by side" in md
+  assert json.loads((out / "results.json").read_text()) == merged
