@@ -41,7 +41,6 @@ its children (stable sort). The candidate bound: num_nodes <= top_k + (depth - 1
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +68,7 @@ def check_common(method, rules=RULES) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle(verify.TreeSizes, Method):
+class Eagle(verify.HeadsTree, verify.TreeSizes, Method):
   """EAGLE decoding with `heads` (sj.init_heads(target, "eagle") / sj.load_heads(...)), EAGLE-1/2
   heads or EAGLE-3 heads (kind "eagle3": fc over three target layers, their own LM head over a
   draft vocabulary; specjax/drafters/eagle3.py), one code path.
@@ -78,16 +77,11 @@ class Eagle(verify.TreeSizes, Method):
   (EAGLE-1: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...]; depth, top_k and
   num_nodes then come from the tree). acceptance: "exact" | "greedy" | "typical".
   """
-  heads: Any = dataclasses.field(default=None, compare=False, repr=False)
-  tree: Any = None  # None here and below: from the cost curve (methods/sizing.py), else
-  depth: int | None = None  # EAGLE's paper sizes: "dynamic", depth 5, top_k 8, 32 nodes
-  top_k: int | None = None
-  num_nodes: int | None = None
-  acceptance: str = "exact"
-  epsilon: float = 0.09
-  delta: float = 0.3
-  key: tuple = dataclasses.field(default=(), init=False, repr=False)
-  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
+  # tree and the sizes, None: from the cost curve (methods/sizing.py), else EAGLE's paper sizes
+  # ("dynamic", depth 5, top_k 8, 32 nodes). The sizes are keyword-only.
+  depth: int | None = dataclasses.field(default=None, kw_only=True)
+  top_k: int | None = dataclasses.field(default=None, kw_only=True)
+  num_nodes: int | None = dataclasses.field(default=None, kw_only=True)
 
   name = "eagle"
 

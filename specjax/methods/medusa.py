@@ -24,7 +24,6 @@ acceptance rate given its parent was accepted (Medusa's per-head accuracy, as me
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +51,7 @@ def _positive(name, value):
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(Method):
+class Medusa(verify.HeadsTree, Method):
   """Medusa decoding with `heads` (sj.init_heads / sj.load_heads) over a static candidate tree.
 
   tree: a specjax.tree.Tree or Medusa-format paths [(0,), (1,), (0, 0), ...] (default:
@@ -60,14 +59,7 @@ class Medusa(Method):
   epsilon, delta: typical acceptance's hard and entropy-scaled thresholds; top_k: the most
   candidates per head a tree may read (ranks must be below it).
   """
-  heads: Any = dataclasses.field(default=None, compare=False, repr=False)
-  tree: Any = None
-  acceptance: str = "exact"
-  epsilon: float = 0.09
-  delta: float = 0.3
   top_k: int = 10
-  key: tuple = dataclasses.field(default=(), init=False, repr=False)
-  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
   name = "medusa"
 

@@ -28,6 +28,9 @@ Below them, the accepted-depth counts the tree and feature-drafter methods keep 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,6 +70,21 @@ class TreeSizes:
   @property
   def max_emit(self) -> int:
     return self.max_depth + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadsTree:
+  """The settings every heads-drafted tree method (Medusa, EAGLE) starts with: the drafter
+  (`heads`), its tree, and the acceptance rule ("exact" | "greedy" | "typical") with typical
+  acceptance's hard (`epsilon`) and entropy-scaled (`delta`) thresholds. `key` and `left_out` are
+  the method's own (set in its __post_init__)."""
+  heads: Any = dataclasses.field(default=None, compare=False, repr=False)
+  tree: Any = None
+  acceptance: str = "exact"
+  epsilon: float = 0.09
+  delta: float = 0.3
+  key: tuple = dataclasses.field(default=(), init=False, repr=False)
+  left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
 
 def one_hot_rule(key, draft, logits, sp):
