@@ -161,6 +161,127 @@ def pack_blocks(model, blocks: dict):
   return _rebuild(model, module)
 
 
+BLOCK_QUANTS = ("Q8_0", "Q4_0", "Q4_1")  # what `to_blocks` quantizes to (gguf's own quantizer)
+
+
+def quantize_rows(rows, qtype: str):
+  """rows [N, K] float -> (the GGUF blocks [N, K/32 * bytes] uint8, their values [N, K] float32),
+  by gguf's reference quantizer (the one llama.cpp's conversion scripts use)."""
+  from gguf import GGMLQuantizationType, quants
+
+  kind = GGMLQuantizationType[qtype]
+  raw = quants.quantize(np.asarray(rows, np.float32), kind)
+  return raw, np.asarray(quants.dequantize(raw, kind), np.float32).reshape(np.shape(rows))
+
+
+BYTES_PER_WEIGHT = {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32}
+
+
+def dense_bytes(model) -> tuple[float, float]:
+  """(bytes per weight of the layers' dense products, of the LM head) as a forward at batch 1
+  reads them: the packed copies' bytes where the model has them (a GGUF's blocks: their block
+  sizes), else the dtype's. What the defaults compare drafters' costs by (methods/defaults.py)."""
+  c = model.config
+  item = float(jnp.dtype(model.dtype).itemsize)
+  layer_w = sum(np.prod(np.shape(w)) for site, _, _, w, _ in _keyed_sites(model.module())
+                if site != ("head",))
+  layers = head = 0.0
+  for path, x in jax.tree_util.tree_leaves_with_path(model.params):
+    key = jax.tree_util.keystr(path)
+    if PREFIX + "head" in key:
+      head += getattr(x, "nbytes", 0)
+    elif PREFIX in key:
+      layers += getattr(x, "nbytes", 0)
+  return (layers / layer_w if layers else item,
+          head / (c.vocab_size * c.hidden_size) if head else item)
+
+
+def drafter_bytes(model) -> float:
+  """Bytes per weight a drafter beside `model` reads for its own dense weights and subset head
+  rows: its blocks' (drafter_qtype), else float32's (drafters are float32)."""
+  qtype = drafter_qtype(model)
+  return BYTES_PER_WEIGHT[qtype] if qtype else 4.0
+
+
+DRAFTER_ENV = "SPECJAX_DRAFTER_BLOCKS"
+
+
+def drafter_qtype(model) -> str | None:
+  """The block type a drafter beside `model` rounds its own dense weights and its vocabulary
+  subset's head rows to, so that they run on the blocks kernel as the target does: the model's
+  own (`to_blocks`), or Q8_0 beside a target on a GGUF's blocks (SmolLM2's and Gemma 3's files
+  store their heads so; a quarter of float32's bytes). None (float32 packed copies) for any
+  other target, off the kernel, or where $SPECJAX_DRAFTER_BLOCKS is "0" ("Q4_0" / "Q4_1" /
+  "Q8_0" choose the type). Drafting changes, never the output: the target verifies."""
+  import os
+
+  if getattr(model, "weights", "float32") != "blocks" or not on_kernel(model):
+    return None
+  env = os.environ.get(DRAFTER_ENV, "").strip().upper()
+  if env == "0":
+    return None
+  if env:
+    if env not in BLOCK_QUANTS:
+      from specjax.errors import InputError
+      raise InputError(f"${DRAFTER_ENV}={env!r} is invalid: must be 0 or one of "
+                       f"{', '.join(BLOCK_QUANTS)}")
+    return env
+  return getattr(model, "blocks_qtype", None) or "Q8_0"
+
+
+def to_blocks(model, qtype: str = "Q8_0", *, head: bool = True, strict: bool = True):
+  """A float32 model on GGUF blocks of its own: every dense weight (the head too unless
+  head=False) quantized to `qtype` (BLOCK_QUANTS) by `quantize_rows`, its float32 parameter
+  replaced by the blocks' values, and the blocks as its packed copy (`pack_blocks`), so the
+  model's few-row products run on the blocks kernel and its prefill's XLA products compute the
+  same numbers. For a draft beside a target on `weights="blocks"`: the draft then reads a
+  quarter (Q8_0) or an eighth (Q4_*) of its float32 bytes per forward. The model changes (its
+  weights are rounded); speculative decoding stays exact, since the target verifies. A tied head
+  rounds the embedding too (one table, as in a GGUF file). Every product's K must be a multiple
+  of 32 (strict=False: a product whose K is not stays float32, on the float32 kernel)."""
+  from specjax.errors import InputError
+
+  if qtype not in BLOCK_QUANTS:
+    raise InputError(f"qtype={qtype!r} is invalid: must be one of {', '.join(BLOCK_QUANTS)}")
+  if jnp.dtype(model.dtype) != jnp.float32 or not single_cpu_device():
+    raise InputError(f"to_blocks: a float32 model on one CPU device; got dtype={model.dtype} "
+                     f"on {len(jax.devices())} device(s)")
+  if is_packed(model):
+    model = unpack(model)
+  module = model.module()
+  blocks = {}
+  for site, owner, name, w, transposed in _keyed_sites(module):
+    if site == ("head",) and not head:
+      continue
+    rows = np.asarray(w) if transposed else np.asarray(w).T  # [N, K]
+    if rows.shape[1] % 32 and not strict:
+      continue
+    if rows.shape[1] % 32:
+      raise InputError(f"to_blocks: {'.'.join(map(str, site))} has K={rows.shape[1]}, not a "
+                       f"multiple of 32")
+    raw, values = quantize_rows(rows, qtype)
+    # the head's weight: the embedding when tied (transposed), else lm_head. A new variable:
+    # the model's own (shared with the caller's params) keeps its value.
+    pname = name[len(PREFIX):] if site != ("head",) else ("embed" if transposed else "lm_head")
+    old = getattr(owner, pname)
+    setattr(owner, pname, type(old)(jnp.asarray(
+        (values if transposed else values.T).reshape(old[...].shape), old[...].dtype)))
+    blocks[site] = (raw, qtype)
+  out = pack_blocks(_rebuild(model, module), blocks)
+  if not head:  # the head stays float32 and unpacked (a draft scoring a vocabulary subset)
+    out = _drop_head_copy(out)
+  out.weights = "blocks"
+  out.blocks_qtype = qtype
+  return out
+
+
+def _drop_head_copy(model):
+  module = model.module()
+  if hasattr(module, PREFIX + "head"):
+    delattr(module, PREFIX + "head")
+  return _rebuild(model, module)
+
+
 def pack_int8(model, blocks: dict):
   """Every dense product on int8 activations times the GGUF's own blocks (the W4A8 target,
   `load_model(..., weights="blocks", activations="int8")`): each site's packed copy is the
@@ -222,6 +343,12 @@ def subset_head(model, ids) -> dict:
   ids = jnp.asarray(ids)
   rows = head_rows(model.config, model.params, ids)
   out = {"vocab": ids, "head": rows}
-  if on_kernel(model):
+  qtype = drafter_qtype(model)  # beside a model on blocks: the rows as blocks too
+  if qtype is not None and rows.shape[1] % 32 == 0:
+    raw, values = quantize_rows(rows, qtype)
+    out["head"] = jnp.asarray(values)
+    out[PREFIX + "head"] = jnp.asarray(kernels.pack_blocks(raw, rows.shape[0], rows.shape[1],
+                                                           qtype))
+  elif on_kernel(model):
     out[PREFIX + "head"] = jnp.asarray(kernels.pack_weight(np.asarray(rows), transposed=True))
   return out
