@@ -426,9 +426,13 @@ def _draft_on_target(it: ModelName, target, mesh, place):
   if mesh is not None or place is not None:
     raise InputError("load_model: a draft built on target= lives where the target does; "
                      "pass mesh= / place= when loading the target")
-  from specjax.packing import on_kernel
+  from specjax.packing import drafter_qtype, on_kernel, to_blocks
 
-  return _build_draft(it, target, on_kernel(target))  # on the kernel where its target is
+  draft = _build_draft(it, target, on_kernel(target))  # on the kernel where its target is
+  qtype = drafter_qtype(target)  # beside a target on blocks: on blocks of its own
+  if qtype is None:
+    return draft
+  return to_blocks(draft, qtype, head=getattr(draft, "vocab_subset", None) is None, strict=False)
 
 
 def _build_draft(it: ModelName, target, kernels_on: bool | None):

@@ -116,15 +116,37 @@ def _at_attr(obj, names):
   return obj
 
 
-def pack_module(mod: dict) -> dict:
+def pack_module(mod: dict, qtype: str | None = None) -> dict:
   """`mod` (module_arrays) plus "packed": {path: packed copy} of its dense weights for
   specjax.kernels, so the module's few-row products (EAGLE-2's frontier, a catch-up over the
   accepted tokens) take the kernel's bandwidth path instead of XLA's 2-16-row GEMM path, as the
-  target's own layers do. Call only for a packed target (the kernel available, float32)."""
+  target's own layers do. Call only for a packed target (the kernel available, float32).
+  qtype (packing.drafter_qtype: beside a target on blocks): each weight rounded to GGUF blocks
+  of that type, the module's float32 weight replaced by the blocks' values (its XLA products,
+  past the kernel's rows, compute the same numbers) and the blocks as its packed copy."""
   e = mod["fc_w"].shape[-1]
-  packed = {".".join(path): jnp.asarray(kernels.pack_weight(np.asarray(f(_at(mod, path), e))))
-            for path, f in _DENSE}
-  return dict(mod, packed=packed)
+  if qtype is None:
+    packed = {".".join(path): jnp.asarray(kernels.pack_weight(np.asarray(f(_at(mod, path), e))))
+              for path, f in _DENSE}
+    return dict(mod, packed=packed)
+  from specjax.packing import quantize_rows
+
+  out, packed = _copy_nested(mod), {}
+  for path, f in _DENSE:
+    w = _at(mod, path)
+    mat = np.asarray(f(w, e), np.float32)  # [K, N]
+    if mat.shape[0] % 32:  # not whole blocks along K: float32, as without qtype
+      packed[".".join(path)] = jnp.asarray(kernels.pack_weight(mat))
+      continue
+    raw, values = quantize_rows(mat.T, qtype)
+    packed[".".join(path)] = jnp.asarray(kernels.pack_blocks(raw, mat.shape[1], mat.shape[0],
+                                                             qtype))
+    _at(out, path[:-1])[path[-1]] = jnp.asarray(values.T.reshape(w.shape), w.dtype)
+  return dict(out, packed=packed)
+
+
+def _copy_nested(d: dict) -> dict:
+  return {k: _copy_nested(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
 def check_vocab_ids(vocab, vocab_size: int) -> np.ndarray | None:

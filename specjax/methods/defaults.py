@@ -18,8 +18,11 @@ its training wrote into its file:
     layer-skip   nothing is recorded: LAYER_SKIP_PRIOR (measured at exit L/4 on SmolLM2-135M)
     quantized    nothing is recorded: QUANTIZED_PRIOR by bit width (measured on SmolLM2-135M)
 
-Drafting costs are the weights a drafter reads per forward over those the target reads (`reads`):
-at batch 1 a forward streams its weights once, so that ratio is its cost in target forwards.
+Drafting costs are the bytes a drafter reads per forward over those the target reads (`reads`):
+at batch 1 a forward streams its weights once, so that ratio is its cost in target forwards. The
+bytes follow the arithmetic (`packing.dense_bytes`): a target on a GGUF's 4-bit blocks reads about
+a sixth of float32's bytes per weight, and its drafters round their own weights to Q8_0 blocks
+(`packing.drafter_qtype`).
 
 Each function returns a Choice; `recorded` says whether tau rests on the drafter's recorded
 acceptance rather than a prior (method="auto" reports which, see specjax/auto.py). Prompt lookup and lookahead record no acceptance (their
@@ -75,12 +78,21 @@ def _layer(c) -> int:
           + e * f * (3 if c.gated_mlp else 2))
 
 
-def reads(target, layers: float = 0, extra: int = 0, rows: int | None = None) -> float:
-  """The weights a drafter forward reads (`layers` decoder layers of the target's type, `extra`
-  other weights, an LM head over `rows` tokens; None: no head) over those of a target forward."""
+def reads(target, layers: float = 0, extra: int = 0, rows: int | None = None, *,
+          own: bool = True) -> float:
+  """The bytes a drafter forward reads (`layers` decoder layers of the target's type, `extra`
+  other weights, an LM head over `rows` tokens; None: no head) over those of a target forward.
+  own: the layers, `extra` and a subset's head rows are the drafter's own, read at
+  `packing.drafter_bytes` per weight (float32, or blocks beside a target on blocks); a head over
+  the whole vocabulary is the target's own. own=False: all the target's (layer-skip's exit)."""
+  from specjax.packing import dense_bytes, drafter_bytes
+
   c = target.config
-  full = c.num_layers * _layer(c) + c.hidden_size * c.vocab_size
-  return (layers * _layer(c) + extra + (rows or 0) * c.hidden_size) / full
+  lb, hb = dense_bytes(target)
+  db = drafter_bytes(target) if own else lb
+  head = 0 if not rows else rows * c.hidden_size * (hb if rows == c.vocab_size or not own else db)
+  full = c.num_layers * _layer(c) * lb + c.hidden_size * c.vocab_size * hb
+  return ((layers * _layer(c) + extra) * db + head) / full
 
 
 def _held(meta) -> dict:
@@ -99,18 +111,22 @@ def draft_gamma(target, draft, cost) -> Choice:
   a = header.get("held_out_top1", _held(header).get("top1"))
   if a is None:
     return Choice({})
+  from specjax.packing import dense_bytes, drafter_bytes
+
   vocab = getattr(draft, "vocab_subset", None)
   dc, tc = draft.config, target.config
-  rows = dc.vocab_size if vocab is None else len(vocab)
-  d = (dc.num_layers * _layer(dc) + dc.hidden_size * rows) / (
-      tc.num_layers * _layer(tc) + tc.hidden_size * tc.vocab_size)
+  dl, dh = dense_bytes(draft)  # a subset's rows: as a drafter beside the draft reads them
+  rows, dh = (dc.vocab_size, dh) if vocab is None else (len(vocab), drafter_bytes(draft))
+  tl, th = dense_bytes(target)
+  d = (dc.num_layers * _layer(dc) * dl + dc.hidden_size * rows * dh) / (
+      tc.num_layers * _layer(tc) * tl + tc.hidden_size * tc.vocab_size * th)
   return _chain(cost, [a], d, MAX_GAMMA, f"draft held-out top-1 {a:.3f}")
 
 
 def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:
   """layer-skip: gamma = argmax tau(g) / (c(g + 1) + g d) with the prior a = LAYER_SKIP_PRIOR
   (no acceptance is recorded for an untrained exit) and d = reads(exit_layer layers + the head)."""
-  d = reads(target, exit_layer, rows=target.config.vocab_size)
+  d = reads(target, exit_layer, rows=target.config.vocab_size, own=False)
   return _chain(cost, [LAYER_SKIP_PRIOR], d, MAX_GAMMA, f"prior a={LAYER_SKIP_PRIOR}",
                 recorded=False)
 

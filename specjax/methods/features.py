@@ -22,7 +22,7 @@ from specjax.drafters.kinds import drafter, module_type
 from specjax.drafters.layer import module_arrays, pack_module
 from specjax.errors import InputError
 from specjax.model import subset_logits
-from specjax.packing import on_kernel, subset_head
+from specjax.packing import drafter_qtype, on_kernel, subset_head
 
 
 def check_heads(heads, kind, method: str) -> None:
@@ -118,7 +118,7 @@ def head_arrays(heads, model) -> dict:
   mods = [module_arrays(heads.params, k) for k in range(heads.config.num_heads)]
   # The modules' products on the kernel, as the target's (EAGLE-3's layer runs on XLA's dot).
   if on_kernel(model) and kind.packs and all(m["fc_w"].dtype == jnp.float32 for m in mods):
-    mods = [pack_module(m) for m in mods]
+    mods = [pack_module(m, drafter_qtype(model)) for m in mods]
   # The target's embedding (shared, not a copy), unless an EAGLE-3 head brought its own.
   own = mods[0].pop("embed", None)
   out = {"mods": mods, "embed": model.params["embed"][...] if own is None else own}
