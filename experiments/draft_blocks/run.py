@@ -5,11 +5,12 @@
 
 The target is SmolLM2-135M on its Q4_1 GGUF's blocks (`weights="blocks"`, float32 activations:
 the fastest exact autoregressive decoding here). The shipped draft (`smollm2-135m-draft`) is
-built on it three ways: float32 (as `load_model` builds it), and rounded to Q8_0 and Q4_1 blocks
+built on it three ways: float32 (with $SPECJAX_DRAFTER_BLOCKS=0), and rounded to Q8_0 and Q4_1 blocks
 of its own (`specjax.packing.to_blocks`, gguf's reference quantizer; its vocabulary subset's head
 rows too), so its one- and few-token forwards run on the same blocks kernel as the target. Each
 variant drafts at each gamma; `draft (named)` is `sj.generate(model, p, "draft")` with its
-defaults. Every method is timed against autoregressive decoding on the same prompts in one
+defaults (the Q8_0 draft `load_model` now builds beside a blocks target, gamma from the cost
+curve and the bytes it reads). Every method is timed against autoregressive decoding on the same prompts in one
 process (`specjax.bench.run_cases`: baseline runs around each method run, median per-prompt
 ratio), greedy, batch 1, fixed length; every row must be token-identical to autoregressive
 decoding (the target verifies, so a rounded draft changes tau, never the text).
@@ -73,7 +74,10 @@ def main(argv=None) -> dict:
   info = bench.machine_info()
   info["command"] = bench.command_line(argv and [__file__, *argv])
   target = sj.load_model("smollm2-135m", weights="blocks")
+  # The float32 draft: as load_model built it before drafters beside blocks took blocks.
+  os.environ[packing.DRAFTER_ENV] = "0"
   draft = sj.load_model("smollm2-135m-draft", target=target)
+  del os.environ[packing.DRAFTER_ENV]
   methods = methods_for(draft, [q for q in args.qtypes.split(",") if q],
                         [int(g) for g in args.gammas.split(",")])
   cases = []
