@@ -18,6 +18,14 @@ scores a vocabulary subset: its one- and two-token forwards are where the kernel
 XLA (SmolLM2's shipped draft: 3.0 -> 1.9 ms a forward). A draft being trained is built unpacked.
 The model reads a copy where it multiplies (model._packed).
 
+Blocks of a model's own. `to_blocks(model, qtype)` rounds a float32 model's dense weights to GGUF
+blocks (Q8_0, Q4_0, Q4_1, by gguf's reference quantizer) and packs those for the blocks kernel, as
+`load_model(..., weights="blocks")` packs a GGUF's stored blocks. Beside a target on blocks, its
+drafters take blocks too (`drafter_qtype`: Q8_0 unless $SPECJAX_DRAFTER_BLOCKS says otherwise): a
+named draft model, EAGLE / MTP modules' products (drafters/layer.pack_module) and every
+vocabulary subset's head rows (`subset_head`), so that a drafter's forward costs what its bytes
+cost next to the target's (`dense_bytes`, which the defaults read).
+
 Packed copies are a load-time transform: `weights.load_model` makes them (`maybe_pack`: by default
 on a single CPU device in float32 or bfloat16, unless
 SPECJAX_KERNELS is "0"; `kernels=False` never packs;
