@@ -143,8 +143,9 @@ def pack(model, *, warn: bool = True, head: bool = True):
   return _rebuild(model, module)
 
 
-def pack_blocks(model, blocks: dict):
-  """Like `pack`, with a site's GGUF blocks as its packed copy where `blocks` has them.
+def pack_blocks(model, blocks: dict, *, head: bool = True):
+  """Like `pack`, with a site's GGUF blocks as its packed copy where `blocks` has them (head:
+  as for `pack`).
 
   blocks: {site: (rows uint8 [N, K/block * bytes], type name)} as gguf_file.gguf_blocks returns
   (rows in the output order of the [K, N] matrix the model multiplies by). Those products read
@@ -156,6 +157,8 @@ def pack_blocks(model, blocks: dict):
   nt = kernels.threads()
   module = model.module()
   for site, owner, name, w, transposed in _keyed_sites(module):
+    if site == ("head",) and not head:
+      continue
     n = w.shape[0] if transposed else w.shape[1]
     k = w.shape[1] if transposed else w.shape[0]
     if site in blocks:
@@ -180,6 +183,17 @@ def quantize_rows(rows, qtype: str):
   kind = GGMLQuantizationType[qtype]
   raw = quants.quantize(np.asarray(rows, np.float32), kind)
   return raw, np.asarray(quants.dequantize(raw, kind), np.float32).reshape(np.shape(rows))
+
+
+def block_copy(rows, qtype: str):
+  """rows [N, K] float -> (their values once rounded to `qtype` blocks [N, K] float32, the blocks
+  packed for the kernel), or None where K is not whole blocks of 32: a drafter's own weight
+  beside a target on blocks (drafter_qtype)."""
+  n, k = np.shape(rows)
+  if k % 32:
+    return None
+  raw, values = quantize_rows(rows, qtype)
+  return values, jnp.asarray(kernels.pack_blocks(raw, n, k, qtype))
 
 
 BYTES_PER_WEIGHT = {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32}
@@ -275,19 +289,11 @@ def to_blocks(model, qtype: str = "Q8_0", *, head: bool = True, strict: bool = T
     setattr(owner, pname, type(old)(jnp.asarray(
         (values if transposed else values.T).reshape(old[...].shape), old[...].dtype)))
     blocks[site] = (raw, qtype)
-  out = pack_blocks(_rebuild(model, module), blocks)
-  if not head:  # the head stays float32 and unpacked (a draft scoring a vocabulary subset)
-    out = _drop_head_copy(out)
+  # head=False: the head stays float32 and unpacked (a draft scoring a vocabulary subset)
+  out = pack_blocks(_rebuild(model, module), blocks, head=head)
   out.weights = "blocks"
   out.blocks_qtype = qtype
   return out
-
-
-def _drop_head_copy(model):
-  module = model.module()
-  if hasattr(module, PREFIX + "head"):
-    delattr(module, PREFIX + "head")
-  return _rebuild(model, module)
 
 
 def pack_int8(model, blocks: dict):
@@ -352,11 +358,9 @@ def subset_head(model, ids) -> dict:
   rows = head_rows(model.config, model.params, ids)
   out = {"vocab": ids, "head": rows}
   qtype = drafter_qtype(model)  # beside a model on blocks: the rows as blocks too
-  if qtype is not None and rows.shape[1] % 32 == 0:
-    raw, values = quantize_rows(rows, qtype)
-    out["head"] = jnp.asarray(values)
-    out[PREFIX + "head"] = jnp.asarray(kernels.pack_blocks(raw, rows.shape[0], rows.shape[1],
-                                                           qtype))
+  copy = None if qtype is None else block_copy(np.asarray(rows), qtype)
+  if copy is not None:
+    out["head"], out[PREFIX + "head"] = jnp.asarray(copy[0]), copy[1]
   elif on_kernel(model):
     out[PREFIX + "head"] = jnp.asarray(kernels.pack_weight(np.asarray(rows), transposed=True))
   return out

@@ -428,10 +428,10 @@ def _draft_on_target(it: ModelName, target, mesh, place):
                      "pass mesh= / place= when loading the target")
   from specjax.packing import drafter_qtype, on_kernel, to_blocks
 
-  draft = _build_draft(it, target, on_kernel(target))  # on the kernel where its target is
   qtype = drafter_qtype(target)  # beside a target on blocks: on blocks of its own
   if qtype is None:
-    return draft
+    return _build_draft(it, target, on_kernel(target))  # on the kernel where its target is
+  draft = _build_draft(it, target, False)  # unpacked: to_blocks packs it
   return to_blocks(draft, qtype, head=getattr(draft, "vocab_subset", None) is None, strict=False)
 
 

@@ -129,18 +129,17 @@ def pack_module(mod: dict, qtype: str | None = None) -> dict:
     packed = {".".join(path): jnp.asarray(kernels.pack_weight(np.asarray(f(_at(mod, path), e))))
               for path, f in _DENSE}
     return dict(mod, packed=packed)
-  from specjax.packing import quantize_rows
+  from specjax.packing import block_copy
 
   out, packed = _copy_nested(mod), {}
   for path, f in _DENSE:
     w = _at(mod, path)
     mat = np.asarray(f(w, e), np.float32)  # [K, N]
-    if mat.shape[0] % 32:  # not whole blocks along K: float32, as without qtype
+    copy = block_copy(mat.T, qtype)
+    if copy is None:  # not whole blocks along K: float32, as without qtype
       packed[".".join(path)] = jnp.asarray(kernels.pack_weight(mat))
       continue
-    raw, values = quantize_rows(mat.T, qtype)
-    packed[".".join(path)] = jnp.asarray(kernels.pack_blocks(raw, mat.shape[1], mat.shape[0],
-                                                             qtype))
+    values, packed[".".join(path)] = copy
     _at(out, path[:-1])[path[-1]] = jnp.asarray(values.T.reshape(w.shape), w.dtype)
   return dict(out, packed=packed)
 
