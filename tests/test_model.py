@@ -12,6 +12,7 @@ import pytest
 import specjax as sj
 from specjax import cache as kv
 
+from tests.helpers.gguf_files import without_vocabulary
 from tests.helpers.hf_models import HF_CONFIGS, save_tiny_hf
 
 torch = pytest.importorskip("torch")
@@ -96,12 +97,14 @@ def test_exit_layer_matches_truncated_model(tiny):
 
 
 @pytest.fixture(scope="module")
-def torch_smollm2():
+def torch_smollm2(tmp_path_factory):
+  """transformers' model from SmolLM2's GGUF, read without the vocabulary arrays (the same
+  fields and tensor bytes; tests/helpers/gguf_files.without_vocabulary)."""
   from specjax.weights import resolve
 
-  path = resolve("smollm2-135m")
+  copy = without_vocabulary(resolve("smollm2-135m"), tmp_path_factory.mktemp("smollm2") / "m.gguf")
   return transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+      os.path.dirname(copy), gguf_file=os.path.basename(copy), dtype=torch.float32).eval()
 
 
 @pytest.mark.slow

@@ -3,10 +3,11 @@ reading the same GGUF in fp32: its config field by field, logits at every positi
 32 greedy tokens on 10 prompts, and prompt lookup, lookahead and layer-skip token-identical to
 autoregressive decoding on it; in bf16, suffix decoding.
 
-transformers reads the file through gguf's GGUFReader, whose parsing of the 262k-token vocabulary
-costs seconds per read (specjax parses it once and keeps an index, gguf_file.gguf_index): the module
-shares one reader per file (a memo over gguf.GGUFReader while the module runs) and loads each model
-once.
+gguf's GGUFReader parses the 262k-token vocabulary in Python, tens of seconds per read (specjax
+parses it once and keeps an index, gguf_file.gguf_index): the module shares one reader per file (a
+memo over gguf.GGUFReader while the module runs), loads each model once, and gives transformers a
+copy of the file without the vocabulary arrays (tests/helpers/gguf_files.without_vocabulary: the
+same fields and tensor bytes; its config and weights read none of the vocabulary).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 import specjax as sj
 from specjax import cache as kv
 from specjax import gguf_file, weights
+
+from tests.helpers.gguf_files import without_vocabulary
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -57,16 +60,18 @@ def one_reader():
 
 
 @pytest.fixture(scope="module")
-def models(one_reader):
-  """(specjax model, transformers model), both from the one GGUF. torch runs on one thread here:
-  beside a second test worker on two cores, its two threads wait on each other (a 6-token
-  forward took 1.6 s on two threads under load, 0.16 s on one)."""
+def models(one_reader, tmp_path_factory):
+  """(specjax model, transformers model), both from the one GGUF (transformers reads it without
+  its vocabulary arrays). torch runs on one thread here: beside a second test worker on two
+  cores, its two threads wait on each other (a 6-token forward took 1.6 s on two threads under
+  load, 0.16 s on one)."""
   threads = torch.get_num_threads()
   torch.set_num_threads(1)
-  path = weights.resolve("gemma3-270m")
   ours = sj.load_model("gemma3-270m")
+  copy = without_vocabulary(weights.resolve("gemma3-270m"),
+                            tmp_path_factory.mktemp("gemma3") / "model.gguf")
   ref = transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+      os.path.dirname(copy), gguf_file=os.path.basename(copy), dtype=torch.float32).eval()
   yield ours, ref
   torch.set_num_threads(threads)
 

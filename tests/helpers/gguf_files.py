@@ -63,3 +63,47 @@ def logits(model, toks):
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
   lg, _, _ = jax.jit(model.apply)(model.params, toks, pos, c, kv.causal_mask(c.lengths, t, 128, 0))
   return np.asarray(lg)
+
+
+def without_vocabulary(path, out) -> str:
+  """A copy of the GGUF file at `path`, written to `out`, with the tokenizer's vocabulary arrays
+  (tokens, scores, token types, merges) left out and the vocabulary's size stated as
+  `<arch>.vocab_size`: every other field and every tensor's bytes as they are.
+
+  For transformers as the parity oracle: its GGUF loader reads a file with gguf.GGUFReader, which
+  parses every vocabulary entry in Python, twice per load (config, then weights): Gemma 3's
+  262k-token vocabulary cost most of the ~80-110 s its oracle took to load. Neither the config
+  nor the weights it builds read those arrays (the tests tokenize with the model's own
+  tokenizer). The fields come from specjax's index of the file (`gguf_file.gguf_index`), so
+  writing the copy reads no vocabulary either."""
+  from specjax import gguf_file
+
+  fields, tensors = gguf_file.gguf_index(str(path))
+  arch = fields["general.architecture"]
+  w = GGUFWriter(str(out), arch)
+  for key, value in fields.items():
+    if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
+      continue  # the writer's own
+    if isinstance(value, range):  # the vocabulary (the index keeps its length only)
+      if f"{arch}.vocab_size" not in fields:
+        w.add_uint32(f"{arch}.vocab_size", len(value))
+      continue
+    if isinstance(value, bool):
+      w.add_bool(key, value)
+    elif isinstance(value, int):
+      (w.add_int32 if -2**31 <= value < 2**31 else w.add_int64)(key, value)
+    elif isinstance(value, float):
+      w.add_float32(key, value)
+    elif isinstance(value, str):
+      w.add_string(key, value)
+    elif isinstance(value, (list, tuple)) and value:
+      w.add_array(key, list(value))
+  for t in tensors.values():
+    data = np.asarray(t.data)
+    quantized = t.tensor_type not in (Q.F32, Q.F16)
+    w.add_tensor(t.name, data, raw_dtype=t.tensor_type if quantized else None)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return str(out)
