@@ -14,7 +14,7 @@ its training wrote into its file:
     medusa       heads.meta held_out top1_k / top5_k per head (tree.per_rank_accuracy)
     eagle        heads.meta held_out top1, top1_2 .. top1_D: the head's top-1 at each unrolled depth
     mtp          heads.meta held_out top1_k: module k's top-1
-    dflash       heads.meta held_out top1_k: block offset k + 1's top-1 given offsets <= k agreed
+    dflash       heads.meta held_out top1_k, top5_k: block offset k + 1 given offsets <= k agreed
     layer-skip   nothing is recorded: LAYER_SKIP_PRIOR (measured at exit L/4 on SmolLM2-135M)
     quantized    nothing is recorded: QUANTIZED_PRIOR by bit width (measured on SmolLM2-135M)
 
@@ -191,9 +191,12 @@ def mtp_gamma(target, heads, cost) -> Choice:
 
 
 def dflash_block(target, heads, cost) -> Choice:
-  """dflash: block_size = gamma + 1, gamma = argmax tau(g) / (c(g + 1) + f), tau(g) = 1 + sum_i
-  prod_{j<=i} top1_j (offset j's held-out top-1) and f = reads(the drafter's layers + fc nE x E +
-  head): one drafter forward per block, whatever its size."""
+  """dflash: a chain or a tree, whichever predicts more tokens per second. Chain: block_size =
+  gamma + 1, gamma = argmax tau(g) / (c(g + 1) + f), tau(g) = 1 + sum_i prod_{j<=i} top1_j (offset
+  j's held-out top-1 given the offsets before it right). Tree (where the heads also record
+  top-5 per offset): choose_budget's N on the per-rank accuracies (tree.per_rank_accuracy) with
+  the same overhead, and the block its depth needs. f = reads(the drafter's layers + fc nE x E +
+  head): one drafter forward per block, whatever its size or tree."""
   c = heads.config
   held = _held(heads.meta)
   acc = [held[f"top1_{i}"] for i in range(c.block_size - 1) if f"top1_{i}" in held]
@@ -202,8 +205,16 @@ def dflash_block(target, heads, cost) -> Choice:
   e = target.config.hidden_size
   f = reads(target, c.num_layers, len(c.target_layer_ids) * e * e, c.vocab_size)
   r = trees.choose_chain(cost, acc, max_gamma=min(len(acc), MAX_GAMMA), step_overhead=f)
-  return Choice({"block_size": r["gamma"] + 1}, r["speedup"], r["tau"], tuple(r["table"]),
-                "dflash held-out top-1 per block offset", True)
+  chain = Choice({"block_size": r["gamma"] + 1, "tree": None}, r["speedup"], r["tau"],
+                 tuple(r["table"]), "dflash held-out top-1 per block offset", True)
+  if not any(f"top5_{i}" in held for i in range(len(acc))):
+    return chain
+  ranks = trees.per_rank_accuracy(heads.meta, len(acc))
+  t = trees.choose_budget(cost, ranks, max_nodes=MAX_NODES, step_overhead=f)
+  if t["speedup"] <= r["speedup"]:
+    return chain
+  return Choice({"block_size": t["tree"].max_depth + 1, "tree": t["tree"]}, t["speedup"], t["tau"],
+                tuple(t["table"]), "dflash held-out top-1 / top-5 per block offset", True)
 
 
 def medusa_tree(target, heads, cost) -> Choice:
@@ -268,7 +279,7 @@ CHOOSERS = {
     "medusa": (medusa_tree, ("tree",), "heads"),
     "eagle": (eagle_budget, ("tree", "num_nodes", "depth", "top_k"), "heads"),
     "mtp": (mtp_gamma, ("gamma",), "heads"),
-    "dflash": (dflash_block, ("block_size",), "heads"),
+    "dflash": (dflash_block, ("block_size", "tree"), "heads"),
     "prompt-lookup": (lookup_tokens, ("num_tokens",), "ngram"),
     "lookahead": (lookahead_shape, ("window", "ngram", "guess"), None),
     "quantized": (quantized_gamma, ("gamma",), "bits"),

@@ -18,6 +18,13 @@ step, all rows at once, all shapes static:
             L .. L + bs - 1; their K/V are written into the drafter's cache at those slots and
             its length follows the target's (L + n + 1): entries past it are rewritten next round.
 
+A tree instead of a chain (`tree=`): each q_j depends on the context alone, so offset j's
+top-R tokens are candidates whichever token precedes them. A static candidate tree
+(specjax/tree.py, Medusa's format: a node at depth d takes rank r of q_d) is verified in one
+target forward by the shared tree step (`verify.tree`): greedy matching at temperature 0, else
+the multi-draft rule for fixed candidates ("exact", as Medusa's), lossless at any temperature.
+The context of the accepted path's positions is written as in the chain.
+
 Statistics: the accepted-depth histogram and per block offset the acceptance rate given the
 offset before it was accepted (the per-position acceptance curve DFlash reports).
 """
@@ -35,10 +42,12 @@ from specjax import acceptance, sampling
 from specjax import cache as kv
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.drafters.dflash import drafter
-from specjax.errors import check_int
+from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods import sizing, verify
 from specjax.methods.features import check_heads
+from specjax.sampling import top_k_ids
+from specjax.tree import Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +55,15 @@ class DFlash(Method):
   """DFlash decoding with `heads` (sj.init_heads(target, "dflash", mask_token_id=...) or
   sj.load_heads(...)). block_size: tokens per block, the pending one included, at most the block
   the heads were trained for (left out: chosen from the cost curve when the method meets its
-  target, see methods/sizing.py; the trained block where the heads record no acceptance)."""
+  target, see methods/sizing.py; the trained block where the heads record no acceptance).
+  tree: None (a chain of block_size - 1 drafts) or a candidate tree (a specjax.tree.Tree or
+  Medusa-format paths [(0,), (1,), (0, 0), ...]; depth d reads offset d's ranked tokens), verified
+  in one forward; its depth must fit in the block (block_size left out: the tree's depth + 1).
+  Left out together with block_size, the cost curve picks a chain or a tree, whichever the heads'
+  held-out acceptance predicts faster."""
   heads: Any = dataclasses.field(default=None, compare=False, repr=False)
   block_size: int | None = None
+  tree: Any = None
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
   left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
@@ -59,9 +74,27 @@ class DFlash(Method):
   def __post_init__(self):
     check_heads(self.heads, "dflash", "DFlash")
     c = self.heads.config
-    sizing.left_out(self, {"block_size": c.block_size})
+    tree = self.tree
+    if tree is not None and not isinstance(tree, Tree):
+      tree = Tree(tree)
+    object.__setattr__(self, "tree", tree)
+    if tree is not None and tree.max_depth >= c.block_size:
+      deep = next(p for p in tree.paths if len(p) == tree.max_depth)
+      raise InputError(f"tree path {deep} has depth {len(deep)}, but these heads draft at most "
+                       f"{c.block_size - 1} offsets (trained for blocks of {c.block_size}): each "
+                       f"depth reads one offset")
+    deepest = c.block_size if tree is None else tree.max_depth + 1
+    sizing.left_out(self, {"block_size": deepest, "tree": None})
     check_int("block_size", self.block_size, 2, c.block_size,
               f" (these heads were trained for blocks of {c.block_size})")
+    if tree is not None and tree.max_depth + 1 > self.block_size:
+      deep = next(p for p in tree.paths if len(p) == tree.max_depth)
+      raise InputError(f"tree path {deep} has depth {len(deep)}, but a block of "
+                       f"block_size={self.block_size} drafts {self.block_size - 1} offsets: each "
+                       f"depth reads one offset")
+    if tree is not None and tree.ranks_needed() > c.vocab_size:
+      raise InputError(f"tree reads rank {tree.max_rank}, beyond the vocabulary's "
+                       f"{c.vocab_size} tokens")
     object.__setattr__(self, "key", (c,))
 
   def prepare(self, model) -> "DFlash":
@@ -75,11 +108,11 @@ class DFlash(Method):
 
   @property
   def extra_slots(self) -> int:
-    return self.block_size
+    return self.block_size if self.tree is None else max(self.block_size, self.tree.num_nodes + 1)
 
   @property
   def max_emit(self) -> int:
-    return self.block_size
+    return self.block_size if self.tree is None else self.tree.max_depth + 1
 
   def validate(self, model) -> None:
     check_fits(self.heads, model)
@@ -104,12 +137,12 @@ class DFlash(Method):
                   arrays["p"]["fc"].dtype)
     pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     ctx = self._context(arrays, ctx, hidden, pos, jnp.zeros((b,), jnp.int32))
-    return {"ctx": ctx.replace(lengths=state.cache.lengths),
-            **verify.depth_counts(b, self.block_size - 1)}
+    depth = self.block_size - 1 if self.tree is None else self.tree.max_depth
+    return {"ctx": ctx.replace(lengths=state.cache.lengths), **verify.depth_counts(b, depth)}
 
-  def draft(self, prog: Program, params, arrays, state: DecodeState, key):
-    """One drafter forward over the block. Returns (draft [B,G] token ids, q [B,G,V] the
-    distributions they were drawn from, positions [B,G+1] of the block), G = block_size - 1."""
+  def block_logits(self, prog: Program, params, arrays, state: DecodeState):
+    """One drafter forward over the block. Returns (logits [B,G,V] of offsets 1 .. G, positions
+    [B,G+1] of the block), G = block_size - 1."""
     c = self.heads.config
     ctx = state.method["ctx"]
     b, bs = state.seq.shape[0], self.block_size
@@ -122,9 +155,7 @@ class DFlash(Method):
                             jnp.ones((b, bs, bs), bool)], axis=-1)
     layers = [(layer["k"], layer["v"]) for layer in ctx.layers]
     h = drafter(c, arrays["p"])(arrays["embed"][toks], pos, layers, mask)
-    logits = nnx.merge(prog.graphdef, params).head(h[:, 1:])  # [B,G,V]
-    q = sampling.probs(logits, state.sp)
-    return sampling.sample(key, logits, state.sp, p=q), q, pos
+    return nnx.merge(prog.graphdef, params).head(h[:, 1:]), pos  # [B,G,V]
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
@@ -132,14 +163,30 @@ class DFlash(Method):
     key, k_draft, k_acc = jax.random.split(state.key, 3)
     start = m["ctx"].lengths
     with phase(DRAFT):
-      draft, q, pos = self.draft(prog, params, arrays, state, k_draft)
+      logits, pos = self.block_logits(prog, params, arrays, state)
+    state = state.replace(key=key)
+    if self.tree is None:
+      q = sampling.probs(logits, state.sp)
+      draft = sampling.sample(k_draft, logits, state.sp, p=q)
 
-    def rule(k, d, logits, sp):  # exact rejection sampling with the drafter's own q
-      return acceptance.verify_chain(k, d, q, logits, sp)
+      def rule(k, d, target_logits, sp):  # exact rejection sampling with the drafter's own q
+        return acceptance.verify_chain(k, d, q, target_logits, sp)
 
-    state, n, hidden = verify.chain(prog, params, state.replace(key=key), k_acc, draft, rule=rule)
+      state, n, hidden = verify.chain(prog, params, state, k_acc, draft, rule=rule)
+    else:
+      t = self.tree
+      cands = top_k_ids(logits[:, :t.max_depth], t.ranks_needed())  # [B,D,R]
+      draft = cands[:, t.head[1:], t.rank[1:]]  # [B,N]
+      state, _, n, keep, hidden = verify.tree(
+          prog, params, state, k_acc, draft, jnp.asarray(t.parent), jnp.asarray(t.depth),
+          t.max_depth, ancestor=jnp.asarray(t.ancestor), rule="exact")
+      hidden = jnp.take_along_axis(hidden, keep[:, :, None], axis=1)  # the accepted path's
+      pos = pos[:, :t.max_depth + 1]
     ctx = self._context(arrays, m["ctx"], hidden, pos, start).replace(lengths=state.cache.lengths)
     return state.replace(method=verify.count(dict(m, ctx=ctx), active, n))
 
   def stats(self, state) -> dict:
-    return dict(verify.depth_stats(state.method), block_size=self.block_size)
+    out = dict(verify.depth_stats(state.method), block_size=self.block_size)
+    if self.tree is not None:
+      out.update(tree_nodes=self.tree.num_nodes, tree_depth=self.tree.max_depth)
+    return out

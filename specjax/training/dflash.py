@@ -11,7 +11,8 @@ once per batch with the drafter's taps (the raw residual stream after its target
     loss_fn = make_loss(target, heads)          # loss_fn(params, batch, rng, frozen)
 
 metrics: loss, top1 (every offset), top1_k per offset k + 1 given offsets 1 .. k were all right
-(the chain's per-position acceptance, which methods/defaults.py sizes the block from), count.
+(the chain's per-position acceptance, which methods/defaults.py sizes the block from), top5_k
+the same for the label among offset k + 1's top five (a candidate tree's ranks), count.
 """
 
 from __future__ import annotations
@@ -66,12 +67,15 @@ def make_loss(target, heads):
     n = jnp.maximum(jnp.sum(valid), 1)
     loss = -jnp.sum(jnp.where(valid, lp, 0.0)) / n
     right = (jnp.argmax(logits, -1) == labels) & valid
+    label_logit = jnp.take_along_axis(logits, labels[..., None], -1)
+    in5 = (jnp.sum(logits > label_logit, -1) < 5) & valid  # the label among the top 5
     metrics = {"loss": loss, "top1": jnp.sum(right) / n, "count": jnp.sum(valid)}
     prefix = jnp.cumprod(right | ~valid, axis=-1).astype(bool)  # offsets 1 .. k all right
     reached = valid[:, :, 0]
     for k in range(g):
       hit = prefix[:, :, k] & valid[:, :, k]
       metrics[f"top1_{k}"] = jnp.sum(hit & reached) / jnp.maximum(jnp.sum(reached), 1)
+      metrics[f"top5_{k}"] = jnp.sum(in5[:, :, k] & reached) / jnp.maximum(jnp.sum(reached), 1)
       if k + 1 < g:
         reached = hit & valid[:, :, k + 1]
     return loss, metrics

@@ -217,19 +217,24 @@ SAMPLING_METHODS += [
 
 
 # ---- methods/dflash.py (issue 49): a DFlash drafter drafts a whole block in one forward (random,
-# scaled so that some drafts are accepted); the chain is verified with the drafter's own q.
+# scaled so that some drafts are accepted); the chain is verified with the drafter's own q, the
+# tree with the multi-draft rule for fixed candidates.
 
 
-def _dflash(block_size=None):
+def _dflash(block_size=None, tree=None):
   def make(target):
     heads = sj.init_heads(target, "dflash", mask_token_id=target.config.vocab_size - 1,
                           block_size=4, seed=4, scale=0.3)
-    return sj.DFlash(heads, block_size=block_size)
+    return sj.DFlash(heads, block_size=block_size, tree=tree)
   return make
 
 
-GREEDY_METHODS += [("dflash/random", _dflash())]
-SAMPLING_METHODS += [("dflash/exact", _dflash(block_size=3))]
+# The tree variant: offset d's ranked tokens as candidates (two at depth 1, a second branch under
+# the runner-up), verified in one forward.
+DFLASH_TREE = [(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0)]
+GREEDY_METHODS += [("dflash/random", _dflash()), ("dflash/tree", _dflash(tree=DFLASH_TREE))]
+SAMPLING_METHODS += [("dflash/exact", _dflash(block_size=3)),
+                     ("dflash/tree-exact", _dflash(tree=DFLASH_TREE[:4]))]
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -172,7 +172,7 @@ def test_decoding_drafts_what_the_teacher_forced_blocks_say(target, published):
     drafts, starts = [], []
     for r in range(2):
       starts.append(state.cache.lengths)
-      drafts.append(method.draft(prog, params, arr, state, state.key)[0])
+      drafts.append(method.block_logits(prog, params, arr, state)[0].argmax(-1))
       if r == 0:
         state = method.step(prog, params, arr, state)
     return state.seq, jnp.stack(starts, 1), jnp.stack(drafts, 1)
@@ -243,6 +243,12 @@ def test_bad_input_is_named(target, published, tmp_path):
   missing = {k: x for k, x in sd.items() if k != "layers.1.self_attn.k_norm.weight"}
   with pytest.raises(WeightsError, match="missing tensor 'layers.1.self_attn.k_norm.weight'"):
     sj.load_heads(_write(str(tmp_path / "c"), missing, cfg), target)
+  with pytest.raises(InputError, match=r"tree path \(0, 0, 0\) has depth 3, but a block of "
+                     r"block_size=3 drafts 2 offsets"):
+    sj.DFlash(heads, block_size=3, tree=[(0,), (0, 0), (0, 0, 0)])
+  with pytest.raises(InputError, match=r"tree path \(0, 0, 0, 0\) has depth 4, but these heads draft "
+                     r"at most 3 offsets \(trained for blocks of 4\)"):
+    sj.DFlash(heads, tree=[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)])
   with pytest.raises(InputError, match="heads of kind 'dflash' cannot run MTP"):
     sj.MTP(heads)
   with pytest.raises(InputError, match="options of DFlash heads, not eagle"):
@@ -279,7 +285,9 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
                                   export=str(tmp_path / "h.npz"), log=quiet, **kw)
   held = [r for r in trainer.read_log(str(tmp_path / "a")) if r["split"] == "heldout"]
   assert [r["step"] for r in held] == [0, 4, 8] and held[-1]["loss"] < held[0]["loss"], held
-  assert {"top1_0", "top1_1", "top1_2"} <= set(whole.meta["held_out"])
+  rec = whole.meta["held_out"]
+  assert {"top1_0", "top1_1", "top1_2", "top5_0", "top5_1", "top5_2"} <= set(rec)
+  assert all(rec[f"top1_{k}"] <= rec[f"top5_{k}"] for k in range(BS - 1)), rec
   assert sj.load_heads(str(tmp_path / "h.npz"), target).config == whole.config
 
   # Killed (hard) after step 8 but before its checkpoint was written: drop it, and the same
@@ -308,3 +316,46 @@ def test_block_size_comes_from_the_curve_and_an_explicit_one_wins(target, monkey
   assert sj.DFlash(held).prepare(target).block_size == 2  # built by class: the same choice
   assert methods.build("dflash", target, heads=held, block_size=5).block_size == 5
   assert methods.build("dflash", target, heads=heads).block_size == 6
+
+
+def test_tree_or_chain_comes_from_the_curve(target, monkeypatch):
+  """With top-5 recorded per offset, the cost curve picks a tree where verifying more tokens is
+  nearly free (the runner-ups add accepted tokens) and the chain where every verified token costs
+  a forward; without top-5, a chain. A tree given by hand fixes the block to its depth + 1."""
+  from specjax import calibrate, methods
+  from specjax.tree import Tree
+
+  curve = {"now": {1: 1.0, 64: 1.05}}
+  monkeypatch.setattr(calibrate, "cost_curve", lambda model: curve["now"])
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=6)
+  top1 = {f"top1_{k}": 0.6 for k in range(5)}
+  ranked = dataclasses.replace(heads, meta={"held_out": {**top1,
+                                                         **{f"top5_{k}": 0.9 for k in range(5)}}})
+  flat = methods.build("dflash", target, heads=ranked)
+  assert isinstance(flat.tree, Tree) and flat.tree.num_nodes > flat.tree.max_depth
+  assert flat.block_size == flat.tree.max_depth + 1
+  chain_only = dataclasses.replace(heads, meta={"held_out": top1})
+  assert methods.build("dflash", target, heads=chain_only).tree is None
+  curve["now"] = {1: 1.0, 2: 2.0, 3: 3.0}
+  steep = methods.build("dflash", target, heads=ranked)
+  assert steep.tree is None and steep.block_size == 2
+  assert sj.DFlash(heads, tree=[(0,), (1,), (0, 0)]).block_size == 3
+  assert methods.build("dflash", target, heads=ranked, block_size=4).tree is None  # a knob given
+
+
+def test_a_single_path_tree_is_the_chain():
+  """A tree of one path (rank 0 at every depth) drafts and accepts what the chain of the same
+  depth does, round by round (same tokens, same accepted-depth histogram), so the tree step's
+  drafts and the context it writes back agree with the chain's; a wider tree, the same tokens."""
+  from tests.helpers.lossless import DFLASH_TREE
+  from tests.helpers.models import memoryless_model, random_prompts
+
+  t = memoryless_model()
+  heads = sj.init_heads(t, "dflash", mask_token_id=60, block_size=4, seed=4, scale=0.3)
+  ps = random_prompts(4, 61, seed=3)
+  chain = sj.generate(t, ps, sj.DFlash(heads), max_new_tokens=40)
+  path = sj.generate(t, ps, sj.DFlash(heads, tree=[(0,), (0, 0), (0, 0, 0)]), max_new_tokens=40)
+  wide = sj.generate(t, ps, sj.DFlash(heads, tree=DFLASH_TREE), max_new_tokens=40)
+  assert path.tokens == chain.tokens == wide.tokens
+  assert path.stats["accepted_depth_hist"] == chain.stats["accepted_depth_hist"]
+  assert wide.stats["tree_nodes"] == len(DFLASH_TREE) and wide.stats["block_size"] == 4
