@@ -18,12 +18,12 @@ import os
 # squares in a norm then rounded once in the one-token forward (the embedding gather fused into
 # it) and twice in a 64-token block (the gather fused elsewhere), and batch invariance failed
 # there (tests/test_invariance.py's GGUF case, rows 53-63). With SelectionDAG every kernel fuses
-# alike, as at levels 1 and 2. LLVM's expensive passes are off too (LLVM's passes keep
-# floating-point semantics, and the lossless suite runs under the same flags). XLA's elemental
-# emitters too (specjax/compile_options.py): the tiny models' programs compile faster with them,
-# and the real models' decoding and training programs, compiled with compile_options, keep the
-# fusion emitters. SPECJAX_TEST_XLA_OPT=1 runs the suite at level 1 (what it ran at before), =2
-# leaves XLA at its own defaults.
+# alike, as at levels 1 to 3 (3 is XLA's default). LLVM's expensive passes are off too (LLVM's
+# passes keep floating-point semantics, and the lossless suite runs under the same flags). XLA's
+# elemental emitters too (specjax/compile_options.py): the tiny models' programs compile faster
+# with them, and the real models' decoding and training programs, compiled with compile_options,
+# keep the fusion emitters. SPECJAX_TEST_XLA_OPT=1 runs the suite at level 1 (what it ran at
+# before), =2 leaves XLA at its own defaults.
 _OPT = os.environ.get("SPECJAX_TEST_XLA_OPT", "0")
 
 

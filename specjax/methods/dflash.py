@@ -78,17 +78,16 @@ class DFlash(Method):
     if tree is not None and not isinstance(tree, Tree):
       tree = Tree(tree)
     object.__setattr__(self, "tree", tree)
+    deep = None if tree is None else max(tree.paths, key=len)
     if tree is not None and tree.max_depth >= c.block_size:
-      deep = next(p for p in tree.paths if len(p) == tree.max_depth)
       raise InputError(f"tree path {deep} has depth {len(deep)}, but these heads draft at most "
                        f"{c.block_size - 1} offsets (trained for blocks of {c.block_size}): each "
                        f"depth reads one offset")
-    deepest = c.block_size if tree is None else tree.max_depth + 1
-    sizing.left_out(self, {"block_size": deepest, "tree": None})
+    sizing.left_out(self, {"block_size": c.block_size if tree is None else tree.max_depth + 1,
+                           "tree": None})
     check_int("block_size", self.block_size, 2, c.block_size,
               f" (these heads were trained for blocks of {c.block_size})")
-    if tree is not None and tree.max_depth + 1 > self.block_size:
-      deep = next(p for p in tree.paths if len(p) == tree.max_depth)
+    if tree is not None and tree.max_depth >= self.block_size:
       raise InputError(f"tree path {deep} has depth {len(deep)}, but a block of "
                        f"block_size={self.block_size} drafts {self.block_size - 1} offsets: each "
                        f"depth reads one offset")

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.dflash import anchored_hidden, drafter
 from specjax.training.features import target_features
+from specjax.training.medusa import label_rank
 
 
 def anchors_per_window(seq_len: int, block_size: int) -> int:
@@ -66,9 +67,8 @@ def make_loss(target, heads):
     lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), labels[..., None], -1)[..., 0]
     n = jnp.maximum(jnp.sum(valid), 1)
     loss = -jnp.sum(jnp.where(valid, lp, 0.0)) / n
-    right = (jnp.argmax(logits, -1) == labels) & valid
-    label_logit = jnp.take_along_axis(logits, labels[..., None], -1)
-    in5 = (jnp.sum(logits > label_logit, -1) < 5) & valid  # the label among the top 5
+    rank = label_rank(logits, labels)  # [B,A,G]: 0 where the label is the argmax
+    right, in5 = (rank == 0) & valid, (rank < 5) & valid
     metrics = {"loss": loss, "top1": jnp.sum(right) / n, "count": jnp.sum(valid)}
     prefix = jnp.cumprod(right | ~valid, axis=-1).astype(bool)  # offsets 1 .. k all right
     reached = valid[:, :, 0]

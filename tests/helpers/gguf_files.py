@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, quants
+from gguf import GGUFValueType, GGUFWriter, quants
 
 from specjax import cache as kv
 
@@ -88,16 +88,10 @@ def without_vocabulary(path, out) -> str:
       if f"{arch}.vocab_size" not in fields:
         w.add_uint32(f"{arch}.vocab_size", len(value))
       continue
-    if isinstance(value, bool):
-      w.add_bool(key, value)
-    elif isinstance(value, int):
-      (w.add_int32 if -2**31 <= value < 2**31 else w.add_int64)(key, value)
-    elif isinstance(value, float):
-      w.add_float32(key, value)
-    elif isinstance(value, str):
-      w.add_string(key, value)
-    elif isinstance(value, (list, tuple)) and value:
-      w.add_array(key, list(value))
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
+      w.add_int64(key, value)  # (gguf types every int as INT32)
+    elif value is not None and value != []:
+      w.add_key_value(key, value, GGUFValueType.get_type(value))
   for t in tensors.values():
     data = np.asarray(t.data)
     quantized = t.tensor_type not in (Q.F32, Q.F16)
