@@ -521,12 +521,13 @@ void blocks_dense(int qtype, const float* x, const uint8_t* w, float* y, long m,
 // message, or "" if they agree.
 std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd, int32_t qtype) {
-  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
-    return "specjax_blocks_f32: expected x[M,K], w[ng,K/block,record], y[M,N]";
+  const long m = sj_ffi::rows(xd, yd);
+  if (m < 0 || wd.size() != 3)
+    return "specjax_blocks_f32: expected x[...,K], w[ng,K/block,record], y[...,N]";
   if (qtype < 0 || qtype >= kNumTypes)
     return "specjax_blocks_f32: unknown qtype " + std::to_string(qtype);
-  const long m = xd[0], k = xd[1], ng = wd[0], n = yd[1];
-  if (yd[0] != m || m > kMaxM) return "specjax_blocks_f32: M mismatch or M > 64";
+  const long k = sj_ffi::last(xd), ng = wd[0], n = sj_ffi::last(yd);
+  if (m > kMaxM) return "specjax_blocks_f32: M > 64";
   if (k % kBlockOf[qtype] != 0 || wd[1] != k / kBlockOf[qtype] || wd[2] != kRecord[qtype] ||
       n > ng * kGroup || n <= (ng - 1) * kGroup)
     return "specjax_blocks_f32: bad packed block layout";
@@ -537,7 +538,8 @@ ffi::Error BlocksF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                      ffi::ResultBuffer<ffi::F32> y, int32_t qtype) {
   std::string err = check(x.dimensions(), w.dimensions(), y->dimensions(), qtype);
   if (!err.empty()) return sj_ffi::invalid(err);
-  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  const long m = sj_ffi::rows(x.dimensions(), y->dimensions()), k = sj_ffi::last(x.dimensions()),
+             n = sj_ffi::last(y->dimensions());
   return sj_ffi::product(y->typed_data(), m, k, n, [&] {
     blocks_dense(qtype, x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
   });

@@ -212,15 +212,16 @@ _reset_for_tests = LIBRARY.reset
 # ----------------------------------------------------------------------------- the op
 
 
-def _fallback(x2, packed, n: int, k: int, name: str):
-  """x2 [M,K] @ dequantize(packed)^T in XLA: the path without the kernel."""
+def _fallback(x, packed, n: int, k: int, name: str):
+  """x [..., K] @ dequantize(packed)^T in XLA: the path without the kernel."""
   w = dequantize(packed, n, k, name)  # [N, K]
-  return jax.lax.dot_general(x2, w, (((1,), (1,)), ((), ())))
+  return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-def _ffi(x2, packed, n: int, name: str):
-  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
-                          vmap_method="sequential")(x2, packed, qtype=np.int32(QTYPES[name][0]))
+def _ffi(x, packed, n: int, name: str):
+  """x [..., K] (two dimensions or more) -> [..., N]: no reshape around the call (handler.h)."""
+  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32),
+                          vmap_method="sequential")(x, packed, qtype=np.int32(QTYPES[name][0]))
 
 
 def blocks_dense(x: jax.Array, packed: jax.Array, n: int, k: int, qtype) -> jax.Array:
@@ -236,28 +237,25 @@ def blocks_dense(x: jax.Array, packed: jax.Array, n: int, k: int, qtype) -> jax.
     raise ValueError(f"packed: expected uint8 {shape} for n={n}, k={k}, {name}; got "
                      f"{packed.dtype} {tuple(packed.shape)}")
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
-  x2 = x.reshape(m, k)
   if (not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available()):
-    y = _fallback(x2.astype(jnp.float32), packed, n, k, name)
-  else:
-    y = _ffi(x2, packed, n, name)
-  return y.reshape(*x.shape[:-1], n)
+    return _fallback(x.astype(jnp.float32), packed, n, k, name)
+  return _ffi(x, packed, n, name) if x.ndim >= 2 else _ffi(x[None], packed, n, name)[0]
 
 
 @jax.custom_vjp
-def _blocks_op(x2, w2, packed):
-  """x2 [M,K] @ w2 [K,N] read from w2's GGUF blocks (w2 only read when differentiated)."""
-  n, k = w2.shape[1], x2.shape[1]
-  return blocks_dense(x2, packed, n, k, qtype_of(packed.shape))
+def _blocks_op(x, w2, packed):
+  """x [..., K] @ w2 [K,N] read from w2's GGUF blocks (w2 only read when differentiated)."""
+  n, k = w2.shape[1], x.shape[-1]
+  return blocks_dense(x, packed, n, k, qtype_of(packed.shape))
 
 
-def _blocks_fwd(x2, w2, packed):
-  return matmul._xla(x2, w2, False), (x2, w2)
+def _blocks_fwd(x, w2, packed):
+  return matmul._xla(x, w2, False), (x, w2)
 
 
 def _blocks_bwd(res, g):
-  x2, w2 = res
-  return g @ w2.T, x2.T @ g, None
+  x, w2 = res
+  return g @ w2.T, matmul.over_rows(x, g), None
 
 
 _blocks_op.defvjp(_blocks_fwd, _blocks_bwd)
@@ -285,5 +283,5 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
   if not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available():
     return matmul._xla(x, w, transposed)
   w2 = w.T if transposed else w.reshape(k, -1)
-  y = on_cpu(_blocks_op, lambda a, b, p: matmul._xla(a, b, False), x.reshape(m, k), w2, packed)
+  y = on_cpu(_blocks_op, lambda a, b, p: matmul._xla(a, b, False), matmul.rows_of(x), w2, packed)
   return y.reshape(*x.shape[:-1], *out)

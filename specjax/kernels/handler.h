@@ -5,7 +5,10 @@
 // what it expected, or "" when they agree: sj_ffi::invalid turns it into XLA's error), then runs.
 // A product y[M,N] over K runs through sj_ffi::product: an empty output needs nothing, K = 0 gives
 // zeros, anything else is the kernel's call. SJ_PRODUCT_HANDLER binds such a handler: x [M,K],
-// the packed weight, y float32 [M,N], then any attributes.
+// the packed weight, y float32 [M,N], then any attributes. x and y may carry several leading
+// dimensions (x [B,T,K], y [B,T,N]: rows() reads M as their product), so a model passes its
+// activations as they are: a reshape around every call makes XLA's simplifier move reshapes
+// through the residual stream one operation per pass and stop at its iteration limit.
 
 #pragma once
 
@@ -23,6 +26,20 @@ namespace sj_ffi {
 inline ffi::Error invalid(const std::string& message) {
   return ffi::Error::InvalidArgument(message);
 }
+
+// M of an operand [..., last]: the product of its leading dimensions; -1 unless it has at least
+// two dimensions and its leading dimensions are those of `other` (x's and y's must agree).
+inline long rows(ffi::Span<const int64_t> d, ffi::Span<const int64_t> other) {
+  if (d.size() < 2 || other.size() != d.size()) return -1;
+  long m = 1;
+  for (size_t i = 0; i + 1 < d.size(); ++i) {
+    if (d[i] != other[i]) return -1;
+    m *= d[i];
+  }
+  return m;
+}
+
+inline long last(ffi::Span<const int64_t> d) { return d[d.size() - 1]; }
 
 template <class Run>
 ffi::Error product(float* y, long m, long k, long n, Run run) {

@@ -489,10 +489,10 @@ void dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k, 
 // pairs for bf16); returns an error message, or "" if they agree.
 std::string check(const char* name, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd, long pack) {
-  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
-    return std::string(name) + ": expected x[M,K], w[nb,K,bw], y[M,N]";
-  const long m = xd[0], k = xd[1], nb = wd[0], bw = wd[2] / pack, n = yd[1];
-  if (wd[1] != (k + pack - 1) / pack || yd[0] != m) return std::string(name) + ": K or M mismatch";
+  if (sj_ffi::rows(xd, yd) < 0 || wd.size() != 3)
+    return std::string(name) + ": expected x[...,K], w[nb,K,bw], y[...,N]";
+  const long k = sj_ffi::last(xd), nb = wd[0], bw = wd[2] / pack, n = sj_ffi::last(yd);
+  if (wd[1] != (k + pack - 1) / pack) return std::string(name) + ": K mismatch";
   if (wd[2] % pack || bw % 16 != 0 || bw < 16 || bw > 64 || n > nb * bw || n <= (nb - 1) * bw)
     return std::string(name) + ": bad packed block layout";
   return "";
@@ -502,7 +502,8 @@ ffi::Error DenseF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                     ffi::ResultBuffer<ffi::F32> y) {
   std::string err = check("specjax_dense_f32", x.dimensions(), w.dimensions(), y->dimensions(), 1);
   if (!err.empty()) return sj_ffi::invalid(err);
-  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  const long m = sj_ffi::rows(x.dimensions(), y->dimensions()), k = sj_ffi::last(x.dimensions()),
+             n = sj_ffi::last(y->dimensions());
   return sj_ffi::product(y->typed_data(), m, k, n, [&] {
     dense_f32(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, w.dimensions()[2],
               w.dimensions()[0]);
@@ -513,7 +514,8 @@ ffi::Error DenseBF16(ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                      ffi::ResultBuffer<ffi::F32> y) {
   std::string err = check("specjax_dense_bf16", x.dimensions(), w.dimensions(), y->dimensions(), 2);
   if (!err.empty()) return sj_ffi::invalid(err);
-  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  const long m = sj_ffi::rows(x.dimensions(), y->dimensions()), k = sj_ffi::last(x.dimensions()),
+             n = sj_ffi::last(y->dimensions());
   return sj_ffi::product(y->typed_data(), m, k, n, [&] {
     dense_bf16(reinterpret_cast<const uint16_t*>(x.untyped_data()),
                reinterpret_cast<const uint16_t*>(w.untyped_data()), y->typed_data(), m, k, n,

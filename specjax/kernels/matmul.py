@@ -135,29 +135,44 @@ def _xla(x, w, transposed: bool):
   return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1 if transposed else 0,)), ((), ())))
 
 
-def _ffi(x2, packed, n: int):
+def rows_of(x):
+  """x as a kernel takes it: as it is with two dimensions or more ([B, T, K]: the kernels read
+  M as the product of the leading ones, and a reshape around every product makes XLA's
+  simplifier move reshapes through the residual stream one operation per pass until its
+  iteration limit; handler.h), a vector as one row."""
+  return x if x.ndim >= 2 else x[None]
+
+
+def over_rows(a, b):
+  """a [..., P]^T @ b [..., Q] -> [P, Q], summed over every leading dimension (a weight's
+  gradient from activations of any batch shape)."""
+  lead = tuple(range(a.ndim - 1))
+  return jax.lax.dot_general(a, b, ((lead, lead), ((), ())))
+
+
+def _ffi(x, packed, n: int):
   target = TARGET_BF16 if packed.dtype == jnp.bfloat16 else TARGET
-  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
-                          vmap_method="sequential")(x2, packed)
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32),
+                          vmap_method="sequential")(x, packed)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _kernel(x2, w2, packed, transposed):
-  """x2 [M,K] -> [M,N] through the kernel (fp32 accumulation, rounded to x2's dtype). w2 (the
-  original weight, [K,N] or [N,K]) is only read when differentiated: the forward rule is then
-  XLA's dot, so gradients never see the kernel."""
-  return _ffi(x2, packed, w2.shape[0] if transposed else w2.shape[1]).astype(x2.dtype)
+def _kernel(x, w2, packed, transposed):
+  """x [..., K] -> [..., N] through the kernel (fp32 accumulation, rounded to x's dtype). w2
+  (the original weight, [K,N] or [N,K]) is only read when differentiated: the forward rule is
+  then XLA's dot, so gradients never see the kernel."""
+  return _ffi(x, packed, w2.shape[0] if transposed else w2.shape[1]).astype(x.dtype)
 
 
-def _kernel_fwd(x2, w2, packed, transposed):
-  return _xla(x2, w2, transposed), (x2, w2)
+def _kernel_fwd(x, w2, packed, transposed):
+  return _xla(x, w2, transposed), (x, w2)
 
 
 def _kernel_bwd(transposed, res, g):
-  x2, w2 = res
+  x, w2 = res
   if transposed:  # w2 [N,K]
-    return g @ w2, g.T @ x2, None
-  return g @ w2.T, x2.T @ g, None
+    return g @ w2, over_rows(g, x), None
+  return g @ w2.T, over_rows(x, g), None
 
 
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
@@ -186,5 +201,5 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
     return _xla(x, w, transposed)
   w2 = w if transposed else w.reshape(k, -1)
   y = on_cpu(lambda a, b, p: _kernel(a, b, p, transposed), lambda a, b, p: _xla(a, b, transposed),
-             x.reshape(m, k), w2, packed)
+             rows_of(x), w2, packed)
   return y.reshape(*x.shape[:-1], *out)

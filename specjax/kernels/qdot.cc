@@ -392,10 +392,11 @@ void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long
 // or "" if they agree.
 std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd) {
-  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
-    return "specjax_qdot_f32: expected x[M,K], w[ng,K/32,384], y[M,N]";
-  const long m = xd[0], k = xd[1], ng = wd[0], n = yd[1];
-  if (yd[0] != m || m > kMaxM) return "specjax_qdot_f32: M mismatch or M > 64";
+  const long m = sj_ffi::rows(xd, yd);
+  if (m < 0 || wd.size() != 3)
+    return "specjax_qdot_f32: expected x[...,K], w[ng,K/32,384], y[...,N]";
+  const long k = sj_ffi::last(xd), ng = wd[0], n = sj_ffi::last(yd);
+  if (m > kMaxM) return "specjax_qdot_f32: M > 64";
   if (k % kBlock != 0 || wd[1] != k / kBlock || wd[2] != kRecord || n > ng * kGroup ||
       n <= (ng - 1) * kGroup)
     return "specjax_qdot_f32: bad packed layout";
@@ -406,7 +407,8 @@ ffi::Error QdotF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                    ffi::ResultBuffer<ffi::F32> y) {
   std::string err = check(x.dimensions(), w.dimensions(), y->dimensions());
   if (!err.empty()) return sj_ffi::invalid(err);
-  const long m = x.dimensions()[0], k = x.dimensions()[1], n = y->dimensions()[1];
+  const long m = sj_ffi::rows(x.dimensions(), y->dimensions()), k = sj_ffi::last(x.dimensions()),
+             n = sj_ffi::last(y->dimensions());
   return sj_ffi::product(y->typed_data(), m, k, n, [&] {
     qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
   });

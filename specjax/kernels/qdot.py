@@ -211,9 +211,10 @@ def reference(x2, packed, n: int, k: int) -> jax.Array:
   return jax.lax.scan(step, y0, (q, d, mn, xq, dx.T, dxs.T))[0]
 
 
-def _ffi(x2, packed, n: int):
-  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
-                          vmap_method="sequential")(x2, packed)
+def _ffi(x, packed, n: int):
+  """x [..., K] (two dimensions or more) -> [..., N]: no reshape around the call (handler.h)."""
+  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32),
+                          vmap_method="sequential")(x, packed)
 
 
 def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
@@ -235,9 +236,15 @@ def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
     raise ValueError(f"packed: expected an array, got {type(packed).__name__}")
   _check_packed(packed, n, k)
   m = int(np.prod(shape[:-1], dtype=np.int64))
-  x = jnp.asarray(x2).reshape(m, k).astype(jnp.float32)
+  x = jnp.asarray(x2).astype(jnp.float32)
+  x = x if x.ndim >= 2 else x.reshape(m, k)
+  out = (*shape[:-1], n)
+
+  def ref(a, p):
+    return reference(a.reshape(m, k), p, n, k).reshape(*a.shape[:-1], n)
+
   if not 1 <= m <= MAX_ROWS or not available():
-    y = reference(x, packed, n, k)
+    y = ref(x, packed)
   else:
-    y = on_cpu(lambda a, p: _ffi(a, p, n), lambda a, p: reference(a, p, n, k), x, packed)
-  return y.reshape(*shape[:-1], n)
+    y = on_cpu(lambda a, p: _ffi(a, p, n), ref, x, packed)
+  return y.reshape(out)

@@ -200,13 +200,13 @@ def qdense(x: jax.Array, qw: QWeight) -> jax.Array:
   lead = x.shape[:-1]
   rows = int(np.prod(lead, dtype=np.int64))
   kp = _padded(qw.k)
-  x2 = jnp.pad(x.reshape(rows, qw.k).astype(jnp.float32), ((0, 0), (0, kp - qw.k)))
   qdot = _qdot() if qw.packed is not None else None
   if qdot is not None and 1 <= rows <= qdot.MAX_ROWS:
-    y = qdot.dense(x2, qw.packed, qw.n, kp)
-  else:
-    y = _reference(x2, qw)
-  return y.reshape(*lead, qw.n)
+    # x keeps its leading dimensions into the kernel (no reshape around it: kernels/handler.h).
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, kp - qw.k)]
+    return qdot.dense(jnp.pad(x.astype(jnp.float32), pad), qw.packed, qw.n, kp)
+  x2 = jnp.pad(x.reshape(rows, qw.k).astype(jnp.float32), ((0, 0), (0, kp - qw.k)))
+  return _reference(x2, qw).reshape(*lead, qw.n)
 
 
 def dequantize(qw: QWeight) -> jax.Array:
