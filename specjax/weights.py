@@ -22,6 +22,7 @@ dequantized GGUF tensor) and the slices of the one being placed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 from specjax import hub, shipped
@@ -29,7 +30,6 @@ from specjax.checkpoint import materialize, open_hf_dir
 from specjax.config import ModelConfig
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.gguf_file import gguf_blocks, open_gguf
-from specjax.lazy import check_finite as _check_finite  # noqa: F401 (tests call it by this name)
 
 
 # ----------------------------------------------------------------------------- what a name is
@@ -187,26 +187,50 @@ def read_checkpoint(path: str) -> tuple[ModelConfig, dict]:
 
 def load_tokenizer(path: str):
   """The tokenizer stored with a checkpoint (tokenizer.json or the GGUF's), or None if absent."""
-  from transformers import AutoTokenizer
+  import transformers
 
   if os.path.isdir(path):
     if not any(os.path.isfile(os.path.join(path, f))
                for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
       return None
-    return AutoTokenizer.from_pretrained(path)
-  # Converting a GGUF vocabulary takes seconds; keep the converted tokenizer in the user's cache.
-  from specjax.kernels.build import user_cache
-
-  stat = os.stat(path)
-  cache_dir = user_cache("tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{int(stat.st_mtime)}")
+    return transformers.AutoTokenizer.from_pretrained(path)
+  cache_dir = tokenizer_cache(path)
   if os.path.isfile(os.path.join(cache_dir, "tokenizer.json")):
-    return AutoTokenizer.from_pretrained(cache_dir)
-  tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return _cached_tokenizer(cache_dir)
+  tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                                   gguf_file=os.path.basename(path))
   try:
     tok.save_pretrained(cache_dir)
   except OSError:
     pass  # a read-only home only costs the conversion next time
   return tok
+
+
+def tokenizer_cache(gguf_path: str) -> str:
+  """The folder of the user's cache that keeps a GGUF's converted tokenizer (converting a GGUF
+  vocabulary takes seconds), named by the file's name, size and time."""
+  from specjax.kernels.build import user_cache
+
+  stat = os.stat(gguf_path)
+  name = f"{os.path.basename(gguf_path)}-{stat.st_size}-{int(stat.st_mtime)}"
+  return user_cache("tokenizers", name)
+
+
+def _cached_tokenizer(cache_dir: str):
+  """A tokenizer saved by save_pretrained, through the class its tokenizer_config.json names:
+  transformers' AutoTokenizer imports torch where it is installed (seconds at every start of a
+  process), the named class does not. AutoTokenizer where the class is not transformers' own."""
+  import transformers
+
+  try:
+    with open(os.path.join(cache_dir, "tokenizer_config.json")) as f:
+      name = json.load(f).get("tokenizer_class")
+  except (OSError, ValueError):
+    name = None
+  cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
+  if cls is None or not hasattr(cls, "from_pretrained"):
+    cls = transformers.AutoTokenizer
+  return cls.from_pretrained(cache_dir)
 
 
 def default_dtype():

@@ -144,3 +144,36 @@ def test_rope_tables_computed_once_per_forward(smollm2):
 
   hlo = jax.jit(forward).lower(smollm2.params, jnp.arange(t)[None]).compile().as_text()
   assert hlo.count("cosine(") == 1, hlo.count("cosine(")
+
+
+def test_cached_tokenizer_is_autotokenizers_without_torch(smollm2):
+  """A GGUF's tokenizer converted into the user's cache loads through the class its config names:
+  the ids and chat template AutoTokenizer gives, and no torch import in a fresh process (seconds
+  at every start of the CLI, a notebook or a script)."""
+  import json
+  import subprocess
+  import sys
+
+  import transformers
+
+  from specjax.weights import load_tokenizer, resolve, tokenizer_cache
+
+  path = resolve("smollm2-135m")
+  load_tokenizer(path)  # converted into the cache once (the fixture's load did it already)
+  text = "Fix the spelling: teh cat sat on teh mat."
+  chat = [{"role": "user", "content": text}]
+  code = ("import json, sys\nfrom specjax.weights import load_tokenizer\n"
+          f"tok = load_tokenizer({path!r})\n"
+          f"print(json.dumps([type(tok).__name__, tok.encode({text!r}), "
+          f"tok.apply_chat_template({chat!r}, add_generation_prompt=True, tokenize=False), "
+          f"'torch' in sys.modules]))\n")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                     cwd=os.path.join(os.path.dirname(__file__), ".."))
+  assert r.returncode == 0, r.stderr[-3000:]
+  name, ids, chat_text, torch_imported = json.loads(r.stdout.strip().splitlines()[-1])
+  auto = transformers.AutoTokenizer.from_pretrained(tokenizer_cache(path))
+  assert not torch_imported
+  assert name == type(auto).__name__
+  assert ids == auto.encode(text) == smollm2.tokenizer.encode(text)
+  assert chat_text == auto.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+  assert "<|im_start|>assistant" in chat_text

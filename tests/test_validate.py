@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import decode, prompts, sampling, validate, weights
+from specjax import decode, lazy, prompts, sampling, validate, weights
 
 from tests.helpers.models import tiny_model
 
@@ -237,11 +237,11 @@ def test_large_finite_weights_load():
   big = np.full((4, 4), 3e38, np.float32)
   with np.errstate(over="ignore"):
     assert not np.isfinite(big.sum())
-  weights._check_finite(big, "w", "here")
+  lazy.check_finite(big, "w", "here")
   big[1, 2] = np.nan
   with pytest.raises(sj.WeightsError,
                      match=r"here: tensor 'w' holds 1 non-finite .* at index \(1, 2\)"):
-    weights._check_finite(big, "w", "here")
+    lazy.check_finite(big, "w", "here")
 
 
 # ----------------------------------------------------------------------------- prompt sets

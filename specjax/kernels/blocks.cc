@@ -517,8 +517,8 @@ void blocks_dense(int qtype, const float* x, const uint8_t* w, float* y, long m,
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-// Checks x[M,K], w[ng, K/block, record], y[M,N] against qtype's packed layout; returns an error
-// message, or "" if they agree.
+// Checks x[...,K], w[ng, K/block, record], y[...,N] (M: the product of the leading dimensions)
+// against qtype's packed layout; returns an error message, or "" if they agree.
 std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd, int32_t qtype) {
   const long m = sj_ffi::rows(xd, yd);

@@ -485,8 +485,9 @@ void dense_bf16(const uint16_t* x, const uint16_t* w, float* y, long m, long k, 
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-// Checks x[M,K], w[nb, kw, bw * pack], y[M,N] against the packed layout (kw = K, or ceil(K/2)
-// pairs for bf16); returns an error message, or "" if they agree.
+// Checks x[...,K], w[nb, kw, bw * pack], y[...,N] (M: the product of the leading dimensions, the
+// same for x and y) against the packed layout (kw = K, or ceil(K/2) pairs for bf16); returns an
+// error message, or "" if they agree.
 std::string check(const char* name, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd, long pack) {
   if (sj_ffi::rows(xd, yd) < 0 || wd.size() != 3)

@@ -388,8 +388,8 @@ void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-// Checks x[M,K], w[ng, K/32, 384], y[M,N] against the packed layout; returns an error message,
-// or "" if they agree.
+// Checks x[...,K], w[ng, K/32, 384], y[...,N] (M: the product of the leading dimensions) against
+// the packed layout; returns an error message, or "" if they agree.
 std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd) {
   const long m = sj_ffi::rows(xd, yd);
