@@ -18,7 +18,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from specjax.kernels import blocks
 
-from tests.helpers.kernels import isa_fixture, isa_paths
+from tests.helpers.kernels import isa_fixture, isa_paths, random_raw
 
 TYPES = sorted(blocks.QTYPES)
 needs_kernel = pytest.mark.skipif(not blocks.available(),
@@ -26,21 +26,6 @@ needs_kernel = pytest.mark.skipif(not blocks.available(),
 
 
 isa_path = isa_fixture(blocks)
-
-
-def random_raw(rng, n: int, k: int, qtype: str) -> np.ndarray:
-  """A GGUF tensor's bytes [N, K/block * block bytes]: random bytes, fp16 fields in
-  +-[0.001, 0.1]."""
-  _, block, tb, fields = blocks.QTYPES[qtype]
-  nblk = k // block
-  raw = rng.integers(0, 256, (n, nblk, tb), dtype=np.uint8)
-  o = 0
-  for size, count in fields:
-    if size == 2:
-      v = rng.uniform(0.001, 0.1, (n, nblk, count)) * rng.choice([-1, 1], (n, nblk, count))
-      raw[..., o:o + 2 * count] = v.astype(np.float16).view(np.uint8).reshape(n, nblk, -1)
-    o += size * count
-  return raw.reshape(n, nblk * tb)
 
 
 def reference(raw: np.ndarray, qtype: str) -> np.ndarray:

@@ -15,22 +15,13 @@ import pytest
 
 from specjax.kernels import qdot
 
-from tests.helpers.kernels import isa_fixture, isa_paths
+from tests.helpers.kernels import isa_fixture, isa_paths, random_q41
 
 needs_kernel = pytest.mark.skipif(not qdot.available(),
                                   reason="specjax.kernels.qdot unavailable (see its warning)")
 
 
 isa_path = isa_fixture(qdot)
-
-
-def random_q41(rng, n: int, k: int):
-  """q uint8 [K/32, 32, N] in 0..15, d and m float32 [K/32, N] of both signs."""
-  nblk = k // 32
-  q = rng.integers(0, 16, (nblk, 32, n), dtype=np.uint8)
-  d = (rng.uniform(0.001, 0.02, (nblk, n)) * rng.choice([-1, 1], (nblk, n))).astype(np.float32)
-  m = rng.uniform(-0.1, 0.1, (nblk, n)).astype(np.float32)
-  return q, d, m
 
 
 def random_x(rng, rows: int, k: int) -> np.ndarray:
