@@ -153,6 +153,11 @@ class Tree:
     """How many top-k candidates per head the tree reads (max rank + 1)."""
     return self.max_rank + 1
 
+  def take(self, cands):
+    """The nodes' tokens [B,N] from ranked candidates [B,heads,R] (R >= ranks_needed()): node i
+    takes rank rank[i] of head head[i]."""
+    return cands[:, self.head[1:], self.rank[1:]]
+
   def __repr__(self):
     return f"Tree(N={self.num_nodes}, depth={self.max_depth}, top_k={self.ranks_needed()})"
 

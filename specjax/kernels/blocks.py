@@ -41,7 +41,7 @@ import numpy as np
 
 from specjax.kernels import matmul
 from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # noqa: F401
-                                     on_cpu, switched_off)
+                                     on_cpu, rows_of, switched_off)
 
 TARGET = "specjax_blocks_f32"
 MAX_ROWS = 64  # the largest M = B*T sent to the kernel; larger calls use the fallback
@@ -239,7 +239,7 @@ def blocks_dense(x: jax.Array, packed: jax.Array, n: int, k: int, qtype) -> jax.
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   if (not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available()):
     return _fallback(x.astype(jnp.float32), packed, n, k, name)
-  return _ffi(x, packed, n, name) if x.ndim >= 2 else _ffi(x[None], packed, n, name)[0]
+  return _ffi(rows_of(x), packed, n, name).reshape(*x.shape[:-1], n)
 
 
 @jax.custom_vjp
@@ -283,5 +283,5 @@ def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
   if not 1 <= m <= MAX_ROWS or x.dtype != jnp.float32 or switched_off() or not available():
     return matmul._xla(x, w, transposed)
   w2 = w.T if transposed else w.reshape(k, -1)
-  y = on_cpu(_blocks_op, lambda a, b, p: matmul._xla(a, b, False), matmul.rows_of(x), w2, packed)
+  y = on_cpu(_blocks_op, lambda a, b, p: matmul._xla(a, b, False), rows_of(x), w2, packed)
   return y.reshape(*x.shape[:-1], *out)

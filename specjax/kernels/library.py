@@ -41,6 +41,14 @@ def on_cpu(kernel: Callable, fallback: Callable, *args):
   return jax.lax.platform_dependent(*args, cpu=kernel, default=fallback)
 
 
+def rows_of(x):
+  """x as a product kernel takes it: as it is with two dimensions or more ([B, T, K]: the
+  handlers read M as the product of the leading ones; a reshape around every product makes XLA's
+  simplifier move reshapes through the residual stream one operation per pass until its
+  iteration limit; handler.h), a vector as one row."""
+  return x if x.ndim >= 2 else x[None]
+
+
 def switched_off() -> bool:
   """Whether SPECJAX_KERNELS turns the kernels off ("0", "false", "off", "no")."""
   return os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no")

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels.library import (ENV, ISAS, KernelFallbackWarning, Library,  # noqa: F401
-                                     on_cpu, switched_off)
+                                     on_cpu, rows_of, switched_off)
 
 MAX_ROWS = 64  # the largest M = B*T sent to the kernel; larger calls (prefill) use XLA
 TARGET = "specjax_dense_f32"
@@ -133,14 +133,6 @@ def _xla(x, w, transposed: bool):
   """x [..., K] @ w [K, ...] (or w [N, K] transposed) as XLA's dot: the fallback, and the
   reference the kernel is tested against."""
   return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1 if transposed else 0,)), ((), ())))
-
-
-def rows_of(x):
-  """x as a kernel takes it: as it is with two dimensions or more ([B, T, K]: the kernels read
-  M as the product of the leading ones, and a reshape around every product makes XLA's
-  simplifier move reshapes through the residual stream one operation per pass until its
-  iteration limit; handler.h), a vector as one row."""
-  return x if x.ndim >= 2 else x[None]
 
 
 def over_rows(a, b):

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # noqa: F401
-                                     on_cpu, switched_off)
+                                     on_cpu, rows_of, switched_off)
 
 TARGET = "specjax_qdot_f32"
 MAX_ROWS = 64   # the largest M = B*T sent to the kernel; larger calls use the reference
@@ -236,8 +236,7 @@ def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
     raise ValueError(f"packed: expected an array, got {type(packed).__name__}")
   _check_packed(packed, n, k)
   m = int(np.prod(shape[:-1], dtype=np.int64))
-  x = jnp.asarray(x2).astype(jnp.float32)
-  x = x if x.ndim >= 2 else x.reshape(m, k)
+  x = rows_of(jnp.asarray(x2).astype(jnp.float32))
   out = (*shape[:-1], n)
 
   def ref(a, p):

@@ -91,9 +91,9 @@ class DFlash(Method):
       raise InputError(f"tree path {deep} has depth {len(deep)}, but a block of "
                        f"block_size={self.block_size} drafts {self.block_size - 1} offsets: each "
                        f"depth reads one offset")
-    if tree is not None and tree.ranks_needed() > c.vocab_size:
-      raise InputError(f"tree reads rank {tree.max_rank}, beyond the vocabulary's "
-                       f"{c.vocab_size} tokens")
+    if tree is not None:
+      check_int("tree ranks (max rank + 1)", tree.ranks_needed(), 1, c.vocab_size,
+                " (the vocabulary's size)")
     object.__setattr__(self, "key", (c,))
 
   def prepare(self, model) -> "DFlash":
@@ -175,10 +175,8 @@ class DFlash(Method):
     else:
       t = self.tree
       cands = top_k_ids(logits[:, :t.max_depth], t.ranks_needed())  # [B,D,R]
-      draft = cands[:, t.head[1:], t.rank[1:]]  # [B,N]
-      state, _, n, keep, hidden = verify.tree(
-          prog, params, state, k_acc, draft, jnp.asarray(t.parent), jnp.asarray(t.depth),
-          t.max_depth, ancestor=jnp.asarray(t.ancestor), rule="exact")
+      state, _, n, keep, hidden = verify.static_tree(prog, params, state, k_acc, t.take(cands), t,
+                                                     rule="exact")
       hidden = jnp.take_along_axis(hidden, keep[:, :, None], axis=1)  # the accepted path's
       pos = pos[:, :t.max_depth + 1]
     ctx = self._context(arrays, m["ctx"], hidden, pos, start).replace(lengths=state.cache.lengths)

@@ -259,7 +259,7 @@ class Hybrid(verify.TreeSizes, Method):
       return tok, par, jnp.ones(tok.shape, bool), score, hcache
     t = d.tree
     cands = d.propose(prog, params, arrays, state.method["hidden"])  # [B,K,R]
-    tok = cands[:, t.head[1:], t.rank[1:]]  # [B,Nm]
+    tok = t.take(cands)  # [B,Nm]
     score = jnp.broadcast_to(jnp.asarray(path_probability(d)), tok.shape)
     return tok, jnp.asarray(t.parent[1:] - 1), jnp.ones(tok.shape, bool), score, None
 

@@ -150,10 +150,8 @@ class Medusa(verify.HeadsTree, Method):
     key, k_acc = jax.random.split(state.key)
     with phase(DRAFT):
       cands = self.propose(prog, params, arrays, m["hidden"])  # [B,K,R]
-    draft = cands[:, t.head[1:], t.rank[1:]]  # [B,N]
-    state, best, n, _, hidden = verify.tree(
-        prog, params, state.replace(key=key), k_acc, draft, jnp.asarray(t.parent),
-        jnp.asarray(t.depth), t.max_depth, ancestor=jnp.asarray(t.ancestor), rule=self._rule(),
+    state, best, n, _, hidden = verify.static_tree(
+        prog, params, state.replace(key=key), k_acc, t.take(cands), t, rule=self._rule(),
         epsilon=self.epsilon, delta=self.delta)
 
     h = jnp.take_along_axis(hidden, best[:, None, None], axis=1)[:, 0]

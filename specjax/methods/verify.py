@@ -150,6 +150,13 @@ def chain(prog: Program, params, state: DecodeState, key, draft, *, rule=one_hot
   return emit(state.replace(cache=cache), emitted(tokens[:, 1:], n, nxt), n + 1), n, hidden
 
 
+def static_tree(prog: Program, params, state: DecodeState, key, draft, t, **kw):
+  """`tree` over one static specjax.tree.Tree t (its parents, depths, depth and ancestor mask);
+  kw: tree's rule, epsilon, delta."""
+  return tree(prog, params, state, key, draft, jnp.asarray(t.parent), jnp.asarray(t.depth),
+              t.max_depth, ancestor=jnp.asarray(t.ancestor), **kw)
+
+
 def tree(prog: Program, params, state: DecodeState, key, draft, parents, depth, max_depth: int,
          *, ancestor=None, rule: str = "exact", epsilon: float = 0.09, delta: float = 0.3,
          skip_empty=None):
