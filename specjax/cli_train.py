@@ -82,10 +82,12 @@ def cmd_train_heads(args) -> None:
 
 
 def _dflash_args(args) -> dict | None:
-  """`specjax train dflash`'s drafter shape: --block-size, --mask-token, --target-layers."""
+  """`specjax train dflash`'s drafter shape (--block-size, --mask-token, --target-layers) and its
+  loss's --loss-decay."""
   if args.what != "dflash":
     return None
-  out = {"block_size": args.block_size, "mask_token_id": args.mask_token}
+  out = {"block_size": args.block_size, "mask_token_id": args.mask_token,
+         "loss_decay": args.loss_decay}
   if args.target_layers:
     out["target_layer_ids"] = tuple(int(i) for i in args.target_layers.split(","))
   return out
@@ -233,6 +235,9 @@ def _add_train_commands(sub) -> None:
                       "block (one the text never uses)")
       tm.add_argument("--target-layers", default=None, help="0-based target layers read, e.g. "
                       "1,15,27 (default: --num-layers of them spread from layer 1 to L - 3)")
+      tm.add_argument("--loss-decay", type=float, default=None, help="block offset j's loss "
+                      "weighs exp(-(j - 1) / gamma); default: the paper's gamma for the block "
+                      "size (4 at 8, 7 at 16); 0: every offset alike")
     tm.set_defaults(fn=cmd_train_heads)
   m2 = tsub.add_parser("medusa2", help="Medusa-2: Medusa heads and LoRA adapters on the target's "
                        "layers trained together, with KL(original || adapted) keeping the adapted "

@@ -7,10 +7,14 @@ mask the decoding step uses, specjax/drafters/dflash.py `anchored_hidden`), and 
 scored against x_{a+j}, the token the target wrote there (the self-distillation corpus). All A
 blocks of a window run in one drafter forward over the window's context, and the target runs
 once per batch with the drafter's taps (the raw residual stream after its target layers).
+Offset j's cross-entropy weighs exp(-(j - 1) / gamma), as the paper weighs it: an early offset's
+miss ends the accepted prefix, so the early offsets matter most (`default_decay`: the paper's
+gamma for the block size; 0 weighs every offset alike).
 
-    loss_fn = make_loss(target, heads)          # loss_fn(params, batch, rng, frozen)
+    loss_fn = make_loss(target, heads, decay=None)   # loss_fn(params, batch, rng, frozen)
 
-metrics: loss, top1 (every offset), top1_k per offset k + 1 given offsets 1 .. k were all right
+metrics: loss (weighted), ce_k the mean cross-entropy at offset k + 1, top1 (every offset), top1_k
+per offset k + 1 given offsets 1 .. k were all right
 (the chain's per-position acceptance, which methods/defaults.py sizes the block from), top5_k
 the same for the label among offset k + 1's top five (a candidate tree's ranks), count.
 """
@@ -23,6 +27,19 @@ import jax.numpy as jnp
 from specjax.drafters.dflash import anchored_hidden, drafter
 from specjax.training.features import target_features
 from specjax.training.medusa import label_rank
+
+
+def default_decay(block_size: int) -> float:
+  """The paper's loss decay gamma for a block size: 4 at 8, 5 at 10, 7 at 16 (Chen, Liang, Liu
+  2026), linear through those values between and beyond them (block_size / 2 up to 10)."""
+  return block_size / 2 if block_size <= 10 else 5.0 + (block_size - 10) / 3
+
+
+def offset_weights(block_size: int, decay: float) -> jnp.ndarray:
+  """[block_size - 1] float32 weights of offsets 1 .. block_size - 1: exp(-(j - 1) / decay), or
+  all one for decay 0."""
+  j = jnp.arange(block_size - 1, dtype=jnp.float32)
+  return jnp.exp(-j / decay) if decay > 0 else jnp.ones_like(j)
 
 
 def anchors_per_window(seq_len: int, block_size: int) -> int:
@@ -40,15 +57,17 @@ def sample_anchors(rng, mask, num: int):
   return idx.astype(jnp.int32), jnp.isfinite(top)
 
 
-def make_loss(target, heads):
+def make_loss(target, heads, decay: float | None = None):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for a DFlash drafter on `target`.
 
+  decay: the offsets' loss decay gamma (None: `default_decay` of the block size; 0: uniform).
   batch: {"tokens" [B,T], "mask" [B,T] (True where the next token is the target's text)}.
   frozen: training/features.frozen_arrays (the target's params, its LM head's rows)."""
   c = heads.config
   graphdef = target.graphdef
   bs, g = c.block_size, c.block_size - 1
   n_feats = len(c.target_layer_ids) * c.hidden_size
+  w = offset_weights(bs, default_decay(bs) if decay is None else float(decay))
 
   def loss_fn(params, batch, rng, frozen):
     tokens, mask = batch["tokens"], batch["mask"]
@@ -66,13 +85,17 @@ def make_loss(target, heads):
     valid = ok[:, :, None] & inside & counted  # [B,A,G]
     lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), labels[..., None], -1)[..., 0]
     n = jnp.maximum(jnp.sum(valid), 1)
-    loss = -jnp.sum(jnp.where(valid, lp, 0.0)) / n
+    weight = jnp.where(valid, w, 0.0)
+    loss = -jnp.sum(weight * lp) / jnp.maximum(jnp.sum(weight), 1e-6)
     rank = label_rank(logits, labels)  # [B,A,G]: 0 where the label is the argmax
     right, in5 = (rank == 0) & valid, (rank < 5) & valid
     metrics = {"loss": loss, "top1": jnp.sum(right) / n, "count": jnp.sum(valid)}
     prefix = jnp.cumprod(right | ~valid, axis=-1).astype(bool)  # offsets 1 .. k all right
     reached = valid[:, :, 0]
+    ce = jnp.sum(jnp.where(valid, -lp, 0.0), axis=(0, 1)) / jnp.maximum(
+        jnp.sum(valid, axis=(0, 1)), 1)  # [G] mean cross-entropy per offset
     for k in range(g):
+      metrics[f"ce_{k}"] = ce[k]
       hit = prefix[:, :, k] & valid[:, :, k]
       metrics[f"top1_{k}"] = jnp.sum(hit & reached) / jnp.maximum(jnp.sum(reached), 1)
       metrics[f"top5_{k}"] = jnp.sum(in5[:, :, k] & reached) / jnp.maximum(jnp.sum(reached), 1)

@@ -53,18 +53,19 @@ DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2, "eagle3": 1, "dflash": 1
 ALONE = ("eagle3", "dflash")  # kinds that read other target features than the rest: trained alone
 
 
-def make_loss(target, heads_by: dict, *, unroll: int = 1):
+def make_loss(target, heads_by: dict, *, unroll: int = 1, decay: float | None = None):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for one or several kinds of heads.
 
   heads_by: kind -> Heads. batch: (tokens [B,T], valid [B,T], mask [B,T]) as `train_heads` builds
   it (valid: `response_valid`; mask: the corpus windows'). The target runs once per batch (with
   the EAGLE head's taps, if any) and every kind's loss reads its features. One kind: params and
   metrics are that kind's own. Several: params is a dict kind -> params, the losses add, and
-  metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss)."""
+  metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss);
+  decay: DFlash's offset loss decay (dflash.make_loss)."""
   kinds = tuple(heads_by)
   joint = len(kinds) > 1
   if kinds[0] in ALONE:  # its own target forward (the raw states at its taps)
-    own = (dflash.make_loss(target, heads_by["dflash"]) if kinds[0] == "dflash" else
+    own = (dflash.make_loss(target, heads_by["dflash"], decay) if kinds[0] == "dflash" else
            eagle3.make_loss(target, heads_by["eagle3"], unroll=unroll))
     return lambda params, batch, rng, frozen: own(
         params, {"tokens": batch[0], "mask": batch[2]}, rng, frozen)
@@ -102,7 +103,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                 progress: bool = True, dflash: dict | None = None, log=print):
   """Trains `kind` heads ("medusa", "eagle", "mtp", "eagle3", "dflash") on a frozen target over a
   self-distillation corpus with the shared trainer; resumable (rerun the same call). dflash:
-  block_size, mask_token_id, target_layer_ids of fresh DFlash heads (num_layers: its layers).
+  block_size, mask_token_id, target_layer_ids of fresh DFlash heads (num_layers: its layers),
+  and loss_decay, the offsets' loss decay gamma (training/dflash.py; None: the paper's).
 
   Several kinds at once ("eagle,medusa,mtp" or a tuple): every kind reads the same target
   forward per batch, which is most of a step's cost (on SmolLM2 the forward over 4 x 256 tokens
@@ -135,6 +137,8 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1
   out_dir = out_dir or f"runs/{'+'.join(kinds)}"
+  dflash = dict(dflash or {})
+  decay = _check_decay(dflash.pop("loss_decay", None))
   per_kind = _heads_per_kind(kinds, num_heads)
   _check_args(kinds, per_kind, export=export, num_layers=num_layers, vocab_size=vocab_size,
               batch_size=batch_size, seq_len=seq_len, max_held_out_windows=max_held_out_windows,
@@ -162,16 +166,26 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
 
     params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
     res = trainer.train(params if joint else params[kinds[0]],
-                        make_loss(target, heads_by, unroll=unroll), batches, config,
+                        make_loss(target, heads_by, unroll=unroll, decay=decay), batches, config,
                         held_out=held, frozen=frozen, log=log,
                         title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
                         + f", Vs={'all' if vocab is None else len(vocab)}")
     meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size, seq_len=seq_len,
                 trained_with=list(kinds), unroll=unroll, init=None if init is None else str(init),
+                **({"loss_decay": decay} if kinds == ("dflash",) else {}),
                 corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
                         if c in corpus.meta})
     out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
     return out if joint else out[kinds[0]]
+
+
+def _check_decay(decay):
+  """DFlash's loss decay gamma: None (the paper's for the block size) or a number >= 0."""
+  if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))
+                            or not decay >= 0):
+    raise InputError(f"loss_decay={decay!r} is invalid: a number >= 0 (0: every block offset "
+                     "weighs alike; omit it for the paper's gamma)")
+  return decay
 
 
 def train_medusa(target="smollm2-135m", corpus=None, **kw):

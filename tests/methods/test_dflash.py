@@ -272,9 +272,9 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
     m.setattr(heads_train, "train_heads",
               lambda kind, model, corpus, **kw: seen.update(kind=kind, **kw))
     cli.main(["train", "dflash", "--corpus", "/c", "--mask-token", "60", "--block-size", "4",
-              "--target-layers", "0,2", "--num-layers", "2"])
+              "--target-layers", "0,2", "--num-layers", "2", "--loss-decay", "2.5"])
   assert seen["kind"] == "dflash" and seen["num_layers"] == 2 and seen["dflash"] == dict(
-      block_size=4, mask_token_id=60, target_layer_ids=(0, 2))
+      block_size=4, mask_token_id=60, target_layer_ids=(0, 2), loss_decay=2.5)
 
   rng = np.random.default_rng(0)
   corpus = FakeCorpus([rng.integers(0, V - 1, 24).tolist() for _ in range(24)], [2] * 24, V)
@@ -299,6 +299,36 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
   assert any("resumed from checkpoint at step 4" in line for line in logs), logs
   for name, x in whole.params.items():
     assert np.array_equal(np.asarray(again.params[name]), np.asarray(x)), name
+
+
+def test_loss_weighs_the_offsets_by_the_papers_decay(target):
+  """Offset j's cross-entropy weighs exp(-(j - 1) / gamma), gamma the paper's for the block size
+  by default (4 at 8, 5 at 10, 7 at 16): a vanishing gamma leaves offset 1's loss alone, gamma 0
+  the plain mean, and the per-offset losses (ce_k) do not depend on it. A bad gamma is named
+  before anything loads."""
+  from specjax.training import dflash as dflash_train
+  from specjax.training import heads as heads_train
+  from specjax.training.features import frozen_arrays
+
+  assert [dflash_train.default_decay(b) for b in (8, 10, 16)] == [4, 5, 7]
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=BS, seed=3)
+  rng = np.random.default_rng(1)
+  batch = {"tokens": jnp.asarray(rng.integers(0, V - 1, (2, 24)), jnp.int32),
+           "mask": jnp.asarray(rng.random((2, 24)) < 0.9)}
+  frozen = frozen_arrays(target, heads)
+  out = {d: jax.jit(dflash_train.make_loss(target, heads, decay=d))(
+      heads.params, batch, jax.random.key(0), frozen) for d in (0.0, 1e-3, 2.0, None)}
+  ce = [float(out[0.0][1][f"ce_{k}"]) for k in range(BS - 1)]
+  for d, (loss, m) in out.items():
+    np.testing.assert_allclose([float(m[f"ce_{k}"]) for k in range(BS - 1)], ce, rtol=1e-6)
+  np.testing.assert_allclose(float(out[1e-3][0]), ce[0], rtol=1e-5)  # offset 1 alone
+  assert min(ce) <= float(out[2.0][0]) <= max(ce)
+  # the default for block 4 is gamma 2
+  np.testing.assert_allclose(float(out[None][0]), float(out[2.0][0]), rtol=1e-6)
+  for bad in (-1.0, "4", True):
+    with pytest.raises(InputError, match="loss_decay"):
+      heads_train.train_heads("dflash", "/nowhere", None, dflash=dict(
+          block_size=BS, mask_token_id=MASK, loss_decay=bad))
 
 
 def test_block_size_comes_from_the_curve_and_an_explicit_one_wins(target, monkeypatch):
