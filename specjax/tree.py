@@ -162,6 +162,11 @@ class Tree:
     return f"Tree(N={self.num_nodes}, depth={self.max_depth}, top_k={self.ranks_needed()})"
 
 
+def as_tree(tree) -> Tree | None:
+  """`tree` as a Tree: None and Trees as they are, paths (a list of rank tuples) built into one."""
+  return tree if tree is None or isinstance(tree, Tree) else Tree(tree)
+
+
 def chain(depth: int) -> Tree:
   """The chain tree (0,), (0, 0), ...: one candidate per head."""
   return Tree([(0,) * d for d in range(1, depth + 1)])

@@ -47,7 +47,7 @@ from specjax.heads import check_fits
 from specjax.methods import sizing, verify
 from specjax.methods.features import check_heads
 from specjax.sampling import top_k_ids
-from specjax.tree import Tree
+from specjax.tree import as_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +74,7 @@ class DFlash(Method):
   def __post_init__(self):
     check_heads(self.heads, "dflash", "DFlash")
     c = self.heads.config
-    tree = self.tree
-    if tree is not None and not isinstance(tree, Tree):
-      tree = Tree(tree)
+    tree = as_tree(self.tree)
     object.__setattr__(self, "tree", tree)
     deep = None if tree is None else max(tree.paths, key=len)
     if tree is not None and tree.max_depth >= c.block_size:

@@ -103,8 +103,7 @@ class Eagle(verify.HeadsTree, verify.TreeSizes, Method):
                 f" (top_k={self.top_k} <= num_nodes <= top_k + (depth - 1) * top_k^2 = {cap}, "
                 f"the nodes a depth-{self.depth} expansion drafts)")
     else:
-      if not isinstance(tree, trees.Tree):
-        tree = trees.Tree(tree)
+      tree = trees.as_tree(tree)
       check_int("tree ranks (max rank + 1)", tree.ranks_needed(), 1, vocab,
                 " (the head's vocabulary size)")
       object.__setattr__(self, "tree", tree)

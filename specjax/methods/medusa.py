@@ -37,7 +37,7 @@ from specjax.methods import sizing, verify
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 from specjax.sampling import top_k_ids
-from specjax.tree import Tree, default_tree
+from specjax.tree import as_tree, default_tree
 
 RULES = ("exact", "greedy", "typical")
 
@@ -78,11 +78,7 @@ class Medusa(verify.HeadsTree, Method):
       _positive("epsilon", self.epsilon)
       _positive("delta", self.delta)
     check_int("top_k", self.top_k, 1, c.vocab_subset or c.vocab_size)
-    tree = self.tree
-    if tree is None:
-      tree = default_tree(c.num_heads)
-    elif not isinstance(tree, Tree):
-      tree = Tree(tree)
+    tree = default_tree(c.num_heads) if self.tree is None else as_tree(self.tree)
     if tree.max_depth > c.num_heads:
       deep = next(p for p in tree.paths if len(p) > c.num_heads)
       raise InputError(f"tree path {deep} has depth {len(deep)}, but the heads have only "
