@@ -1,4 +1,4 @@
-"""The paper-reproduction scripts (experiments/{leviathan,lookahead,medusa,eagle}/run.py) run end to
+"""The paper-reproduction scripts (experiments/{leviathan,lookahead,medusa,eagle,dflash}/run.py) run end to
 end on a tiny random HF checkpoint: each writes its JSON / markdown / PNG report with the rows it
 promises, greedy runs are token-identical to autoregressive decoding, and Leviathan's target-as-
 its-own-draft cell is exact (alpha = 1, tau = gamma + 1).
@@ -129,6 +129,30 @@ def test_eagle(tiny_dir, prompt_file, tmp_path):
   mtp = data["rows"][-1]
   assert len(mtp["depth_acceptance"]) == 2  # two random MTP modules: depths 1 and 2
   assert "random eagle heads" in data["heads"]["eagle"] and "DeepSeek-V3" in md
+  rerenders(mod, tmp_path, md)
+
+
+def test_dflash_block_size(tiny_dir, prompt_file, tmp_path):
+  """DFlash's acceptance-against-block-size experiment on random heads written with a held-out
+  record: one row per block size and set, greedy-identical, each with the held-out prediction."""
+  import specjax as sj
+  from specjax.heads import save_heads
+
+  target = sj.load_model(tiny_dir, tokenizer=False)
+  heads = sj.init_heads(target, "dflash", mask_token_id=target.config.vocab_size - 1,
+                        block_size=4)
+  held = {"top1_0": 0.5, "top1_1": 0.4, "top1_2": 0.2}
+  path = save_heads(heads, str(tmp_path / "d.npz"), meta={"held_out": held, "steps": 3})
+  mod = load_script("dflash")
+  mod.main(["--quick", "--model", tiny_dir, "--heads", path, "--out", str(tmp_path), "--sets",
+            prompt_file, "--prompts", "1", "--new", "12", "--repeats", "1", "--blocks", "2,4",
+            "--no-eagle"])
+  data, md = report(tmp_path)
+  assert [(r["method"], r["block"]) for r in data["rows"]] == [("dflash/2", 2), ("dflash/4", 4)]
+  assert all(r["identical"] and r["tau"] >= 1 for r in data["rows"])
+  np.testing.assert_allclose([r["predicted"] for r in data["rows"]],
+                             [1.5, 1 + 0.5 + 0.2 + 0.04])
+  assert "| top-1 | 0.500 | 0.400 | 0.200 |" in md
   rerenders(mod, tmp_path, md)
 
 
