@@ -13,13 +13,11 @@ number from another day. Timing lives here and in experiments/, never in unit te
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
 import statistics
 import sys
-import threading
 import time
 from typing import Callable, Sequence
 
@@ -247,7 +245,7 @@ def paired(method_run: Callable, ar_run: Callable, repeats: int):
   is the least disturbed one: on a shared CPU a single run now and then takes 2-3x as long, and
   alternating puts both sides of the ratio under the same minutes of load. A run that compiled
   its program is a warm-up, discarded and repeated (as in `run_cases`): a fresh program's first
-  run took 1.3-1.6x a warm one here (EAGLE-2 1.45 vs 0.92 s, autoregressive 1.15 vs 0.88 s)."""
+  run is slower than a warm one."""
   def warm(run):
     out = run()
     return run() if out.stats.get("compile_time_s", 0) > 0 else out
@@ -259,17 +257,52 @@ def paired(method_run: Callable, ar_run: Callable, repeats: int):
   return outs[0], min(o.stats["wall_time_s"] for o in outs), min(ar)
 
 
-def rescore_saved(path: str, report: Callable[[dict, str, str], dict]) -> dict:
-  """Reads an earlier run's results JSON (run_cases records) and hands it to
-  report(data, out_dir, stem) to be scored again and rewritten beside it."""
+def with_defaults(args, quick: bool, full: dict, short: dict):
+  """An experiment's argparse namespace with every option left unset (None) taken from `short`
+  (--quick) or `full`: options given on the command line win."""
+  for k, v in (short if quick else full).items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
+  return args
+
+
+def read_saved(path: str) -> tuple[dict, str, str]:
+  """An earlier run's results JSON -> (its data, its folder, its file stem)."""
   import json
 
   with open(path) as f:
     data = json.load(f)
+  return data, os.path.dirname(os.path.abspath(path)), os.path.splitext(os.path.basename(path))[0]
+
+
+def rerender(path: str, markdown: Callable[[dict], str], plot: Callable | None = None) -> dict:
+  """Rewrites a results JSON's .md (markdown(data)) and .png (plot(fig, data)) beside it from the
+  JSON alone, after a change to an experiment's tables or plots."""
+  data, out, stem = read_saved(path)
+  save_report(out, stem, data, markdown(data),
+              plot=None if plot is None else (lambda fig: plot(fig, data)))
+  return data
+
+
+def publish(out_dir: str, stem: str, data: dict, markdown: Callable[[dict], str],
+            plot: Callable | None = None) -> dict[str, str]:
+  """An experiment's last step: `save_report` of data with its table markdown(data) and figure
+  plot(fig, data), the table printed and the files named. Returns the paths."""
+  md = markdown(data)
+  paths = save_report(out_dir, stem, data, md,
+                      plot=None if plot is None else (lambda fig: plot(fig, data)))
+  print(md)
+  print("wrote", ", ".join(paths.values()))
+  return paths
+
+
+def rescore_saved(path: str, report: Callable[[dict, str, str], dict]) -> dict:
+  """Reads an earlier run's results JSON (run_cases records) and hands it to
+  report(data, out_dir, stem) to be scored again and rewritten beside it."""
+  data, out, stem = read_saved(path)
   data.setdefault("model", data["args"]["model"])
   data.setdefault("repeats", data["args"]["repeats"])
-  stem = os.path.splitext(os.path.basename(path))[0]
-  return report(data, os.path.dirname(os.path.abspath(path)), stem)
+  return report(data, out, stem)
 
 
 def _cpu_model() -> str:
@@ -517,80 +550,3 @@ def bench_vs_transformers(model_name: str = "smollm2-135m", prompts: list[str] |
       "bound_tok_s": bound_tps, "fraction_of_bound": sj_tps / bound_tps,
       "specjax_s": sj_t, "transformers_s": hf_t,
   }
-
-
-# ----------------------------------------------------------------------------- progress, the demo
-
-SPINNER = "|/-\\"
-
-
-@contextlib.contextmanager
-def timed_step(label: str, stream=None, tty: bool | None = None):
-  """Shows that `label` is running and, when it ends, how long it took. A compile prints nothing
-  for 10-60 s, so on a terminal a spinner and the seconds so far tick on one line; elsewhere (a
-  log, CI) a plain line goes out before the step and one after. Yields a dict: a "note" set in
-  it is printed after the time. Errors propagate (the step's line says it failed)."""
-  stream = sys.stdout if stream is None else stream
-  tty = stream.isatty() if tty is None else tty
-  t0, step, done = time.perf_counter(), {}, threading.Event()
-
-  def spin():
-    i = 0
-    while not done.wait(0.2 if i else 0):
-      stream.write(f"\r{SPINNER[i % len(SPINNER)]} {label} {time.perf_counter() - t0:5.1f} s")
-      stream.flush()
-      i += 1
-
-  ticker = threading.Thread(target=spin, daemon=True) if tty else None
-  if ticker:
-    ticker.start()
-  else:
-    print(f"{label} ...", file=stream, flush=True)
-  ok = False
-  try:
-    yield step
-    ok = True
-  finally:
-    done.set()
-    if ticker:
-      ticker.join()
-    note = f"; {step['note']}" if ok and step.get("note") else ("" if ok else "; failed")
-    end = "\r\x1b[K" if tty else ""
-    print(f"{end}{label}: {time.perf_counter() - t0:.1f} s{note}", file=stream, flush=True)
-
-
-def use_compile_cache() -> str:
-  """Keeps compiled programs on disk ($SPECJAX_CACHE/jax, default ~/.cache/specjax/jax), so a
-  second `specjax demo` loads its programs instead of compiling each method again (10-20 s
-  each here). A cache the user chose (JAX_COMPILATION_CACHE_DIR) wins. Returns the folder."""
-  import jax
-
-  from specjax.kernels.build import user_cache
-
-  folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or user_cache("jax")
-  jax.config.update("jax_compilation_cache_dir", folder)
-  return folder
-
-
-def warm_methods(model, methods: dict, prompt, *, max_new_tokens: int, stream=None,
-                 baseline: str = "autoregressive") -> dict:
-  """Compiles and runs each method once on `prompt` (greedy, chat template), with a progress line
-  per method (`timed_step`): the demo's first phase, so that the timing after it runs compiled
-  programs only. Returns name -> {"text", "tau", "identical" (tokens equal `baseline`'s, which
-  runs first), "seconds", "compile_s"}."""
-  import specjax as sj
-
-  names = [baseline] + [n for n in methods if n != baseline]
-  out, ref = {}, None
-  for i, name in enumerate(names):
-    with timed_step(f"[{i + 1}/{len(names)}] {name}", stream) as step:
-      t0 = time.perf_counter()
-      o = sj.generate(model, [prompt], methods[name], max_new_tokens=max_new_tokens, chat=True)
-      ref = o.tokens if ref is None else ref
-      r = {"text": o.texts[0], "tau": o.stats["mean_accepted"], "identical": o.tokens == ref,
-           "seconds": time.perf_counter() - t0, "compile_s": o.stats["compile_time_s"]}
-      same = "the reference" if name == baseline else (
-          "identical to " + baseline if r["identical"] else "DIFFERS from " + baseline)
-      step["note"] = f"compile {r['compile_s']:.1f} s; {same}; tau {r['tau']:.2f}"
-    out[name] = r
-  return out

@@ -133,12 +133,12 @@ def _check_generate_args(args) -> str:
 
 def cmd_generate(args) -> None:
   """`specjax generate`: checks every argument, then loads (the model, and the method's drafter)
-  and compiles, each with a progress line on stderr (bench.timed_step, as `specjax demo`)."""
+  and compiles, each with a progress line on stderr (progress.timed_step, as `specjax demo`)."""
   import specjax as sj
-  from specjax import auto, bench, methods
+  from specjax import auto, methods, progress
 
   name = _check_generate_args(args)
-  with bench.timed_step(f"loading {args.model}", stream=sys.stderr) as step:
+  with progress.timed_step(f"loading {args.model}", stream=sys.stderr) as step:
     model = _load(args)
     step["note"] = str(model)
   if args.chat and getattr(model.tokenizer, "chat_template", None) is None:
@@ -147,12 +147,12 @@ def cmd_generate(args) -> None:
   if name == auto.NAME:
     method = auto.NAME
   elif methods.REGISTRY[name].trained:  # its drafter loads (a draft model: seconds)
-    with bench.timed_step(f"loading {name}'s drafter", stream=sys.stderr):
+    with progress.timed_step(f"loading {name}'s drafter", stream=sys.stderr):
       method = _make_method(name, model, args)
   else:
     method = _make_method(name, model, args)
-  with bench.timed_step(f"compiling and generating ({name}, {args.max_new_tokens} new tokens)",
-                        stream=sys.stderr):
+  with progress.timed_step(f"compiling and generating ({name}, {args.max_new_tokens} new tokens)",
+                           stream=sys.stderr):
     out = sj.generate(model, args.prompt, method, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       seed=args.seed, chat=args.chat)
@@ -175,14 +175,14 @@ def cmd_demo(args) -> None:
   """The main job on the embedded default model: generate with every available method and
   compare them with the autoregressive baseline in one run. Each method's compile (10-20 s) gets
   a progress line; both prompts share one length bucket, so the timed runs compile nothing more,
-  and compiled programs are kept on disk for the next demo (bench.use_compile_cache)."""
+  and compiled programs are kept on disk for the next demo (progress.use_compile_cache)."""
   import specjax as sj
-  from specjax import bench
+  from specjax import bench, progress
 
   check_flags(args, {"--max-new-tokens": _int(1, validate.INT32_MAX), "--repeats": _int(1),
                      **METHOD_FLAGS})
-  bench.use_compile_cache()
-  with bench.timed_step(f"loading {args.model}") as step:
+  progress.use_compile_cache()
+  with progress.timed_step(f"loading {args.model}") as step:
     model = _load(args)
     step["note"] = str(model)
   from tqdm import tqdm
@@ -198,7 +198,7 @@ def cmd_demo(args) -> None:
     except Exception as e:  # e.g. a draft model that is not installed: show why, run the rest
       bar.write(f"(skipping {name}: {e})", file=sys.stdout)
   print(f"Compiling and running {len(methods)} methods on one prompt, greedy:", flush=True)
-  warm = bench.warm_methods(model, methods, DEMO_PROMPTS[0], max_new_tokens=args.max_new_tokens)
+  warm = progress.warm_methods(model, methods, DEMO_PROMPTS[0], max_new_tokens=args.max_new_tokens)
   print(f"\n>>> {DEMO_PROMPTS[0]}\n{warm['autoregressive']['text']}\n")
   runs = len(DEMO_PROMPTS) * args.repeats * (2 * len(methods) - 1)
   print(f"Timing {runs} runs ({len(DEMO_PROMPTS)} prompts x {args.repeats} repeat(s), each method "

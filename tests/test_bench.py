@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from specjax import bench, cli, prompts
+from specjax import bench, cli, progress, prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW = "4"
@@ -414,7 +414,7 @@ def test_timed_step_plain_lines_when_not_a_terminal():
   import io
 
   out = io.StringIO()
-  with bench.timed_step("[1/2] draft", out, tty=False) as step:
+  with progress.timed_step("[1/2] draft", out, tty=False) as step:
     assert out.getvalue() == "[1/2] draft ...\n"  # said before the step runs
     step["note"] = "tau 1.50"
   lines = out.getvalue().splitlines()
@@ -428,11 +428,11 @@ def test_timed_step_spins_on_a_terminal_and_says_when_it_failed():
 
   out = io.StringIO()
   with pytest.raises(RuntimeError):
-    with bench.timed_step("eagle", out, tty=True):
+    with progress.timed_step("eagle", out, tty=True):
       time.sleep(0.5)
       raise RuntimeError("boom")
   text = out.getvalue()
-  ticks = [t for t in text.split("\r") if t.startswith(tuple(bench.SPINNER))]
+  ticks = [t for t in text.split("\r") if t.startswith(tuple(progress.SPINNER))]
   assert len(ticks) >= 2 and all(" eagle " in t and t.endswith(" s") for t in ticks)
   assert text.endswith("; failed\n") and "\x1b[K" in text  # the last tick is cleared
 
@@ -445,7 +445,7 @@ def test_warm_methods_prints_a_line_per_method(tiny_dir):
 
   model = sj.load_model(tiny_dir)
   out = io.StringIO()
-  warm = bench.warm_methods(model, {"prompt-lookup": sj.PromptLookup(),
+  warm = progress.warm_methods(model, {"prompt-lookup": sj.PromptLookup(),
                                     "autoregressive": sj.Autoregressive()},
                             "Summarize: the fox jumps over the dog.", max_new_tokens=int(NEW),
                             stream=out)
@@ -463,10 +463,10 @@ def test_compile_cache_goes_where_the_user_says(monkeypatch, tmp_path):
   before = jax.config.jax_compilation_cache_dir
   try:
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
-    assert bench.use_compile_cache() == str(tmp_path / "mine")
+    assert progress.use_compile_cache() == str(tmp_path / "mine")
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "sj"))
-    assert bench.use_compile_cache() == str(tmp_path / "sj" / "jax")
+    assert progress.use_compile_cache() == str(tmp_path / "sj" / "jax")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "sj" / "jax")
   finally:
     jax.config.update("jax_compilation_cache_dir", before)

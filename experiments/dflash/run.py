@@ -100,9 +100,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.render:
     return render(args.render)
-  for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
-    if getattr(args, k) is None:
-      setattr(args, k, v)
+  bench.with_defaults(args, args.quick, FULL, QUICK)  # explicit options win over --quick
   info = bench.machine_info()
   t_start = time.time()
 
@@ -130,24 +128,13 @@ def main(argv=None):
           "held_out": held, "training": {k: heads.meta.get(k) for k in
                                          ("steps", "batch_size", "seq_len", "lr", "loss_decay")},
           "prompts": [(s, p[:80], chat) for s, p, chat in ps], "rows": rows}
-  md = markdown(data)
-  stem = "results_quick" if args.quick else "results"
-  paths = bench.save_report(args.out, stem, data, md, plot=lambda fig: plot(fig, data))
-  print(md)
-  print("wrote", ", ".join(paths.values()))
+  bench.publish(args.out, "results_quick" if args.quick else "results", data, markdown, plot)
   return data
 
 
 def render(path: str) -> dict:
   """Rewrites a results JSON's .md and .png beside it (after a change to the tables or plots)."""
-  import json
-
-  with open(path) as f:
-    data = json.load(f)
-  stem = os.path.splitext(os.path.basename(path))[0]
-  bench.save_report(os.path.dirname(os.path.abspath(path)), stem, data, markdown(data),
-                    plot=lambda fig: plot(fig, data))
-  return data
+  return bench.rerender(path, markdown, plot)
 
 
 def markdown(data: dict) -> str:

@@ -107,9 +107,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.render:
     return render(args.render)
-  for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
-    if getattr(args, k) is None:
-      setattr(args, k, v)
+  bench.with_defaults(args, args.quick, FULL, QUICK)  # explicit options win over --quick
   ints = lambda s: sorted({int(x) for x in str(s).split(",") if x.strip()})
   temps = [float(t) for t in args.temps.split(",")]
   info = bench.machine_info()
@@ -188,11 +186,7 @@ def main(argv=None):
                     "eagle_meta": eagle.meta, "mtp_meta": mtp.meta},
           "prompts": [(s, p[:80], chat) for s, p, chat in ps], "cost_curve": curve,
           "rows": rows, "deepseek_v3_second_token": DEEPSEEK_V3_SECOND_TOKEN}
-  md = markdown(data)
-  stem = "results_quick" if args.quick else "results"
-  paths = bench.save_report(args.out, stem, data, md, plot=lambda fig: plot(fig, data))
-  print(md)
-  print("wrote", ", ".join(paths.values()))
+  bench.publish(args.out, "results_quick" if args.quick else "results", data, markdown, plot)
   return data
 
 
@@ -202,14 +196,7 @@ def _fmt(xs) -> str:
 
 def render(path: str) -> dict:
   """Rewrites a results JSON's .md and .png beside it (after a change to the tables or plots)."""
-  import json
-
-  with open(path) as f:
-    data = json.load(f)
-  stem = os.path.splitext(os.path.basename(path))[0]
-  bench.save_report(os.path.dirname(os.path.abspath(path)), stem, data, markdown(data),
-                    plot=lambda fig: plot(fig, data))
-  return data
+  return bench.rerender(path, markdown, plot)
 
 
 def markdown(data: dict) -> str:

@@ -75,9 +75,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.render:
     return render(args.render)
-  for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
-    if getattr(args, k) is None:
-      setattr(args, k, v)
+  bench.with_defaults(args, args.quick, FULL, QUICK)  # explicit options win over --quick
   windows = sorted({int(w) for w in args.windows.split(",")})
   ngrams = sorted({int(n) for n in args.ngrams.split(",")})
   configs = [(w, n, args.guess or w) for n in ngrams for w in windows]
@@ -131,24 +129,13 @@ def main(argv=None):
   data = {"experiment": "lookahead", "model": args.model, "args": vars(args), "machine": info,
           "prompts": [(s, p[:80], chat) for s, p, chat in ps], "cost_curve": curve,
           "rows": rows, "fits": fits}
-  md = markdown(data)
-  stem = "results_quick" if args.quick else "results"
-  paths = bench.save_report(args.out, stem, data, md, plot=lambda fig: plot(fig, data))
-  print(md)
-  print("wrote", ", ".join(paths.values()))
+  bench.publish(args.out, "results_quick" if args.quick else "results", data, markdown, plot)
   return data
 
 
 def render(path: str) -> dict:
   """Rewrites a results JSON's .md and .png beside it (after a change to the tables or plots)."""
-  import json
-
-  with open(path) as f:
-    data = json.load(f)
-  stem = os.path.splitext(os.path.basename(path))[0]
-  bench.save_report(os.path.dirname(os.path.abspath(path)), stem, data, markdown(data),
-                    plot=lambda fig: plot(fig, data))
-  return data
+  return bench.rerender(path, markdown, plot)
 
 
 def markdown(data: dict) -> str:

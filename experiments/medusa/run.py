@@ -29,7 +29,6 @@ Writes results.json / results.md / results.png (results_quick.* with --quick) to
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -139,9 +138,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.render:
     return render(args.render)
-  for k, v in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
-    if getattr(args, k) is None:
-      setattr(args, k, v)
+  bench.with_defaults(args, args.quick, FULL, QUICK)  # explicit options win over --quick
   info = bench.machine_info()
   t_start = time.time()
 
@@ -275,24 +272,19 @@ def typical_sweep(target, heads, tree, ps, ids, greedy, forcer, args) -> list[di
 
 
 def write(out_dir: str, stem: str, data: dict) -> dict:
-  md = markdown(data)
-  paths = bench.save_report(out_dir, stem, data, md, plot=lambda fig: plot(fig, data))
-  print(md)
-  print("wrote", ", ".join(paths.values()))
+  bench.publish(out_dir, stem, data, markdown, plot)
   return data
 
 
 def render(path: str) -> dict:
   """Rewrites a results JSON's report (also the first version's JSON, which had no typical or
   benchmark-accuracy parts) through bench.save_report, beside the JSON."""
-  with open(path) as f:
-    data = json.load(f)
+  data, out, stem = bench.read_saved(path)
   data.setdefault("typical", [])
   data.setdefault("heads", data.get("args", {}).get("heads", "?"))
   data.setdefault("model", data.get("args", {}).get("model", "?"))
   data["cost_curve"] = {int(t): c for t, c in data["cost_curve"].items()}
-  stem = os.path.splitext(os.path.basename(path))[0]
-  return write(os.path.dirname(os.path.abspath(path)), stem, data)
+  return write(out, stem, data)
 
 
 def _f(x, fmt=".3f"):

@@ -137,8 +137,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1
   out_dir = out_dir or f"runs/{'+'.join(kinds)}"
-  dflash = dict(dflash or {})
-  decay = _check_decay(dflash.pop("loss_decay", None))
+  dflash, decay = _dflash_options(dflash)
   per_kind = _heads_per_kind(kinds, num_heads)
   _check_args(kinds, per_kind, export=export, num_layers=num_layers, vocab_size=vocab_size,
               batch_size=batch_size, seq_len=seq_len, max_held_out_windows=max_held_out_windows,
@@ -159,11 +158,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                                       taps=taps, dflash=dflash, log=log)
     # One frozen set for every kind: the target's params and the LM-head rows the heads score.
     frozen = frozen_arrays(target, heads_by[kinds[0]])
-
-    def batches(step):
-      rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-      return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
-
+    batches = _batches(tok, valid, mask, batch_size, seed)
     params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
     res = trainer.train(params if joint else params[kinds[0]],
                         make_loss(target, heads_by, unroll=unroll, decay=decay), batches, config,
@@ -179,13 +174,24 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     return out if joint else out[kinds[0]]
 
 
-def _check_decay(decay):
-  """DFlash's loss decay gamma: None (the paper's for the block size) or a number >= 0."""
+def _batches(tok, valid, mask, batch_size: int, seed: int):
+  """batches(step) -> (tokens, valid, mask) [B,T] of that step's training windows."""
+  def batches(step):
+    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
+    return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
+  return batches
+
+
+def _dflash_options(dflash: dict | None) -> tuple[dict, float | None]:
+  """train_heads' dflash options -> (the drafter's shape, for init_heads; the loss decay gamma:
+  None, the paper's for the block size, or a number >= 0), without changing the caller's dict."""
+  dflash = dict(dflash or {})
+  decay = dflash.pop("loss_decay", None)
   if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))
                             or not decay >= 0):
     raise InputError(f"loss_decay={decay!r} is invalid: a number >= 0 (0: every block offset "
                      "weighs alike; omit it for the paper's gamma)")
-  return decay
+  return dflash, decay
 
 
 def train_medusa(target="smollm2-135m", corpus=None, **kw):
