@@ -32,6 +32,7 @@ import numpy as np
 import specjax as sj
 from specjax import bench, prompts
 from specjax import methods as sj_methods
+from specjax.tree import chain_tau
 
 FULL = dict(sets="mt_bench,humaneval", prompts=4, new=128, repeats=2)
 QUICK = dict(FULL, prompts=2, new=64, repeats=1)
@@ -42,11 +43,7 @@ def predicted_tau(held: dict, block: int) -> float | None:
   where the heads recorded none."""
   if "top1_0" not in held:
     return None
-  tau, reach = 1.0, 1.0
-  for k in range(block - 1):
-    reach *= float(held.get(f"top1_{k}", 0.0))
-    tau += reach
-  return tau
+  return chain_tau([float(held.get(f"top1_{k}", 0.0)) for k in range(block - 1)], block - 1)
 
 
 def tau_of(outs) -> float:

@@ -35,6 +35,11 @@ def default_decay(block_size: int) -> float:
   return block_size / 2 if block_size <= 10 else 5.0 + (block_size - 10) / 3
 
 
+def resolved_decay(block_size: int, decay: float | None) -> float:
+  """The loss decay gamma a run uses: `decay`, or the paper's for the block size when None."""
+  return default_decay(block_size) if decay is None else float(decay)
+
+
 def offset_weights(block_size: int, decay: float) -> jnp.ndarray:
   """[block_size - 1] float32 weights of offsets 1 .. block_size - 1: exp(-(j - 1) / decay), or
   all one for decay 0."""
@@ -67,7 +72,7 @@ def make_loss(target, heads, decay: float | None = None):
   graphdef = target.graphdef
   bs, g = c.block_size, c.block_size - 1
   n_feats = len(c.target_layer_ids) * c.hidden_size
-  w = offset_weights(bs, default_decay(bs) if decay is None else float(decay))
+  w = offset_weights(bs, resolved_decay(bs, decay))
 
   def loss_fn(params, batch, rng, frozen):
     tokens, mask = batch["tokens"], batch["mask"]

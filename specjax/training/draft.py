@@ -282,10 +282,7 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
     loss_fn, eval_fn = _draft_losses(draft, target, jnp.asarray(vocab), soft_top_k)
     held = _held_out_batches(target, vtok, vlabels, batch_size, seq_len)
 
-    def batches(step):
-      rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-      return jnp.asarray(tok[rows]), jnp.asarray(labels[rows])
-
+    batches = trainer.row_batches((tok, labels), batch_size, seed)
     res = trainer.train(own_params(draft), loss_fn, batches, config, held_out=held, eval_fn=eval_fn,
                         frozen=frozen, log=log,
                         title=f"{name}: {num_layers} layers, Vs={len(vocab)}"

@@ -25,6 +25,7 @@ from specjax.errors import InputError, check_int
 from specjax.heads import (KINDS, add_taps, check_fits, check_taps, init_heads, load_heads,
                            save_heads)
 from specjax.training import dflash, eagle, eagle3, folders, medusa, medusa2, mtp, trainer
+from specjax.training.dflash import resolved_decay
 from specjax.training.draft import setup_run, vocab_subset
 from specjax.training.features import frozen_arrays, target_features
 
@@ -158,7 +159,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                                       taps=taps, dflash=dflash, log=log)
     # One frozen set for every kind: the target's params and the LM-head rows the heads score.
     frozen = frozen_arrays(target, heads_by[kinds[0]])
-    batches = _batches(tok, valid, mask, batch_size, seed)
+    batches = trainer.row_batches((tok, valid, mask), batch_size, seed)
     params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
     res = trainer.train(params if joint else params[kinds[0]],
                         make_loss(target, heads_by, unroll=unroll, decay=decay), batches, config,
@@ -167,19 +168,12 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                         + f", Vs={'all' if vocab is None else len(vocab)}")
     meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size, seq_len=seq_len,
                 trained_with=list(kinds), unroll=unroll, init=None if init is None else str(init),
-                **({"loss_decay": decay} if kinds == ("dflash",) else {}),
+                **({"loss_decay": resolved_decay(heads_by["dflash"].config.block_size, decay)}
+                   if kinds == ("dflash",) else {}),
                 corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
                         if c in corpus.meta})
     out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
     return out if joint else out[kinds[0]]
-
-
-def _batches(tok, valid, mask, batch_size: int, seed: int):
-  """batches(step) -> (tokens, valid, mask) [B,T] of that step's training windows."""
-  def batches(step):
-    rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-    return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
-  return batches
 
 
 def _dflash_options(dflash: dict | None) -> tuple[dict, float | None]:
@@ -243,11 +237,7 @@ def train_medusa2(target="smollm2-135m", corpus=None, *, out_dir: str = "runs/me
     heads = heads_by["medusa"]
     num_heads = heads.config.num_heads
     frozen = frozen_arrays(target, heads)
-
-    def batches(step):
-      rows = trainer.batch_rows(len(tok), batch_size, seed, step)
-      return jnp.asarray(tok[rows]), jnp.asarray(valid[rows]), jnp.asarray(mask[rows])
-
+    batches = trainer.row_batches((tok, valid, mask), batch_size, seed)
     loss_fn = medusa2.make_loss(target, heads, kl_weight=kl_weight, scale=alpha / rank)
     res = trainer.train({"heads": _f32(heads.params), "lora": adapters}, loss_fn, batches, config,
                         held_out=held, frozen=frozen, log=log,

@@ -143,6 +143,15 @@ def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
   return np.concatenate(out)
 
 
+def row_batches(arrays: Sequence[np.ndarray], batch_size: int, seed: int) -> Callable:
+  """batches(step) -> the tuple of `arrays`' rows (all of one length) that step reads
+  (`batch_rows`), as device arrays: what `train` draws its batches from."""
+  def batches(step):
+    rows = batch_rows(len(arrays[0]), batch_size, seed, step)
+    return tuple(jnp.asarray(a[rows]) for a in arrays)
+  return batches
+
+
 # ----------------------------------------------------------------------------- optimiser
 
 

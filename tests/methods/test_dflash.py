@@ -288,7 +288,9 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
   rec = whole.meta["held_out"]
   assert {"top1_0", "top1_1", "top1_2", "top5_0", "top5_1", "top5_2"} <= set(rec)
   assert all(rec[f"top1_{k}"] <= rec[f"top5_{k}"] for k in range(BS - 1)), rec
-  assert sj.load_heads(str(tmp_path / "h.npz"), target).config == whole.config
+  exported = sj.load_heads(str(tmp_path / "h.npz"), target)
+  assert exported.config == whole.config
+  assert exported.meta["loss_decay"] == 2.0  # the gamma used: the paper's default for block 4
 
   # Killed (hard) after step 8 but before its checkpoint was written: drop it, and the same
   # call resumes from step 4 to the same parameters.
