@@ -1,6 +1,6 @@
 // y[M,N] = x[M,K] @ W for W [K,N] stored as Q4_1 blocks (32 k per block: 4-bit q, fp32 scale d
-// and min m per block and output), with the activations quantized to int8 per 32-block: llama.cpp's
-// Q4_1 x Q8_1 integer dot product.
+// and min m per block and output) or Q8_0 blocks (below), with the activations quantized to int8
+// per 32-block: llama.cpp's Q4_1 x Q8_1 integer dot product.
 //
 // The arithmetic, per row m, per block b along K (x's 32 values x_i of that block):
 //
@@ -26,6 +26,13 @@
 //
 // so one 64-byte load, masked or shifted, is the u8 operand of vpdpbusd for 16 columns x 4 k (lane
 // j's four bytes are column j's k = 4c..4c+3) and a broadcast of 4 bytes of xq is the s8 operand.
+//
+// Q8_0 weights (w = d * q, q in -128..127; llama.cpp's Q8_0 x Q8_0, the W4A8 target's tied head):
+// a record of 576 bytes, d[16] fp32 | 8 chunks of 64 bytes whose byte 4j + t holds q[4c + t][j] +
+// 128, the unsigned operand as stored; isum = sum (q + 128) xq - 128 sx, exact in int32, and
+// y[m,n] = sum_b d[b,n] * dx * isum[b,n] folded as acc = fma(d * dx, isum, acc). AVX2 takes q back
+// (xor 0x80) and multiplies |q| by xq with q's sign (vpmaddubsw, pair sums below 2^15). A packed
+// weight's record size (384 or 576) says which layout it is.
 // A group is one contiguous stream of K/32 records, read once per call by the first row tile and
 // re-read from L1 by the others. On AVX2 the same record feeds vpmaddubsw (8 columns per half):
 // eight u8 x s8 pair sums of at most 2 * 15 * 127 add up to at most 30480 in int16, exact.
@@ -44,8 +51,10 @@ namespace {
 
 constexpr long kGroup = 16;    // output columns per group
 constexpr long kBlock = 32;    // k per block
-constexpr long kRecord = 384;  // bytes per group-block record
+constexpr long kRecord = 384;  // bytes per group-block record (Q4_1)
 constexpr long kQOff = 128;    // the nibbles' offset in a record
+constexpr long kRecord8 = 576;  // bytes per group-block record (Q8_0)
+constexpr long kQOff8 = 64;     // the bytes' offset in a Q8_0 record
 constexpr long kMaxM = 64;     // rows per call
 
 inline float load_f32(const uint8_t* p) {
@@ -63,7 +72,8 @@ inline int32_t load_i32(const int8_t* p) {
 // One row's activations, scalar (the AVX-512 part has a vector copy with the same results): per
 // block of 32, xq, dx and dx * sx. Out-of-range conversions (non-finite x) give -127, as
 // vcvtps2dq's integer indefinite does before the clamp.
-inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, float* dxs,
+                             int32_t* sxs) {
   for (long b = 0; b < k / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.0f;
@@ -82,6 +92,7 @@ inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, floa
     }
     dx[b] = amax / 127.0f;
     dxs[b] = dx[b] * float(sx);
+    sxs[b] = sx;
   }
 }
 
@@ -91,8 +102,11 @@ inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, floa
 // dx / dxs row stride ldd) times one group's nblk records; rows <= kMaxM.
 typedef void GroupFn(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
                      const uint8_t* w, long nblk, long rows, float* out, long ldo);
-// One row of k activations -> xq[k], dx[k/32], dxs[k/32].
-typedef void QuantFn(const float* x, long k, int8_t* xq, float* dx, float* dxs);
+// The same for Q8_0 records: sx (row stride ldd) is each block's sum of xq.
+typedef void Group8Fn(const int8_t* xq, long ldq, const float* dx, const int32_t* sx, long ldd,
+                      const uint8_t* w, long nblk, long rows, float* out, long ldo);
+// One row of k activations -> xq[k], dx[k/32], dxs[k/32], sx[k/32].
+typedef void QuantFn(const float* x, long k, int8_t* xq, float* dx, float* dxs, int32_t* sx);
 
 #if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
 #include <immintrin.h>
@@ -106,11 +120,11 @@ typedef void QuantFn(const float* x, long k, int8_t* xq, float* dx, float* dxs);
 
 namespace {
 
+template <long R = kRecord>
 inline void prefetch_record(const uint8_t* p) {
   if constexpr (SJ_QDOT_PREFETCH > 0)
-    for (int l = 0; l < kRecord / 64; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(p + SJ_QDOT_PREFETCH * kRecord + 64 * l),
-                   _MM_HINT_T0);
+    for (int l = 0; l < R / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(p + SJ_QDOT_PREFETCH * R + 64 * l), _MM_HINT_T0);
 }
 
 #if SJ_PART == SJ_AVX512
@@ -170,8 +184,56 @@ void group(const int8_t* xq, long ldq, const float* dx, const float* dxs, long l
   }
 }
 
+// Q8_0: the record's bytes are q + 128 (the u8 operand of vpdpbusd), so the dot product is
+// sum (q + 128) xq and isum = that - 128 sx, exact in int32.
+template <int MT>
+void tile8(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
+           const int32_t* __restrict sx, long ldd, const uint8_t* __restrict w, long nblk,
+           float* __restrict out, long ldo, bool first) {
+  __m512 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord8;
+    if (first) prefetch_record<kRecord8>(p);
+    const __m512 d = _mm512_loadu_ps(p);
+    __m512i q[8];
+    for (int c = 0; c < 8; ++c) q[c] = _mm512_loadu_si512(p + kQOff8 + 64 * c);
+    for (int r = 0; r < MT; ++r) {
+      const int8_t* xr = xq + r * ldq + b * kBlock;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, q[c], _mm512_set1_epi32(load_i32(xr + 4 * c)));
+        s1 = _mm512_dpbusd_epi32(s1, q[c + 1], _mm512_set1_epi32(load_i32(xr + 4 * c + 4)));
+      }
+      const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1),
+                                         _mm512_set1_epi32(sx[r * ldd + b] * 128));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * ldd + b])),
+                               _mm512_cvtepi32_ps(s), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+
+typedef void Tile8Fn(const int8_t*, long, const float*, const int32_t*, long, const uint8_t*, long,
+                     float*, long, bool);
+
+template <int... Ms>
+constexpr std::array<Tile8Fn*, sizeof...(Ms)> tiles8(std::integer_sequence<int, Ms...>) {
+  return {&tile8<Ms + 1>...};
+}
+
+void group8(const int8_t* xq, long ldq, const float* dx, const int32_t* sx, long ldd,
+            const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  static constexpr auto table = tiles8(std::make_integer_sequence<int, kTile>{});
+  for (long r = 0; r < rows; r += kTile) {
+    const long mt = rows - r < kTile ? rows - r : kTile;
+    table[mt - 1](xq + r * ldq, ldq, dx + r * ldd, sx + r * ldd, ldd, w, nblk, out + r * ldo,
+                  ldo, r == 0);
+  }
+}
+
 // quant_row_scalar's arithmetic, 16 lanes at a time (the same operations, so the same bits).
-void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
+void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs, int32_t* sxs) {
   for (long b = 0; b < k / kBlock; ++b) {
     const __m512 a = _mm512_loadu_ps(x + b * kBlock), c = _mm512_loadu_ps(x + b * kBlock + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
@@ -187,6 +249,7 @@ void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
     const int32_t sx = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
     dx[b] = amax / 127.0f;
     dxs[b] = dx[b] * float(sx);
+    sxs[b] = sx;
   }
 }
 
@@ -248,8 +311,62 @@ void group(const int8_t* xq, long ldq, const float* dx, const float* dxs, long l
     }
 }
 
-void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
-  quant_row_scalar(x, k, xq, dx, dxs);
+// Q8_0 on AVX2 (one half, 8 columns): the record's bytes less 128 are q; vpmaddubsw takes |q|
+// (u8) times xq with q's sign, so each pair sum is at most 2 * 128 * 127 < 2^15, exact in int16,
+// and each is widened to int32 before the next is added. isum is the same int32 as AVX-512's.
+template <int MT>
+void tile8(const int8_t* __restrict xq, long ldq, const float* __restrict dx, long ldd,
+           const uint8_t* __restrict w, long nblk, float* __restrict out, long ldo, int h,
+           bool first) {
+  __m256 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i bias = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord8;
+    if (first) prefetch_record<kRecord8>(p);
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32 * h));
+    __m256i q[8], a[8];
+    for (int c = 0; c < 8; ++c) {
+      q[c] = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQOff8 + 64 * c + 32 * h)),
+          bias);
+      a[c] = _mm256_abs_epi8(q[c]);
+    }
+    for (int r = 0; r < MT; ++r) {
+      const int8_t* xr = xq + r * ldq + b * kBlock;
+      __m256i s = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i xb = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xr + 4 * c)), q[c]);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(a[c], xb), ones));
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[r * ldd + b])),
+                               _mm256_cvtepi32_ps(s), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) _mm256_storeu_ps(out + r * ldo + 8 * h, acc[r]);
+}
+
+typedef void Tile8Fn(const int8_t*, long, const float*, long, const uint8_t*, long, float*, long,
+                     int, bool);
+
+template <int... Ms>
+constexpr std::array<Tile8Fn*, sizeof...(Ms)> tiles8(std::integer_sequence<int, Ms...>) {
+  return {&tile8<Ms + 1>...};
+}
+
+void group8(const int8_t* xq, long ldq, const float* dx, const int32_t*, long ldd,
+            const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  static constexpr auto table = tiles8(std::make_integer_sequence<int, kTile>{});
+  for (int h = 0; h < 2; ++h)
+    for (long r = 0; r < rows; r += kTile) {
+      const long mt = rows - r < kTile ? rows - r : kTile;
+      table[mt - 1](xq + r * ldq, ldq, dx + r * ldd, ldd, w, nblk, out + r * ldo, ldo, h,
+                    h == 0 && r == 0);
+    }
+}
+
+void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs, int32_t* sx) {
+  quant_row_scalar(x, k, xq, dx, dxs, sx);
 }
 
 #endif
@@ -257,20 +374,28 @@ void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
 }  // namespace
 
 extern "C" GroupFn SJ_PATH(sj_qdot_group);
+extern "C" Group8Fn SJ_PATH(sj_qdot_group8);
 extern "C" QuantFn SJ_PATH(sj_qdot_quant);
 void SJ_PATH(sj_qdot_group)(const int8_t* xq, long ldq, const float* dx, const float* dxs,
                             long ldd, const uint8_t* w, long nblk, long rows, float* out,
                             long ldo) {
   group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo);
 }
-void SJ_PATH(sj_qdot_quant)(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
-  quant_row(x, k, xq, dx, dxs);
+void SJ_PATH(sj_qdot_group8)(const int8_t* xq, long ldq, const float* dx, const int32_t* sx,
+                             long ldd, const uint8_t* w, long nblk, long rows, float* out,
+                             long ldo) {
+  group8(xq, ldq, dx, sx, ldd, w, nblk, rows, out, ldo);
+}
+void SJ_PATH(sj_qdot_quant)(const float* x, long k, int8_t* xq, float* dx, float* dxs,
+                            int32_t* sx) {
+  quant_row(x, k, xq, dx, dxs, sx);
 }
 
 #elif SJ_PART == SJ_SCALAR
 
 // Portable reference path: plain loops, the vector paths' fold (fma per block, blocks in order).
 extern "C" GroupFn sj_qdot_group_scalar;
+extern "C" Group8Fn sj_qdot_group8_scalar;
 extern "C" QuantFn sj_qdot_quant_scalar;
 
 void sj_qdot_group_scalar(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
@@ -301,8 +426,30 @@ void sj_qdot_group_scalar(const int8_t* xq, long ldq, const float* dx, const flo
   }
 }
 
-void sj_qdot_quant_scalar(const float* x, long k, int8_t* xq, float* dx, float* dxs) {
-  quant_row_scalar(x, k, xq, dx, dxs);
+void sj_qdot_group8_scalar(const int8_t* xq, long ldq, const float* dx, const int32_t*, long ldd,
+                           const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+  for (long r = 0; r < rows; ++r)
+    for (int j = 0; j < kGroup; ++j) out[r * ldo + j] = 0.0f;
+  for (long b = 0; b < nblk; ++b) {
+    const uint8_t* p = w + b * kRecord8;
+    for (long r = 0; r < rows; ++r) {
+      const int8_t* xr = xq + r * ldq + b * kBlock;
+      const float dxr = dx[r * ldd + b];
+      for (int j = 0; j < kGroup; ++j) {
+        int32_t isum = 0;
+        for (int c = 0; c < 8; ++c)
+          for (int t = 0; t < 4; ++t)
+            isum += (int32_t(p[kQOff8 + 64 * c + 4 * j + t]) - 128) * int32_t(xr[4 * c + t]);
+        float& o = out[r * ldo + j];
+        o = std::fma(load_f32(p + 4 * j) * dxr, float(isum), o);
+      }
+    }
+  }
+}
+
+void sj_qdot_quant_scalar(const float* x, long k, int8_t* xq, float* dx, float* dxs,
+                          int32_t* sx) {
+  quant_row_scalar(x, k, xq, dx, dxs, sx);
 }
 
 #elif SJ_PART == SJ_MAIN
@@ -314,6 +461,7 @@ void sj_qdot_quant_scalar(const float* x, long k, int8_t* xq, float* dx, float* 
 #include "handler.h"
 
 SJ_PATHS(GroupFn, sj_qdot_group);
+SJ_PATHS(Group8Fn, sj_qdot_group8);
 SJ_PATHS(QuantFn, sj_qdot_quant);
 
 namespace {
@@ -327,33 +475,44 @@ SJ_ISA(SJ_CPU("avx512f") && SJ_CPU("avx512bw") && SJ_CPU("avx512vl") && SJ_CPU("
 
 struct Path {
   GroupFn* group;
+  Group8Fn* group8;
   QuantFn* quant;
 };
 
-Path path() { return {SJ_PICK(sj_qdot_group), SJ_PICK(sj_qdot_quant)}; }
+Path path() {
+  return {SJ_PICK(sj_qdot_group), SJ_PICK(sj_qdot_group8), SJ_PICK(sj_qdot_quant)};
+}
 
 // ----------------------------------------------------------------------------- one call
 
 struct Job {
-  const int8_t* xq;  // [m, k]
-  const float* dx;   // [m, nblk]
-  const float* dxs;  // [m, nblk]
-  const uint8_t* w;  // [ng, nblk, record]
-  float* y;          // [m, n]
-  long m, k, n, ng, nblk;
-  GroupFn* fn;
+  const int8_t* xq;   // [m, k]
+  const float* dx;    // [m, nblk]
+  const float* dxs;   // [m, nblk]
+  const int32_t* sx;  // [m, nblk]
+  const uint8_t* w;   // [ng, nblk, record]
+  float* y;           // [m, n]
+  long m, k, n, ng, nblk, record;  // record: kRecord (Q4_1) or kRecord8 (Q8_0)
+  Path f;
+
+  void group(const uint8_t* wg, float* out, long ldo) const {
+    if (record == kRecord8)
+      f.group8(xq, k, dx, sx, nblk, wg, nblk, m, out, ldo);
+    else
+      f.group(xq, k, dx, dxs, nblk, wg, nblk, m, out, ldo);
+  }
 };
 
 void run_groups(const Job& j, long g0, long g1) {
   alignas(64) float buf[kMaxM * kGroup];
   for (long g = g0; g < g1; ++g) {
     const long col = g * kGroup;
-    const uint8_t* w = j.w + g * j.nblk * kRecord;
+    const uint8_t* w = j.w + g * j.nblk * j.record;
     if (col + kGroup <= j.n) {  // a full group: straight into y
-      j.fn(j.xq, j.k, j.dx, j.dxs, j.nblk, w, j.nblk, j.m, j.y + col, j.n);
+      j.group(w, j.y + col, j.n);
       continue;
     }
-    j.fn(j.xq, j.k, j.dx, j.dxs, j.nblk, w, j.nblk, j.m, buf, kGroup);
+    j.group(w, buf, kGroup);
     for (long r = 0; r < j.m; ++r)
       std::memcpy(j.y + r * j.n + col, buf + r * kGroup, (j.n - col) * sizeof(float));
   }
@@ -368,36 +527,42 @@ constexpr long kThreadedBytes = 128 * 1024;
 struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> dx, dxs;
+  std::vector<int32_t> sx;
 };
 
-void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n) {
+// record: the packed weight's bytes per group-block, kRecord (Q4_1) or kRecord8 (Q8_0).
+void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
   static thread_local Scratch s;
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlock;
   if (long(s.xq.size()) < m * k) s.xq.resize(m * k);
   if (long(s.dx.size()) < m * nblk) {
     s.dx.resize(m * nblk);
     s.dxs.resize(m * nblk);
+    s.sx.resize(m * nblk);
   }
   const Path f = path();
   for (long r = 0; r < m; ++r)
-    f.quant(x + r * k, k, s.xq.data() + r * k, s.dx.data() + r * nblk, s.dxs.data() + r * nblk);
-  const Job j{s.xq.data(), s.dx.data(), s.dxs.data(), w, y, m, k, n, ng, nblk, f.group};
-  sj_pool::split(ng, ng * nblk * kRecord * ((m + 7) / 8), kThreadedBytes,
+    f.quant(x + r * k, k, s.xq.data() + r * k, s.dx.data() + r * nblk, s.dxs.data() + r * nblk,
+            s.sx.data() + r * nblk);
+  const Job j{s.xq.data(), s.dx.data(), s.dxs.data(), s.sx.data(), w, y, m, k, n, ng, nblk,
+              record, f};
+  sj_pool::split(ng, ng * nblk * record * ((m + 7) / 8), kThreadedBytes,
                  [&](long g0, long g1) { run_groups(j, g0, g1); });
 }
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-// Checks x[...,K], w[ng, K/32, 384], y[...,N] (M: the product of the leading dimensions) against
-// the packed layout; returns an error message, or "" if they agree.
+// Checks x[...,K], w[ng, K/32, 384 (Q4_1) or 576 (Q8_0)], y[...,N] (M: the product of the leading
+// dimensions) against the packed layout; returns an error message, or "" if they agree.
 std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd) {
   const long m = sj_ffi::rows(xd, yd);
   if (m < 0 || wd.size() != 3)
-    return "specjax_qdot_f32: expected x[...,K], w[ng,K/32,384], y[...,N]";
+    return "specjax_qdot_f32: expected x[...,K], w[ng,K/32,384|576], y[...,N]";
   const long k = sj_ffi::last(xd), ng = wd[0], n = sj_ffi::last(yd);
   if (m > kMaxM) return "specjax_qdot_f32: M > 64";
-  if (k % kBlock != 0 || wd[1] != k / kBlock || wd[2] != kRecord || n > ng * kGroup ||
+  if (k % kBlock != 0 || wd[1] != k / kBlock || (wd[2] != kRecord && wd[2] != kRecord8) ||
+      n > ng * kGroup ||
       n <= (ng - 1) * kGroup)
     return "specjax_qdot_f32: bad packed layout";
   return "";
@@ -410,7 +575,7 @@ ffi::Error QdotF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
   const long m = sj_ffi::rows(x.dimensions(), y->dimensions()), k = sj_ffi::last(x.dimensions()),
              n = sj_ffi::last(y->dimensions());
   return sj_ffi::product(y->typed_data(), m, k, n, [&] {
-    qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n);
+    qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, w.dimensions()[2]);
   });
 }
 
@@ -428,14 +593,16 @@ SJ_LIBRARY_EXPORTS(specjax_qdot)
 SJ_EXPORT void specjax_qdot_quantize(const float* x, long m, long k, int8_t* xq, float* dx,
                                      float* dxs) {
   const Path f = path();
+  std::vector<int32_t> sx(k / kBlock);
   for (long r = 0; r < m; ++r)
-    f.quant(x + r * k, k, xq + r * k, dx + r * (k / kBlock), dxs + r * (k / kBlock));
+    f.quant(x + r * k, k, xq + r * k, dx + r * (k / kBlock), dxs + r * (k / kBlock), sx.data());
 }
 
 // y = the product on host pointers, outside XLA (benchmarks without a jit in between).
+// record: 384 (Q4_1) or 576 (Q8_0).
 SJ_EXPORT void specjax_qdot_f32(const float* x, const uint8_t* w, float* y, long m, long k,
-                                long n) {
-  qdot_dense(x, w, y, m, k, n);
+                                long n, long record) {
+  qdot_dense(x, w, y, m, k, n, record);
 }
 
 }  // extern "C"

@@ -1,8 +1,9 @@
-"""An integer-dot CPU kernel: int8 activations times Q4_1 weight blocks (llama.cpp's Q4_1 x Q8_1
-arithmetic) through jax.ffi, beside its pure-JAX reference.
+"""An integer-dot CPU kernel: int8 activations times Q4_1 or Q8_0 weight blocks (llama.cpp's
+Q4_1 x Q8_1 and Q8_0 x Q8_0 arithmetic) through jax.ffi, beside its pure-JAX reference.
 
     y[M,N] = x[M,K] @ W,   W [K,N] as 32-k blocks of 4-bit q with an fp32 scale d and min m,
     w[k,n] = d[b,n] * q[b,i,n] + m[b,n] for k = 32 b + i,   M in [1, MAX_ROWS]
+(Q8_0: q[b,i,n] in -128..127 and no m.)
 
 Why. A decode step reads every weight once, so its time is the weights' bytes; a quantized
 self-draft reads a Q4_1 copy (0.75 bytes a weight as packed here, against 4 for fp32) and
@@ -15,7 +16,7 @@ summation order). Per row m and per 32-block b along K:
     amax = max |x|;  inv = 127 / amax if amax > 0 else 0   (float32)
     xq = round-half-to-even(x * inv) clipped to [-127, 127] (int8);  dx = amax / 127 (float32)
     sx = sum xq (int32);  isum[n] = sum_i q[b,i,n] * xq[i] (int32, exact)
-    y[m,n] = sum_b  d[b,n] * dx * isum[n] + m[b,n] * dx * sx
+    y[m,n] = sum_b  d[b,n] * dx * isum[n] + m[b,n] * dx * sx     (Q8_0: no m term)
 
 so y is x's per-block int8 quantization times the dequantised weight; it is not x @ W exactly (the
 activations lose about 1/254 of each block's range). Non-finite activations give unspecified
@@ -25,7 +26,10 @@ Layout. `pack(q, d, m)` (q uint8 [K/32, 32, N] in 0..15, d and m float32 [K/32, 
 [ceil(N/16), K/32, 384]: per group of 16 outputs (zero-padded past N) and block, d[16] and m[16]
 as little-endian float32, then 4 chunks of 64 bytes whose byte 4j + t holds q[4c + t] of column j
 in its low nibble and q[16 + 4c + t] in its high one (chunk c): one 64-byte load feeds vpdpbusd for
-16 outputs x 4 k (qdot.cc says more).
+16 outputs x 4 k (qdot.cc says more). `pack(q, d)` (no m: Q8_0, q int in -128..127) returns
+[ceil(N/16), K/32, 576]: d[16], then 8 chunks of 64 bytes whose byte 4j + t holds q[4c + t] of
+column j plus 128 (vpdpbusd's unsigned operand; the kernel takes 128 * sum(xq) back off, exactly).
+A packed weight's last dimension (384 or 576) says which it is.
 
 When the kernel runs. `dense(x, packed, n, k)` calls it iff M = prod(x.shape[:-1]) is in
 [1, MAX_ROWS], SPECJAX_KERNELS is not off and the library is built and loaded on a CPU with
@@ -50,7 +54,8 @@ TARGET = "specjax_qdot_f32"
 MAX_ROWS = 64   # the largest M = B*T sent to the kernel; larger calls use the reference
 GROUP = 16      # output columns per packed group
 BLOCK = 32      # k per block
-RECORD = 384    # bytes per (group, block): d[16], m[16] float32, 256 bytes of nibbles
+RECORD = 384    # bytes per (group, block): d[16], m[16] float32, 256 bytes of nibbles (Q4_1)
+RECORD8 = 576   # bytes per (group, block): d[16] float32, 512 bytes of q + 128 (Q8_0)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -65,58 +70,77 @@ def check_shape(n, k) -> None:
                      "(the Q4_1 blocks run along it)")
 
 
-def packed_shape(n: int, k: int) -> tuple[int, int, int]:
-  """[ceil(N/16), K/32, 384]: the packed layout's shape."""
+def packed_shape(n: int, k: int, bits: int = 4) -> tuple[int, int, int]:
+  """[ceil(N/16), K/32, 384] (bits 4, Q4_1) or [..., 576] (bits 8, Q8_0): the packed layout."""
   check_shape(n, k)
-  return -(-int(n) // GROUP), int(k) // BLOCK, RECORD
+  return -(-int(n) // GROUP), int(k) // BLOCK, RECORD if bits == 4 else RECORD8
 
 
 # ----------------------------------------------------------------------------- packing
 
 
-def pack(q, d, m) -> np.ndarray:
-  """Q4_1 blocks -> the kernel's layout [ceil(N/16), K/32, 384] uint8.
+def pack(q, d, m=None) -> np.ndarray:
+  """Q4_1 blocks -> the kernel's layout [ceil(N/16), K/32, 384] uint8; without m, Q8_0 blocks ->
+  [ceil(N/16), K/32, 576].
 
-  q: integers [K/32, 32, N] in 0..15 (block b's 32 quants of each output, k = 32 b + i);
-  d, m: floats [K/32, N] (each block's scale and min per output), taken as float32.
+  q: integers [K/32, 32, N] in 0..15 (Q4_1) or -128..127 (Q8_0) (block b's 32 quants of each
+  output, k = 32 b + i); d, m: floats [K/32, N] (each block's scale and min per output), taken as
+  float32.
   """
-  q, d, m = np.asarray(q), np.asarray(d), np.asarray(m)
+  q, d = np.asarray(q), np.asarray(d)
+  lo, hi = (0, 15) if m is not None else (-128, 127)
   if q.ndim != 3 or q.shape[1] != BLOCK or q.shape[0] < 1 or q.shape[2] < 1:
     raise ValueError(f"q: expected [K/32, 32, N] with K/32 >= 1 and N >= 1, got shape {q.shape}")
   if not np.issubdtype(q.dtype, np.integer):
-    raise ValueError(f"q: expected integers in 0..15, got dtype {q.dtype}")
-  if q.size and (q.min() < 0 or q.max() > 15):
-    raise ValueError(f"q: expected values in 0..15, got [{q.min()}, {q.max()}]")
+    raise ValueError(f"q: expected integers in {lo}..{hi}, got dtype {q.dtype}")
+  if q.size and (q.min() < lo or q.max() > hi):
+    raise ValueError(f"q: expected values in {lo}..{hi}, got [{q.min()}, {q.max()}]")
   nblk, _, n = q.shape
-  for name, a in (("d", d), ("m", m)):
+  fields = (("d", d),) if m is None else (("d", d), ("m", np.asarray(m)))
+  for name, a in fields:
     if a.shape != (nblk, n):
       raise ValueError(f"{name}: expected shape {(nblk, n)} (K/32, N) to match q, got {a.shape}")
     if not np.issubdtype(a.dtype, np.floating):
       raise ValueError(f"{name}: expected a float array, got dtype {a.dtype}")
   ng = -(-n // GROUP)
   pad = ng * GROUP - n
-  qp = np.pad(q.astype(np.uint8), ((0, 0), (0, 0), (0, pad)))      # [nblk, 32, ng*16]
-  qp = qp.reshape(nblk, 2, 4, 4, ng, GROUP)                         # k = 16 h + 4 c + t
-  qp = qp.transpose(4, 0, 1, 2, 5, 3)                               # [ng, nblk, h, c, j, t]
-  nib = (qp[:, :, 0] | (qp[:, :, 1] << 4)).reshape(ng, nblk, 256)
 
   def field(a):  # [nblk, N] -> [ng, nblk, 64] bytes of float32 (little-endian)
     a = np.pad(a.astype("<f4"), ((0, 0), (0, pad))).reshape(nblk, ng, GROUP).transpose(1, 0, 2)
     return np.ascontiguousarray(a).view(np.uint8).reshape(ng, nblk, 4 * GROUP)
 
+  if m is None:  # Q8_0: q + 128, k = 4 c + t
+    qp = np.pad((q.astype(np.int16) + 128).astype(np.uint8), ((0, 0), (0, 0), (0, pad)),
+                constant_values=128)                                 # padded columns: q = 0
+    qp = qp.reshape(nblk, 8, 4, ng, GROUP).transpose(3, 0, 1, 4, 2)  # [ng, nblk, c, j, t]
+    return np.ascontiguousarray(np.concatenate([field(d), qp.reshape(ng, nblk, 512)], axis=-1))
+  qp = np.pad(q.astype(np.uint8), ((0, 0), (0, 0), (0, pad)))      # [nblk, 32, ng*16]
+  qp = qp.reshape(nblk, 2, 4, 4, ng, GROUP)                         # k = 16 h + 4 c + t
+  qp = qp.transpose(4, 0, 1, 2, 5, 3)                               # [ng, nblk, h, c, j, t]
+  nib = (qp[:, :, 0] | (qp[:, :, 1] << 4)).reshape(ng, nblk, 256)
   return np.ascontiguousarray(np.concatenate([field(d), field(m), nib], axis=-1))
 
 
+def bits_of(packed) -> int:
+  """4 (Q4_1) or 8 (Q8_0): what a packed weight holds, read off its last dimension."""
+  return 8 if packed.shape[-1] == RECORD8 else 4
+
+
 def unpack(packed, n: int, k: int):
-  """pack undone in JAX: the packed layout -> (q uint8 [K/32, 32, N], d, m float32 [K/32, N])."""
-  ng, nblk, _ = packed_shape(n, k)
+  """pack undone in JAX: the packed layout -> (q [K/32, 32, N], d, m float32 [K/32, N]); q uint8
+  0..15 for Q4_1, int8 with m None for Q8_0."""
   p = jnp.asarray(packed)
   _check_packed(p, n, k)
+  ng, nblk, _ = p.shape
 
   def field(o):
     f = jax.lax.bitcast_convert_type(p[..., o:o + 64].reshape(ng, nblk, GROUP, 4), jnp.float32)
     return f.transpose(1, 0, 2).reshape(nblk, ng * GROUP)[:, :n]
 
+  if bits_of(p) == 8:
+    b = (p[..., 64:].reshape(ng, nblk, 8, GROUP, 4).astype(jnp.int16) - 128).astype(jnp.int8)
+    q = b.transpose(1, 2, 4, 0, 3).reshape(nblk, BLOCK, ng * GROUP)[..., :n]
+    return q, field(0), None
   b = p[..., 128:].reshape(ng, nblk, 4, GROUP, 4)                   # [ng, nblk, c, j, t]
   q = jnp.stack([b & 15, b >> 4], axis=2)                           # [ng, nblk, h, c, j, t]
   q = q.transpose(1, 2, 3, 5, 0, 4).reshape(nblk, BLOCK, ng * GROUP)[..., :n]
@@ -124,10 +148,10 @@ def unpack(packed, n: int, k: int):
 
 
 def _check_packed(p, n, k):
-  shape = packed_shape(n, k)
-  if tuple(p.shape) != shape or p.dtype != jnp.uint8:
-    raise ValueError(f"packed: expected uint8 {shape} for n={n}, k={k}; got {p.dtype} "
-                     f"{tuple(p.shape)}")
+  shapes = [packed_shape(n, k, bits) for bits in (4, 8)]
+  if tuple(p.shape) not in shapes or p.dtype != jnp.uint8:
+    raise ValueError(f"packed: expected uint8 {shapes[0]} (Q4_1) or {shapes[1]} (Q8_0) for n={n}, "
+                     f"k={k}; got {p.dtype} {tuple(p.shape)}")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -188,10 +212,12 @@ def quantize_activations(x: jax.Array):
 
 def reference(x2, packed, n: int, k: int) -> jax.Array:
   """The product in XLA: the fallback. isum is a float32 dot, exact (every partial sum is an
-  integer below 32 * 15 * 127 < 2**24) and faster on XLA's CPU backend than an int32 one; for one
-  row all blocks in one batched dot, else a scan over the blocks (folded in order, as the kernel
-  folds them)."""
+  integer below 32 * 128 * 127 < 2**24) and faster on XLA's CPU backend than an int32 one; for
+  one row all blocks in one batched dot, else a scan over the blocks (folded in order, as the
+  kernel folds them). Q8_0 weights take m = 0."""
   q, d, mn = unpack(packed, n, k)
+  if mn is None:
+    mn = jnp.zeros_like(d)
   xq, dx, sx = quantize_activations(x2)
   dxs = dx * sx.astype(jnp.float32)  # [M, nblk]
   xq, q = xq.transpose(1, 0, 2).astype(jnp.float32), q.astype(jnp.float32)  # [nblk, M, 32]

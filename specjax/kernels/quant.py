@@ -4,8 +4,8 @@
 
 What a quantized self-draft (specjax/methods/quantized.py) multiplies by. This file is the
 reference and the fallback on every device (on a TPU or GPU it is the path itself); on a CPU with
-the integer-dot kernel (kernels/qdot.py: AVX-512 VNNI / AVX2), 4-bit products of 1..64 rows run
-there instead, on the same math up to float summation order.
+the integer-dot kernel (kernels/qdot.py: AVX-512 VNNI / AVX2), products of 1..64 rows (4- and
+8-bit) run there instead, on the same math up to float summation order.
 
 The math. K is zero-padded to a multiple of 32 (weights and activations: the pads multiply zeros
 and add nothing); block b holds k = 32 b + i, i in [0, 32).
@@ -59,7 +59,7 @@ class QWeight:
   q: jax.Array  # [Kp/32, 32, N] int8: 0..15 (bits 4) or -127..127 (bits 8); Kp = K rounded up to 32
   d: jax.Array  # [Kp/32, N] float32 scales
   m: jax.Array | None  # [Kp/32, N] float32 block minima (bits 4), None (bits 8)
-  packed: jax.Array | None  # the integer-dot kernel's copy of (q, d, m) (bits 4, CPU), or None
+  packed: jax.Array | None  # the integer-dot kernel's copy of (q, d, m) (on a CPU), or None
   bits: int
   k: int  # K before padding
 
@@ -107,16 +107,16 @@ def _qdot():
 
 
 def _pack_by_default(bits: int) -> bool:
-  """Whether a 4-bit weight gets the integer-dot kernel's copy when the caller does not say: where
-  the default device is a CPU and the kernel is available."""
-  return bits == 4 and jax.default_backend() == "cpu" and _qdot() is not None
+  """Whether a weight gets the integer-dot kernel's copy when the caller does not say: where the
+  default device is a CPU and the kernel is available."""
+  return jax.default_backend() == "cpu" and _qdot() is not None
 
 
 def quantize_weight(w, bits: int = 4, *, pack: bool | None = None) -> QWeight:
   """w [K, N] (any float) -> QWeight of 4-bit (Q4_1) or 8-bit (Q8_0) blocks, cast once.
 
-  pack: also lay the blocks out for the integer-dot kernel (bits 4 only). None = where the default
-  device is a CPU and the kernel is available."""
+  pack: also lay the blocks out for the integer-dot kernel. None = where the default device is a
+  CPU and the kernel is available."""
   _check_bits(bits)
   w = jnp.asarray(w, jnp.float32)
   if w.ndim != 2 or w.shape[0] < 1 or w.shape[1] < 1:
@@ -128,10 +128,9 @@ def quantize_weight(w, bits: int = 4, *, pack: bool | None = None) -> QWeight:
     pack = _pack_by_default(bits)
   packed = None
   if pack:
-    if bits != 4:
-      raise ValueError(f"pack=True: the integer-dot kernel takes 4-bit blocks, not bits={bits}")
     from specjax.kernels import qdot
-    packed = jnp.asarray(qdot.pack(np.asarray(q), np.asarray(d), np.asarray(m)))
+    packed = jnp.asarray(qdot.pack(np.asarray(q), np.asarray(d),
+                                   None if m is None else np.asarray(m)))
   return QWeight(q, d, m, packed, bits, k)
 
 
@@ -167,7 +166,7 @@ def from_gguf(rows: np.ndarray, n: int, k: int, qtype: str, *, pack: bool | None
   if pack is None:
     pack = _pack_by_default(bits)
   packed = None
-  if pack and bits == 4:
+  if pack:
     from specjax.kernels import qdot
     packed = jnp.asarray(qdot.pack(q, d, m))
   return QWeight(jnp.asarray(q), jnp.asarray(d), None if m is None else jnp.asarray(m), packed,

@@ -1,9 +1,10 @@
-"""specjax.kernels.qdot: the int8-activation x Q4_1 integer-dot kernel against a plain numpy
-implementation of its math, on every instruction-set path this CPU has, its JAX reference
-(the fallback), the packed layout, and its argument errors.
+"""specjax.kernels.qdot: the int8-activation x Q4_1 / Q8_0 integer-dot kernel against a plain
+numpy implementation of its math, on every instruction-set path this CPU has, its JAX reference
+(the fallback), the packed layouts, and its argument errors.
 
-Random Q4_1 blocks (q in 0..15, d and m of both signs), standard-normal activations with zero
-rows and zero blocks, odd N (a partial last group of 16 outputs), K an odd number of blocks.
+Random Q4_1 blocks (q in 0..15, d and m of both signs) and Q8_0 blocks (q over all of -128..127,
+d of both signs), standard-normal activations with zero rows and zero blocks, odd N (a partial
+last group of 16 outputs), K an odd number of blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ needs_kernel = pytest.mark.skipif(not qdot.available(),
 
 
 isa_path = isa_fixture(qdot)
+BITS = (4, 8)
+
+
+def random_blocks(rng, n: int, k: int, bits: int = 4):
+  """(q, d, m): Q4_1 blocks (random_q41), or Q8_0 blocks with m None: q int8 [K/32, 32, N] over
+  the whole int8 range (-128 and 127 in every block), d of both signs."""
+  if bits == 4:
+    return random_q41(rng, n, k)
+  q, d, _ = random_q41(rng, n, k)
+  q = rng.integers(-128, 128, q.shape).astype(np.int8)
+  q[:, 0], q[:, 1] = -128, 127
+  return q, d, None
 
 
 def random_x(rng, rows: int, k: int) -> np.ndarray:
@@ -45,7 +58,8 @@ def numpy_qdot(x, q, d, m):
   dx = (amax / np.float32(127)).astype(np.float32)
   isum = np.einsum("mbi,bin->mbn", xq, q.astype(np.int64))
   t1 = d.astype(np.float64)[None] * dx.astype(np.float64)[..., None] * isum
-  t2 = m.astype(np.float64)[None] * (dx.astype(np.float64) * xq.sum(-1))[..., None]
+  t2 = (0 if m is None else
+        m.astype(np.float64)[None] * (dx.astype(np.float64) * xq.sum(-1))[..., None])
   return (t1 + t2).sum(1), (np.abs(t1) + np.abs(t2)).sum(1), xq, dx
 
 
@@ -62,14 +76,15 @@ SHAPES = [(1, 1, 32), (3, 17, 96), (8, 45, 160), (17, 301, 608), (64, 203, 576)]
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("isa_path", isa_paths(qdot), indirect=True)
-def test_parity_with_numpy(isa_path):
+def test_parity_with_numpy(isa_path, bits):
   """M in {1, 3, 8, 17, 64}, odd N, K an odd number of blocks, zero rows and blocks: within 1e-5
   of the sum of |terms| of the numpy math, and the activations quantized exactly as numpy does."""
   rng = np.random.default_rng(0)
   f = jax.jit(qdot.dense, static_argnums=(2, 3))
   for rows, n, k in SHAPES:
-    q, d, m = random_q41(rng, n, k)
+    q, d, m = random_blocks(rng, n, k, bits)
     x = random_x(rng, rows, k)
     packed = jnp.asarray(qdot.pack(q, d, m))
     y = f(x, packed, n, k)
@@ -125,11 +140,12 @@ def test_odd_inputs():
 
 
 @needs_kernel
-def test_paths_give_the_same_bits():
+@pytest.mark.parametrize("bits", BITS)
+def test_paths_give_the_same_bits(bits):
   """Every path folds the blocks with the same fmas in the same order: identical results."""
   rng = np.random.default_rng(1)
   rows, n, k = 13, 99, 224
-  q, d, m = random_q41(rng, n, k)
+  q, d, m = random_blocks(rng, n, k, bits)
   packed = jnp.asarray(qdot.pack(q, d, m))
   x = random_x(rng, rows, k)
   before = qdot.isa()
@@ -145,11 +161,12 @@ def test_paths_give_the_same_bits():
 
 
 @needs_kernel
-def test_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("bits", BITS)
+def test_rows_do_not_depend_on_the_batch(bits):
   """A row's result is the same bits alone or with 63 others (row tiles of any size)."""
   rng = np.random.default_rng(2)
   n, k = 77, 224
-  q, d, m = random_q41(rng, n, k)
+  q, d, m = random_blocks(rng, n, k, bits)
   packed = jnp.asarray(qdot.pack(q, d, m))
   x = random_x(rng, 64, k)
   full = np.asarray(qdot.dense(x, packed, n, k))
@@ -173,6 +190,25 @@ def test_pack_unpack_round_trip():
   rec = packed[0, 1]
   assert rec[128 + 64 * 2 + 4 * 5 + 3] == q[1, 4 * 2 + 3, 5] | (q[1, 16 + 4 * 2 + 3, 5] << 4)
   np.testing.assert_array_equal(rec[:64].view(np.float32), d[1, :16])
+
+
+def test_pack_unpack_round_trip_q8():
+  """Q8_0 (pack without m): [.., 576] records of d and q + 128; unpack gives q, d and None."""
+  rng = np.random.default_rng(3)
+  n, k = 37, 96
+  q, d, _ = random_blocks(rng, n, k, 8)
+  packed = qdot.pack(q, d)
+  assert packed.shape == qdot.packed_shape(n, k, 8) == (3, 3, 576) and qdot.bits_of(packed) == 8
+  uq, ud, um = qdot.unpack(packed, n, k)
+  assert um is None and np.asarray(uq).dtype == np.int8
+  np.testing.assert_array_equal(np.asarray(uq), q)
+  np.testing.assert_array_equal(np.asarray(ud), d)
+  rec = packed[0, 1]  # byte 4j + t of chunk c: q[4c + t] of column j, plus 128
+  assert rec[64 + 64 * 5 + 4 * 7 + 2] == int(q[1, 4 * 5 + 2, 7]) + 128
+  np.testing.assert_array_equal(rec[:64].view(np.float32), d[1, :16])
+  assert (packed[2, :, 64:].reshape(3, 8, 16, 4)[:, :, 5:] == 128).all()  # padded columns: q = 0
+  with pytest.raises(ValueError, match=r"q: expected values in -128..127"):
+    qdot.pack(q.astype(np.int16) * 2, d)
 
 
 def test_reference_and_switched_off(monkeypatch):
@@ -245,7 +281,8 @@ def test_bad_input_raises_before_compiling():
     qdot.dense(jnp.zeros((1, 32)), packed, 16, 64)
   with pytest.raises(ValueError, match="x2: expected a float array"):
     qdot.dense(jnp.zeros((1, 64), jnp.int32), packed, 16, 64)
-  with pytest.raises(ValueError, match=r"packed: expected uint8 \(1, 2, 384\)"):
+  with pytest.raises(ValueError, match=r"packed: expected uint8 \(1, 2, 384\) \(Q4_1\) or "
+                     r"\(1, 2, 576\)"):
     qdot.dense(jnp.zeros((1, 64)), packed[:, :1], 16, 64)
   with pytest.raises(ValueError, match="packed: expected uint8"):
     qdot.dense(jnp.zeros((1, 64)), packed.astype(jnp.int8), 16, 64)
