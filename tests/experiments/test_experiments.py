@@ -263,3 +263,17 @@ def test_copy_bound_oracle():
     out = rng.integers(0, 4, rng.integers(1, 12)).tolist()
     for limit in (1, 3, None):
       assert mod.oracle_tau(prompt, out, limit) == _copy_oracle_reference(prompt, out, limit)
+
+
+def test_batched_against_one_at_a_time(tiny_dir, tmp_path):
+  """experiments/batched: one call of B prompts against B calls of one, greedy here, so every
+  row of the batched call must have its own call's tokens (batch invariance end to end)."""
+  mod = load_script("batched")
+  mod.main(["--quick", "--model", tiny_dir, "--arithmetics", "float32", "--temperature", "0",
+            "--out", str(tmp_path)])
+  with open(tmp_path / "results_quick.json") as f:
+    data = json.load(f)
+  assert "| float32 |" in (tmp_path / "results_quick.md").read_text()
+  (row,) = data["rows"]
+  assert row["arithmetic"] == "float32" and row["identical"] is True
+  assert data["batch"] == 4 and row["batched_tok_s"] > 0 and row["single_tok_s"] > 0
