@@ -13,8 +13,10 @@ README quotes about speed therefore comes from a file this script reads, and a t
 
 Today's sources, each a run of experiments/spec_bench that times every method on the same prompts
 in one process, so a table's rows compare with each other: the chat and code run on the fastest
-autoregressive decoding of the embedded model, its GGUF's own blocks (`--weights blocks`), with
-llama.cpp's rows on the same file (`--llama-cpp`); the same run on the float32 path (MT-Bench and
+autoregressive decoding of the embedded model on a CPU with AVX-512 VNNI, its GGUF's blocks with
+int8 activations (`--weights blocks --activations int8`, W4A8); the same on the blocks with float32
+activations (`--weights blocks`, the fastest on an AVX2 CPU), both with llama.cpp's rows on the
+same file (`--llama-cpp`); the same run on the float32 path (MT-Bench and
 HumanEval, 10 prompts each, 128 new tokens: the prompts and lengths speed goals are judged on);
 the quick run over all six Spec-Bench sets and HumanEval (2 prompts each, 64 tokens); and the
 quick run on the Medusa-2 model (the target with the shipped adapters merged in: a different
@@ -36,7 +38,8 @@ import textwrap
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 # Relative to the repository root.
-SOURCES = ("experiments/spec_bench/chat_code_blocks/results.json",
+SOURCES = ("experiments/spec_bench/chat_code_w4a8/results.json",
+           "experiments/spec_bench/chat_code_blocks/results.json",
            "experiments/spec_bench/chat_code/results.json",
            "experiments/spec_bench/results_quick.json",
            "experiments/spec_bench/medusa2/results_quick.json")

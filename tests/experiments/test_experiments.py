@@ -1,6 +1,6 @@
-"""The paper-reproduction scripts (experiments/{leviathan,lookahead,medusa,eagle,dflash}/run.py) run end to
-end on a tiny random HF checkpoint: each writes its JSON / markdown / PNG report with the rows it
-promises, greedy runs are token-identical to autoregressive decoding, and Leviathan's target-as-
+"""The paper-reproduction scripts (experiments/{leviathan,lookahead,medusa,eagle,dflash}/run.py) and
+experiments/batched run end to end on a tiny random HF checkpoint: each writes its JSON / markdown
+(/ PNG) report with the rows it promises, greedy runs are token-identical to autoregressive decoding, and Leviathan's target-as-
 its-own-draft cell is exact (alpha = 1, tau = gamma + 1).
 
 Every option is shrunk (one short prompt, 12 new tokens, one configuration per sweep), so the
