@@ -192,8 +192,9 @@ def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
 def qdense(x: jax.Array, qw: QWeight) -> jax.Array:
   """x [..., K] (any float; computed in float32) times the quantized weight -> [..., N] float32.
 
-  On the integer-dot kernel where qw carries its packed copy and M = prod(x.shape[:-1]) is in
-  [1, qdot.MAX_ROWS], else `_reference` in XLA (the same up to float summation order)."""
+  On the integer-dot kernel where qw carries its packed copy and the kernel is available (M =
+  prod(x.shape[:-1]) above qdot.MAX_ROWS in chunks of that many rows), else `_reference` in XLA
+  (the same up to float summation order)."""
   if x.shape[-1] != qw.k:
     raise ValueError(f"x: expected a last dimension of K={qw.k}, got shape {x.shape}")
   lead = x.shape[:-1]
