@@ -55,7 +55,7 @@ constexpr long kRecord = 384;  // bytes per group-block record (Q4_1)
 constexpr long kQOff = 128;    // the nibbles' offset in a record
 constexpr long kRecord8 = 576;  // bytes per group-block record (Q8_0)
 constexpr long kQOff8 = 64;     // the bytes' offset in a Q8_0 record
-constexpr long kMaxM = 64;     // rows per call
+constexpr long kMaxM = 64;     // rows per pass over the weight (a call takes any number)
 
 inline float load_f32(const uint8_t* p) {
   float f;
@@ -530,8 +530,9 @@ struct Scratch {
   std::vector<int32_t> sx;
 };
 
-// record: the packed weight's bytes per group-block, kRecord (Q4_1) or kRecord8 (Q8_0).
-void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
+// m <= kMaxM rows; record: the packed weight's bytes per group-block, kRecord (Q4_1) or kRecord8
+// (Q8_0).
+void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
   static thread_local Scratch s;
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlock;
   if (long(s.xq.size()) < m * k) s.xq.resize(m * k);
@@ -550,6 +551,13 @@ void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long
                  [&](long g0, long g1) { run_groups(j, g0, g1); });
 }
 
+// Any number of rows, kMaxM at a time (a prefill's rows, a large batch): each pass reads the
+// weight once; a row's result does not depend on which pass it falls in.
+void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
+  for (long r = 0; r < m; r += kMaxM)
+    qdot_rows(x + r * k, w, y + r * n, std::min(kMaxM, m - r), k, n, record);
+}
+
 // ----------------------------------------------------------------------------- XLA FFI
 
 // Checks x[...,K], w[ng, K/32, 384 (Q4_1) or 576 (Q8_0)], y[...,N] (M: the product of the leading
@@ -560,7 +568,6 @@ std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
   if (m < 0 || wd.size() != 3)
     return "specjax_qdot_f32: expected x[...,K], w[ng,K/32,384|576], y[...,N]";
   const long k = sj_ffi::last(xd), ng = wd[0], n = sj_ffi::last(yd);
-  if (m > kMaxM) return "specjax_qdot_f32: M > 64";
   if (k % kBlock != 0 || wd[1] != k / kBlock || (wd[2] != kRecord && wd[2] != kRecord8) ||
       n > ng * kGroup ||
       n <= (ng - 1) * kGroup)

@@ -2,7 +2,7 @@
 Q4_1 x Q8_1 and Q8_0 x Q8_0 arithmetic) through jax.ffi, beside its pure-JAX reference.
 
     y[M,N] = x[M,K] @ W,   W [K,N] as 32-k blocks of 4-bit q with an fp32 scale d and min m,
-    w[k,n] = d[b,n] * q[b,i,n] + m[b,n] for k = 32 b + i,   M in [1, MAX_ROWS]
+    w[k,n] = d[b,n] * q[b,i,n] + m[b,n] for k = 32 b + i,   M >= 1
 (Q8_0: q[b,i,n] in -128..127 and no m.)
 
 Why. A decode step reads every weight once, so its time is the weights' bytes; a quantized
@@ -31,8 +31,8 @@ in its low nibble and q[16 + 4c + t] in its high one (chunk c): one 64-byte load
 column j plus 128 (vpdpbusd's unsigned operand; the kernel takes 128 * sum(xq) back off, exactly).
 A packed weight's last dimension (384 or 576) says which it is.
 
-When the kernel runs. `dense(x, packed, n, k)` calls it iff M = prod(x.shape[:-1]) is in
-[1, MAX_ROWS], SPECJAX_KERNELS is not off and the library is built and loaded on a CPU with
+When the kernel runs. `dense(x, packed, n, k)` calls it iff M = prod(x.shape[:-1]) >= 1,
+SPECJAX_KERNELS is not off and the library is built and loaded on a CPU with
 AVX-512 F/BW/VL/VNNI or AVX2+FMA; otherwise it runs `reference` in XLA (the same result up to
 float summation order). A failed build warns once (KernelFallbackWarning).
 SPECJAX_KERNELS_ISA=avx512|avx2|scalar forces a path, as for the other kernels; every path gives
@@ -51,7 +51,7 @@ from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # no
                                      on_cpu, rows_of, switched_off)
 
 TARGET = "specjax_qdot_f32"
-MAX_ROWS = 64   # the largest M = B*T sent to the kernel; larger calls use the reference
+MAX_ROWS = 64   # rows per pass over the weight; the kernel takes larger M in passes of this many
 GROUP = 16      # output columns per packed group
 BLOCK = 32      # k per block
 RECORD = 384    # bytes per (group, block): d[16], m[16] float32, 256 bytes of nibbles (Q4_1)
@@ -247,8 +247,9 @@ def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
   """x2 [..., K] (float; computed in float32) times the packed Q4_1 weight [K, N] -> [..., N]
   float32, with x2's rows quantized to int8 per 32-block (the math above).
 
-  The kernel for M = prod(x2.shape[:-1]) in [1, MAX_ROWS] when available, else `reference` in
-  XLA; the two agree up to float summation order. Not differentiable."""
+  The kernel for M = prod(x2.shape[:-1]) >= 1 when available (MAX_ROWS rows per pass over the
+  weight), else `reference` in XLA; the two agree up to float summation order. Not
+  differentiable."""
   check_shape(n, k)
   shape = getattr(x2, "shape", None)
   dtype = getattr(x2, "dtype", None)
@@ -268,7 +269,7 @@ def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
   def ref(a, p):
     return reference(a.reshape(m, k), p, n, k).reshape(*a.shape[:-1], n)
 
-  if not 1 <= m <= MAX_ROWS or not available():
+  if m < 1 or not available():
     y = ref(x, packed)
   else:
     y = on_cpu(lambda a, p: _ffi(a, p, n), ref, x, packed)

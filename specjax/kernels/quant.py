@@ -192,26 +192,19 @@ def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
 def qdense(x: jax.Array, qw: QWeight) -> jax.Array:
   """x [..., K] (any float; computed in float32) times the quantized weight -> [..., N] float32.
 
-  On the integer-dot kernel where qw carries its packed copy and the kernel is available (M =
-  prod(x.shape[:-1]) above qdot.MAX_ROWS in chunks of that many rows), else `_reference` in XLA
-  (the same up to float summation order)."""
+  On the integer-dot kernel where qw carries its packed copy and the kernel is available (any
+  M = prod(x.shape[:-1]): the kernel takes a prefill's rows in passes of qdot.MAX_ROWS), else
+  `_reference` in XLA (the same up to float summation order)."""
   if x.shape[-1] != qw.k:
     raise ValueError(f"x: expected a last dimension of K={qw.k}, got shape {x.shape}")
   lead = x.shape[:-1]
   rows = int(np.prod(lead, dtype=np.int64))
   kp = _padded(qw.k)
   qdot = _qdot() if qw.packed is not None else None
-  if qdot is not None and 1 <= rows <= qdot.MAX_ROWS:
+  if qdot is not None and rows >= 1:
     # x keeps its leading dimensions into the kernel (no reshape around it: kernels/handler.h).
     pad = [(0, 0)] * (x.ndim - 1) + [(0, kp - qw.k)]
     return qdot.dense(jnp.pad(x.astype(jnp.float32), pad), qw.packed, qw.n, kp)
-  if qdot is not None and rows > qdot.MAX_ROWS:
-    # A prefill's rows in kernel-sized chunks: a row's result does not depend on the rows beside
-    # it; XLA's integer dot made a 16-prompt W4A8 call 6x slower (experiments/batched).
-    x2 = jnp.pad(x.reshape(rows, qw.k).astype(jnp.float32), ((0, 0), (0, kp - qw.k)))
-    parts = [qdot.dense(x2[i:i + qdot.MAX_ROWS], qw.packed, qw.n, kp)
-             for i in range(0, rows, qdot.MAX_ROWS)]
-    return jnp.concatenate(parts).reshape(*lead, qw.n)
   x2 = jnp.pad(x.reshape(rows, qw.k).astype(jnp.float32), ((0, 0), (0, kp - qw.k)))
   return _reference(x2, qw).reshape(*lead, qw.n)
 

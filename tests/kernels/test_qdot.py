@@ -212,16 +212,14 @@ def test_pack_unpack_round_trip_q8():
 
 
 def test_reference_and_switched_off(monkeypatch):
-  """SPECJAX_KERNELS=0 and M > 64 run the JAX reference: no kernel call in the program, the
-  numpy math's values; with the kernel on, it agrees with the reference."""
+  """SPECJAX_KERNELS=0 runs the JAX reference: no kernel call in the program, the numpy math's
+  values; with the kernel on, it agrees with the reference."""
   rng = np.random.default_rng(4)
   n, k = 45, 160
   q, d, m = random_q41(rng, n, k)
   packed = jnp.asarray(qdot.pack(q, d, m))
-  x = random_x(rng, qdot.MAX_ROWS + 1, k)
+  x = random_x(rng, 5, k)
   lower = lambda x: jax.jit(qdot.dense, static_argnums=(2, 3)).lower(x, packed, n, k).as_text()
-  assert qdot.TARGET not in lower(x)
-  assert_close(qdot.dense(x, packed, n, k), x, q, d, m)
   monkeypatch.setenv("SPECJAX_KERNELS", "0")
   assert not qdot.available()
   assert qdot.TARGET not in lower(x[:3])
@@ -232,6 +230,26 @@ def test_reference_and_switched_off(monkeypatch):
   if qdot.available():  # (another M: the switch is read at trace time, and traces are cached)
     assert qdot.TARGET in lower(x[:5])
     np.testing.assert_allclose(qdot.dense(x[:3], packed, n, k), off, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_past_one_pass(bits):
+  """M above MAX_ROWS is one kernel call (not XLA's integer dot, not one call per 64 rows: a
+  sampling test's 12,000 rows once made a program of hundreds of calls per product) that takes
+  the rows in passes of MAX_ROWS, each row the bits it has alone."""
+  rng = np.random.default_rng(5)
+  n, k = 37, 96
+  q, d, m = random_blocks(rng, n, k, bits)
+  packed = jnp.asarray(qdot.pack(q, d, m))
+  x = random_x(rng, 2 * qdot.MAX_ROWS + 3, k).reshape(1, -1, k)
+  text = jax.jit(qdot.dense, static_argnums=(2, 3)).lower(x, packed, n, k).as_text()
+  assert text.count(qdot.TARGET) == 1
+  y = np.asarray(qdot.dense(x, packed, n, k))[0]
+  assert_close(y, x[0], q, d, m)
+  alone = np.stack([np.asarray(qdot.dense(x[0, i:i + 1], packed, n, k))[0] for i in (0, 63, 64,
+                                                                                      130)])
+  np.testing.assert_array_equal(y[[0, 63, 64, 130]], alone)
 
 
 @needs_kernel
