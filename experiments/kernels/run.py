@@ -252,14 +252,16 @@ def ab_shape(fns, k, n, rows, reps, rng, clock=time.perf_counter) -> dict:
 
 
 def peak():
-  """This core's fp32 FMA and vdpbf16ps ceilings (peak.cc: registers only, thread CPU time) and
+  """This core's fp32 FMA, vdpbf16ps and vpdpbusd ceilings and qdot.cc's instruction mix
+  (peak.cc: registers only, thread CPU time) and
   the memory's read bandwidth with 1 and 2 threads."""
   import subprocess
   import tempfile
 
   from specjax.kernels import build
   exe = os.path.join(tempfile.mkdtemp(), "peak")
-  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bf16",
+  subprocess.run([build.find_compiler(), "-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni",
+                  "-mavx512bf16",
                   os.path.join(os.path.dirname(__file__), "peak.cc"), "-o", exe], check=True)
   print(subprocess.run([exe], check=True, capture_output=True, text=True).stdout.strip())
   from specjax import bench
