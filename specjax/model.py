@@ -12,7 +12,7 @@ method decides which of the written entries to keep (see cache.py).
 
 Layout choices (measured on a 2-core CPU, see README "Performance"): layers are a Python list
 (unrolled under jit, one cache buffer per layer updated in place; a lax.scan over stacked layers
-copied the carried caches and ran ~2x slower), Q/K/V are one fused matmul with weight
+copied the carried caches and ran slower: docs/performance.md), Q/K/V are one fused matmul with weight
 [E, K, G+2, D] grouped by kv head (so splitting axis K over a mesh keeps each query head with its
 kv head), and gate/up are one matmul [E, 2, F]. Every matmul goes through `kernels.dense`: XLA's
 dot, or, for a model packed at load (`load_model(kernels=...)`), a weight-streaming CPU kernel over
@@ -73,13 +73,13 @@ def _once(cos: jax.Array, sin: jax.Array, positions: jax.Array) -> tuple[jax.Arr
   """(cos, sin) as values XLA computes once per forward.
 
   Left alone, XLA's CPU compiler fuses the two tables into every layer's rotation and evaluates
-  cos and sin again for each element of each layer's queries and keys: about 2 ms of a 16-token
-  forward of SmolLM2-135M (30 layers), against 0.1 ms for the rotations themselves. A fusion
-  cannot reach into a conditional's branch, and an optimization barrier does not survive to
-  fusion on the CPU, hence the conditional. Its predicate is true for every real position
-  (positions are >= 0); the other branch returns the same values (x + 0.0 only turns a -0.0 into
-  +0.0, and neither table holds a -0.0 for a position >= 0), so the result is the same whichever
-  branch runs, and bit-identical to the fused form."""
+  cos and sin again for each element of each layer's queries and keys, which costs far more than
+  the rotations themselves (measured: docs/performance.md). A fusion cannot reach into a
+  conditional's branch, and an optimization barrier does not survive to fusion on the CPU, hence
+  the conditional. Its predicate is true for every real position (positions are >= 0); the other
+  branch returns the same values (x + 0.0 only turns a -0.0 into +0.0, and neither table holds a
+  -0.0 for a position >= 0), so the result is the same whichever branch runs, and bit-identical
+  to the fused form."""
   return jax.lax.cond(jnp.any(positions >= 0), lambda cs: cs,
                       lambda cs: (cs[0] + 0.0, cs[1] + 0.0), (cos, sin))
 

@@ -15,8 +15,8 @@ caller, while every original parameter keeps its name, shape and value: code tha
 from a target's tensors works unchanged. A draft model that `load_model` builds from a target's
 tensors (a shipped draft, a draft asset) is packed like its target, its LM head too unless it
 scores a vocabulary subset: its one- and two-token forwards are where the kernel gains most over
-XLA (SmolLM2's shipped draft: 3.0 -> 1.9 ms a forward). A draft being trained is built unpacked.
-The model reads a copy where it multiplies (model._packed).
+XLA (measured: docs/performance.md). A draft being trained is built unpacked. The model reads a
+copy where it multiplies (model._packed).
 
 Blocks of a model's own. `to_blocks(model, qtype)` rounds a float32 model's dense weights to GGUF
 blocks (Q8_0, Q4_0, Q4_1, by gguf's reference quantizer) and packs those for the blocks kernel, as

@@ -42,8 +42,8 @@ class SamplingParams:
 
 def argmax(x: jax.Array) -> jax.Array:
   """jnp.argmax over the last axis (the first maximum) as two plain reductions, a max and then a
-  min over the maxima's indices: XLA's CPU argmax is one scalar loop per row, 4-5x slower on
-  vocabulary-wide rows (1.28 vs 0.29 ms for a 9-token verification over 49152). int32 [...]."""
+  min over the maxima's indices: XLA's CPU argmax is one scalar loop per row, several times
+  slower on vocabulary-wide rows (measured: docs/performance.md). int32 [...]."""
   m = jnp.max(x, axis=-1, keepdims=True)
   n = x.shape[-1]
   i = jnp.min(jnp.where(x == m, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
@@ -52,8 +52,8 @@ def argmax(x: jax.Array) -> jax.Array:
 
 def top_k_ids(logits: jax.Array, k: int) -> jax.Array:
   """The k largest entries' indices [...,k] of logits [...,V], best first (the lower index first
-  on ties). lax.top_k: XLA's CPU runtime selects per row without sorting it, 18-30x faster here
-  than k argmax passes (0.15 vs 2.8 ms for EAGLE-2's 8 frontier rows of 16384)."""
+  on ties). lax.top_k: XLA's CPU runtime selects per row without sorting it, far faster here
+  than k argmax passes (measured: docs/performance.md)."""
   return jax.lax.top_k(logits, k)[1].astype(jnp.int32)
 
 
@@ -118,10 +118,9 @@ def sample_probs(key: jax.Array, p: jax.Array) -> jax.Array:
   Inverse-CDF sampling with one uniform draw per distribution: the vocabulary is cut into blocks
   of 128 tokens, the block is found on the cumulative block masses and the token on the chosen
   block's own cumulative sum. Gumbel-max (jax.random.categorical) needs a random number per
-  token: at V = 49152 generating them cost 0.75 ms per row per step on the 2-core CPU, a third
-  of a 16-row decode step (8.7 vs 0.31 ms for 16 rows). A token with probability 0 is
-  never returned: at float rounding edges the search falls back to the nearest block / token
-  that has mass.
+  token: over a vocabulary-wide row generating them takes a large share of a decode step on the
+  CPU (measured: docs/performance.md). A token with probability 0 is never returned: at float
+  rounding edges the search falls back to the nearest block / token that has mass.
   """
   lead, v = p.shape[:-1], p.shape[-1]
   c = min(_BLOCK, v)

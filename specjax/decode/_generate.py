@@ -47,9 +47,9 @@ def bucket_prompt_len(n: int) -> int:
 class _ArraysCache:
   """build(method, model) (default: method.arrays(model)), kept while the method and the model
   live and model.params is the same object. Building arrays repacks heads for the CPU kernel and
-  gathers a vocabulary subset's LM-head rows: 10-80 ms for SmolLM2's shipped heads and draft,
-  paid on every generate call before this (a tenth of a 64-token EAGLE call); a prepared method
-  (`prepare`) is kept so that its arrays are too. `count` tells tests when one was built."""
+  gathers a vocabulary subset's LM-head rows, a noticeable part of a short generate call, which
+  every call paid before this (measured: docs/performance.md); a prepared method (`prepare`) is
+  kept so that its arrays are too. `count` tells tests when one was built."""
 
   def __init__(self, build=lambda method, model: method.arrays(model)):
     self._build = build

@@ -58,10 +58,9 @@ def prefill_chunk(p: int, batch: int) -> int:
   CPU kernels (kernels.MAX_ROWS = 64 rows of B x rows). A chunked prefill stops after the chunk
   that holds the longest row's last prompt token, so the bucket's padding (up to half of P) costs
   at most a chunk; every chunk reads the weights once more, which a CPU's products at 16-64 rows
-  hide behind their arithmetic. Measured on SmolLM2-135M, one prompt, 2 cores: 65 tokens (bucket
-  128) 192-216 -> 151-152 ms; 520 tokens (bucket 768) 1179 -> 968 ms; 1000 tokens (bucket
-  1024, little padding) 1845-1867 -> 1835-1984 ms. Accelerators keep one forward: large
-  products are what they do best."""
+  hide behind their arithmetic: chunks are faster than one forward where the bucket pads much,
+  and about even where it pads little (measured: docs/performance.md). Accelerators keep one
+  forward: large products are what they do best."""
   rows = kernels.MAX_ROWS // batch
   if p <= kernels.MAX_ROWS or rows < 16 or jax.default_backend() != "cpu":
     return p

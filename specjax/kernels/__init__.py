@@ -29,9 +29,8 @@ there.
 
 from specjax.kernels import matmul
 from specjax.kernels.matmul import (BLOCK_WIDTHS, ENV, ISAS, MAX_ROWS, TARGET,
-                                    KernelFallbackWarning, _reset_for_tests, available,
-                                    block_width, isa, load, pack_weight, set_isa,
-                                    switched_off, threads)
+                                    KernelFallbackWarning, available, block_width, isa, load,
+                                    pack_weight, set_isa, switched_off, threads)
 from specjax.kernels.blocks import QTYPES, blocks_dense, dense, dequantize, pack_blocks
 from specjax.kernels import quant
 from specjax.kernels.quant import QWeight, qdense, quantize_activations, quantize_weight

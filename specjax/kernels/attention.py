@@ -49,7 +49,6 @@ LIBRARY = Library("attention", "specjax_attention", "SpecjaxAttentionF32", TARGE
 
 # The module's loading and ISA control are its Library's (library.py).
 load, available, isa, set_isa, threads = LIBRARY.api()
-_reset_for_tests = LIBRARY.reset
 
 
 def _xla(q, kc, vc, kn, vn, mask, scale: float, softcap: float | None):

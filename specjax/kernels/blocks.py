@@ -206,7 +206,6 @@ LIBRARY = Library("blocks", "specjax_blocks", "SpecjaxBlocksF32", TARGET,
 
 # The module's loading and ISA control are its Library's (library.py).
 load, available, isa, set_isa, threads = LIBRARY.api()
-_reset_for_tests = LIBRARY.reset
 
 
 # ----------------------------------------------------------------------------- the op

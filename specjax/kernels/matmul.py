@@ -81,7 +81,6 @@ LIBRARY = Library("matmul", "specjax_kernel", "SpecjaxDenseF32", TARGET, instead
 
 # The module's loading and ISA control are its Library's (library.py).
 load, available, isa, set_isa, threads = LIBRARY.api()
-_reset_for_tests = LIBRARY.reset
 
 
 # ----------------------------------------------------------------------------- the packed layout

@@ -176,7 +176,6 @@ LIBRARY = Library("qdot", "specjax_qdot", "SpecjaxQdotF32", TARGET,
 
 # The module's loading and ISA control are its Library's (library.py).
 load, available, isa, set_isa, threads = LIBRARY.api()
-_reset_for_tests = LIBRARY.reset
 
 
 def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:

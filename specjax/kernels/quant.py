@@ -177,7 +177,7 @@ def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
   """x2 [M, Kp] float32 -> [M, N] float32 in XLA: the math of the module docstring.
 
   A single row is multiplied as two (itself twice): XLA's CPU integer dot takes a slow path for
-  one row, 49 ms against 2 ms for two on SmolLM2-135M's 576 x 49152 head (2-core CPU)."""
+  one row, much slower than for two (measured: docs/performance.md)."""
   if x2.shape[0] == 1:
     return _reference(jnp.concatenate([x2, x2]), qw)[:1]
   xq, dx, sx = quantize_activations(x2)

@@ -55,10 +55,10 @@ def top_k(logits, k: int, *, passes: bool = False):
   """logits [...,V] -> (ids [...,k] int32, log-probabilities [...,k] float32), most likely first
   (the lower index first on ties).
 
-  lax.top_k by default: alone, XLA's CPU runtime selects without sorting the row (57 ms for
-  4 x 256 x 49152). passes=True: k rounds of a max and a min reduction (sampling.argmax), for use
-  inside a training step, where lax.top_k over [8,256,49152] made a soft-label draft step take
-  21 s on this CPU."""
+  lax.top_k by default: alone, XLA's CPU runtime selects without sorting the row, which is fast.
+  passes=True: k rounds of a max and a min reduction (sampling.argmax), for use inside a training
+  step, where lax.top_k over [8,256,49152] made a soft-label draft step very slow on this CPU
+  (measured: docs/performance.md)."""
   if not passes:
     vals, ids = jax.lax.top_k(logits, k)
     return ids.astype(jnp.int32), vals - jax.nn.logsumexp(logits, axis=-1, keepdims=True)

@@ -113,8 +113,8 @@ def label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
   (larger first, the lower index first on ties): top-1 is rank 0, top-5 is rank < 5.
 
   Counting is two comparisons per entry. lax.top_k inside the training step (over the heads'
-  [B,T,K,Vs] logits) had made a joint heads step 2.9x slower on this CPU (7.3 vs 2.5 s), though
-  the same top_k alone takes 42 ms."""
+  [B,T,K,Vs] logits) had made a joint heads step several times slower on this CPU, though the
+  same top_k alone is fast (measured: docs/performance.md)."""
   lab_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)
   before = (logits > lab_logit) | ((logits == lab_logit)
                                    & (jnp.arange(logits.shape[-1]) < labels[..., None]))

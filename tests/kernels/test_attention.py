@@ -151,7 +151,7 @@ def test_fallback_on_unsupported_cpu(monkeypatch):
   model = packing.pack(tiny_model())
   _, cache, _ = _program(model)
   want = np.asarray(_program(packing.unpack(model))[0](packing.unpack(model).params, cache))
-  attention._reset_for_tests()
+  attention.LIBRARY.reset()
   monkeypatch.setattr(attention, "_detect_isa", lambda lib: attention.ISAS["scalar"])
   try:
     with warnings.catch_warnings(record=True) as caught:
@@ -163,7 +163,7 @@ def test_fallback_on_unsupported_cpu(monkeypatch):
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
   finally:
     monkeypatch.undo()
-    attention._reset_for_tests()
+    attention.LIBRARY.reset()
   assert attention.available()
 
 

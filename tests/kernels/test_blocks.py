@@ -174,7 +174,7 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
   """No compiler: one KernelFallbackWarning, then the dequantise-in-XLA path, same values."""
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SPECJAX_CXX", "/nonexistent/g++")
-  blocks._reset_for_tests()
+  blocks.LIBRARY.reset()
   try:
     rng = np.random.default_rng(6)
     n, k = 20, 64
@@ -186,4 +186,4 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
     assert _err(blocks.blocks_dense(x, packed, n, k, "Q4_0"), x, reference(raw, "Q4_0")) < 1e-5
   finally:
     monkeypatch.undo()
-    blocks._reset_for_tests()
+    blocks.LIBRARY.reset()

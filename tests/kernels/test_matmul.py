@@ -19,6 +19,7 @@ import pytest
 import specjax as sj
 from specjax import cache as kv
 from specjax import kernels, packing
+from specjax.kernels import matmul
 
 from tests.helpers.kernels import isa_fixture, isa_paths
 from tests.helpers.lossless import GREEDY_METHODS
@@ -338,10 +339,10 @@ def test_every_method_identical_with_kernel(name, factory, target, batch, refere
 def fresh_load(monkeypatch, tmp_path):
   """An unattempted kernel load with an empty build cache; the real state is restored after."""
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
-  kernels._reset_for_tests()
+  matmul.LIBRARY.reset()
   yield monkeypatch
   monkeypatch.undo()
-  kernels._reset_for_tests()
+  matmul.LIBRARY.reset()
 
 
 def _falls_back_once(target, batch, reference):

@@ -313,7 +313,7 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
   monkeypatch.delenv("SPECJAX_KERNELS", raising=False)  # (switched off, it would not even try)
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SPECJAX_CXX", "/nonexistent/g++")
-  qdot._reset_for_tests()
+  qdot.LIBRARY.reset()
   try:
     rng = np.random.default_rng(6)
     n, k = 20, 64
@@ -325,4 +325,4 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
     assert_close(qdot.dense(x, packed, n, k), x, q, d, m)
   finally:
     monkeypatch.undo()
-    qdot._reset_for_tests()
+    qdot.LIBRARY.reset()
