@@ -205,8 +205,9 @@ def test_a_method_built_by_class_is_sized_as_the_one_built_by_name(monkeypatch):
 
 
 def test_quantized_gamma_follows_the_kernel_and_the_curve(monkeypatch):
-  """The quantized self-draft's gamma: its prior acceptance over a draft forward that costs 0.3
-  of a target step on the integer-dot kernel and 1.5 without it; explicit gamma wins."""
+  """The quantized self-draft's gamma: its prior acceptance over a draft forward that costs 0.4
+  of a float32 target's step on the integer-dot kernel (4 or 8 bits), 0.9-1.05 of a W4A8
+  target's, and 1.5 without the kernel; explicit gamma wins."""
   from specjax.kernels import qdot
 
   target = tiny_model()
@@ -216,7 +217,11 @@ def test_quantized_gamma_follows_the_kernel_and_the_curve(monkeypatch):
   on = methods.build("quantized", target)
   assert on.bits == 4 and 3 <= on.gamma <= 8
   assert methods.build("quantized", target, gamma=2).gamma == 2
-  assert methods.build("quantized", target, bits=8).gamma < on.gamma  # 8 bits: no kernel
+  # 8 bits on the kernel: the same cost here, a higher prior acceptance, so a longer chain
+  assert methods.build("quantized", target, bits=8).gamma > on.gamma
+  w4a8 = tiny_model()
+  w4a8.weights, w4a8.activations = "blocks", "int8"  # (as load_model marks a W4A8 target)
+  assert methods.build("quantized", w4a8).gamma < on.gamma  # a draft costs about a target step
   monkeypatch.setattr(qdot, "available", lambda: False)
   assert methods.build("quantized", target).gamma < on.gamma
   monkeypatch.setattr(qdot, "available", lambda: True)

@@ -42,9 +42,9 @@ MAX_GAMMA = 16  # the longest chain a default may draft (each gamma is its own c
 MAX_NODES = 64  # the largest tree a default may verify
 LAYER_SKIP_PRIOR = 0.1  # per-token acceptance of an untrained exit at L/4 (measured 0.01-0.09)
 # Quantized self-drafting (methods/quantized.py): per-position acceptance by bit width, and one
-# draft forward's cost in target steps, by (bits, integer-dot kernel present, target weights).
+# draft forward's cost in target steps, by (integer-dot kernel present, target arithmetic, bits).
 # Rounded from measurements on SmolLM2-135M (the figures and how they were taken:
-# experiments/quantized/README.md, experiments/blocks/README.md).
+# experiments/quantized/README.md and draft_cost.md, experiments/blocks/README.md).
 QUANTIZED_PRIOR = {4: 0.9, 8: 0.97}
 # Prompt lookup copies at most LOOKUP_MAX_TOKENS (its class default), and only as many as verify
 # for at most LOOKUP_FREE one-token forwards (lookup_tokens).
@@ -53,8 +53,14 @@ LOOKUP_FREE = 1.15
 # Lookahead's (window, ngram, guess) shapes, smallest forward first (1 + (W + G)(N - 1) tokens); the
 # last is the class's default (Fu et al.'s small setting), the first the least a step can verify.
 LOOKAHEAD_SHAPES = ((1, 2, 1), (2, 2, 1), (2, 2, 2), (2, 3, 1), (3, 3, 2), (4, 3, 4))
-QUANTIZED_COST = {("kernel", "float"): 0.3, ("kernel", "blocks"): 0.7, ("jax", "float"): 1.5,
-                  ("jax", "blocks"): 3.3}
+QUANTIZED_COST = {("kernel", "float", 4): 0.4, ("kernel", "float", 8): 0.4,
+                  ("kernel", "blocks", 4): 0.6, ("kernel", "blocks", 8): 0.75,
+                  ("kernel", "w4a8", 4): 0.9, ("kernel", "w4a8", 8): 1.05,
+                  # Without the kernel both widths run XLA's integer dot (measured at 4 bits); a
+                  # W4A8 target's own products do too, so a draft costs about a target step.
+                  ("jax", "float", 4): 1.5, ("jax", "float", 8): 1.5,
+                  ("jax", "blocks", 4): 3.3, ("jax", "blocks", 8): 3.3,
+                  ("jax", "w4a8", 4): 1.0, ("jax", "w4a8", 8): 1.0}
 RANK_SHARE = 0.45  # rank r+1's accuracy over rank r's where only top-1 is recorded (as the prior)
 
 
@@ -139,9 +145,11 @@ def quantized_gamma(target, bits: int, cost) -> Choice:
 
   if bits not in QUANTIZED_PRIOR or isinstance(bits, bool):
     return Choice({})  # (the class names what is allowed)
-  path = "kernel" if bits == 4 and qdot.available() else "jax"
-  kind = "blocks" if getattr(target, "weights", "") == "blocks" else "float"
-  a, q = QUANTIZED_PRIOR[bits], QUANTIZED_COST[(path, kind)]
+  path = "kernel" if qdot.available() else "jax"
+  kind = "float"
+  if getattr(target, "weights", "") == "blocks":
+    kind = "w4a8" if getattr(target, "activations", "") == "int8" else "blocks"
+  a, q = QUANTIZED_PRIOR[bits], QUANTIZED_COST[(path, kind, bits)]
   return _chain(cost, [a], q, MAX_GAMMA, f"prior a={a} at {bits} bits, draft cost {q} ({path})",
                 recorded=False)
 

@@ -277,3 +277,18 @@ def test_batched_against_one_at_a_time(tiny_dir, tmp_path):
   (row,) = data["rows"]
   assert row["arithmetic"] == "float32" and row["identical"] is True
   assert data["batch"] == 4 and row["batched_tok_s"] > 0 and row["single_tok_s"] > 0
+
+
+def test_quantized_draft_cost_per_arithmetic(tmp_path):
+  """experiments/quantized/draft_cost.py: q for 4- and 8-bit self-drafts over each arithmetic of
+  one GGUF (a tiny random one here), every figure a measured positive ratio."""
+  from tests.helpers.gguf_files import write_gguf
+  path = write_gguf(tmp_path / "t.gguf")
+  mod = load_script("quantized", "draft_cost.py")
+  mod.main(["--quick", "--model", str(path), "--out", str(tmp_path)])
+  with open(tmp_path / "draft_cost_quick.json") as f:
+    q = json.load(f)["q"]
+  assert set(q) == {"float32", "blocks", "w4a8"}
+  for row in q.values():
+    assert set(row) == {"4", "8"} and all(r["q"] > 0 and len(r["qs"]) == 1 for r in row.values())
+  assert "| w4a8 |" in (tmp_path / "draft_cost_quick.md").read_text()
