@@ -15,6 +15,11 @@ call of each shape). The two ways and the arithmetics alternate within every rep
 falls on all alike; each keeps its fastest repeat. The ratio batched / one at a time is what the
 issue's goal reads (>= 5x at B = 16 on W4A8).
 
+With --split each way is also timed with one new token (the prefill and the first sample), and
+the table gains the prefill's seconds, the decode steps' tok/s (the difference of the two calls),
+and the prefill rows each way computes (every prompt padded to its length bucket; one call pads
+every row to the longest prompt's).
+
 Writes results.json / results.md (results_quick.* with --quick) here or in --out.
 """
 
@@ -58,6 +63,16 @@ def timed_ways(models: dict, prompts: list, *, method: str, n_new: int, temperat
   return best
 
 
+def prefill_rows(model, prompts: list) -> dict:
+  """The prefill rows each way computes: one call pads every prompt to the longest one's length
+  bucket; one call per prompt pads each to its own."""
+  from specjax.decode import _encode
+  from specjax.decode._generate import bucket_prompt_len
+  lengths = [len(t) for t in _encode(model, prompts, True)]
+  return {"tokens": sum(lengths), "batched": len(lengths) * bucket_prompt_len(max(lengths)),
+          "single": sum(bucket_prompt_len(n) for n in lengths)}
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="batch 4, 16 tokens, 1 repeat")
@@ -69,6 +84,8 @@ def main(argv=None):
                   help="blocks and w4a8 need a GGUF model")
   ap.add_argument("--method", default="autoregressive", help="a registered method's name")
   ap.add_argument("--temperature", type=float, default=1.0)
+  ap.add_argument("--split", action="store_true",
+                  help="also time one new token: the prefill apart from the decode steps")
   ap.add_argument("--out", default=HERE, help="folder for results(_quick).json / .md")
   args = ap.parse_args(argv)
   args = bench.with_defaults(args, args.quick,
@@ -94,6 +111,16 @@ def main(argv=None):
                    "single_tok_s": tokens / t["single"], "ratio": t["single"] / t["batched"],
                    "identical": t["identical"]}
                   for a, t in times.items()]}
+  if args.split:
+    res["prefill_rows"] = prefill_rows(next(iter(models.values())), prompts)
+    first = timed_ways(models, prompts, method=args.method, n_new=1,
+                       temperature=args.temperature, repeats=args.repeats)
+    steps = len(prompts) * (args.max_new_tokens - 1)
+    for row in res["rows"]:
+      t, t1 = times[row["arithmetic"]], first[row["arithmetic"]]
+      row.update({f"{w}_prefill_s": t1[w] for w in ("batched", "single")})
+      row.update({f"{w}_decode_tok_s": steps / max(t[w] - t1[w], 1e-9)
+                  for w in ("batched", "single")})
   res["machine"] = bench.finish_machine_info(info, t_start)
   bench.save_report(args.out, "results_quick" if args.quick else "results", res, report(res))
   print(report(res))
@@ -110,6 +137,17 @@ def report(res: dict) -> str:
     same = "-" if r["identical"] is None else str(r["identical"])
     lines.append(f"| {r['arithmetic']} | {r['batched_tok_s']:.1f} | {r['single_tok_s']:.1f} "
                  f"| {r['ratio']:.2f}x | {same} |")
+  if "prefill_rows" not in res:
+    return "\n".join(lines) + "\n"
+  rows = res["prefill_rows"]
+  lines += ["", f"The prompts: {rows['tokens']} tokens; prefill rows {rows['batched']} in one "
+            f"call, {rows['single']} one at a time.", "",
+            "| arithmetic | prefill s, one call | prefill s, one at a time | decode tok/s, one "
+            "call | decode tok/s, one at a time |", "|---|---|---|---|---|"]
+  for r in res["rows"]:
+    lines.append(f"| {r['arithmetic']} | {r['batched_prefill_s']:.2f} | "
+                 f"{r['single_prefill_s']:.2f} | {r['batched_decode_tok_s']:.1f} | "
+                 f"{r['single_decode_tok_s']:.1f} |")
   return "\n".join(lines) + "\n"
 
 

@@ -270,13 +270,16 @@ def test_batched_against_one_at_a_time(tiny_dir, tmp_path):
   row of the batched call must have its own call's tokens (batch invariance end to end)."""
   mod = load_script("batched")
   mod.main(["--quick", "--model", tiny_dir, "--arithmetics", "float32", "--temperature", "0",
-            "--out", str(tmp_path)])
+            "--split", "--out", str(tmp_path)])
   with open(tmp_path / "results_quick.json") as f:
     data = json.load(f)
   assert "| float32 |" in (tmp_path / "results_quick.md").read_text()
   (row,) = data["rows"]
   assert row["arithmetic"] == "float32" and row["identical"] is True
   assert data["batch"] == 4 and row["batched_tok_s"] > 0 and row["single_tok_s"] > 0
+  rows = data["prefill_rows"]  # (one call pads every prompt to the longest one's bucket)
+  assert rows["single"] <= rows["batched"] and rows["tokens"] <= rows["single"]
+  assert row["batched_prefill_s"] > 0 and row["single_decode_tok_s"] > 0
 
 
 def test_quantized_draft_cost_per_arithmetic(tmp_path):
