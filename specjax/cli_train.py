@@ -87,7 +87,7 @@ def _dflash_args(args) -> dict | None:
   if args.what != "dflash":
     return None
   out = {"block_size": args.block_size, "mask_token_id": args.mask_token,
-         "loss_decay": args.loss_decay}
+         "loss_decay": args.loss_decay, "anchors": args.anchors, "warm": args.warm}
   if args.target_layers:
     out["target_layer_ids"] = tuple(int(i) for i in args.target_layers.split(","))
   return out
@@ -238,6 +238,12 @@ def _add_train_commands(sub) -> None:
       tm.add_argument("--loss-decay", type=float, default=None, help="block offset j's loss "
                       "weighs exp(-(j - 1) / gamma); default: the paper's gamma for the block "
                       "size (4 at 8, 7 at 16); 0: every offset alike")
+      tm.add_argument("--anchors", type=int, default=0, help="blocks per training window; "
+                      "default (0): one per block length. More cost LM-head rows, not target "
+                      "forwards")
+      tm.add_argument("--warm", action="store_true", help="start the drafter as the target's "
+                      "last --num-layers layers and final norm, fc passing the deepest tap "
+                      "through, rather than from noise")
     tm.set_defaults(fn=cmd_train_heads)
   m2 = tsub.add_parser("medusa2", help="Medusa-2: Medusa heads and LoRA adapters on the target's "
                        "layers trained together, with KL(original || adapted) keeping the adapted "

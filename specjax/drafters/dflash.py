@@ -227,11 +227,12 @@ def drafter(c: DFlashConfig, params: dict) -> DFlashDrafter:
 
 def init_params(target, *, block_size: int = 8, mask_token_id: int | None = None,
                 num_layers: int = 1, target_layer_ids=None, seed: int = 0,
-                scale: float = 0.02) -> tuple[DFlashConfig, dict]:
+                scale: float = 0.02, warm: bool = False) -> tuple[DFlashConfig, dict]:
   """A fresh drafter for `target`: the target's attention and MLP shapes, weights N(0, scale^2)
   (fc N(0, (scale / 0.02)^2 / nE)), norms at one. mask_token_id is required (no target has one
   that means "masked" to DFlash until it is trained so); target_layer_ids default to the published
-  spread of num_layers layers. Returns (config, flat params in the target's dtype)."""
+  spread of num_layers layers. warm: start from the target instead (`warm_params`). Returns
+  (config, flat params in the target's dtype)."""
   tc = target.config
   if mask_token_id is None:
     raise InputError("mask_token_id is missing: DFlash fills its block with a mask token; give "
@@ -250,7 +251,51 @@ def init_params(target, *, block_size: int = 8, mask_token_id: int | None = None
   check_config(c)
   module = DFlashDrafter(c, getattr(target, "dtype", jnp.float32), seed=seed, scale=scale)
   _, state = nnx.split(module)
-  return c, {_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+  params = {_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+  return c, (warm_params(c, params, target) if warm else params)
+
+
+def warm_params(c: DFlashConfig, params: dict, target) -> dict:
+  """A drafter that starts as the target's last layers rather than noise: drafter layer i is
+  target layer L - n + i (attention, MLP and their norms; q/k norms at one), `norm` the target's
+  final norm, and `fc` passes the deepest tapped state through (identity on its slice, zero on
+  the other taps: they still get gradients) normed by `hidden_norm` = layer L - n's input norm.
+  With the deepest tap at L - n - 1 (the state entering layer L - n), the first drafter layer's
+  context values are the ones that target layer computes, its keys too up to the per-head key
+  norm. The rest is learned; this only moves the start (docs/training.md, "DFlash")."""
+  flat = {path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(target.params)[0]}
+  tl, n, e = c.num_target_layers, c.num_layers, c.hidden_size
+  tc = target.config
+  if (tc.norm, tc.activation, tc.gated_mlp) != ("rms", "silu", True):
+    raise InputError(f"warm=True copies the target's layers into Qwen3-style ones (RMSNorm, "
+                     f"SwiGLU); this target has {tc.norm} norms and a {tc.activation} MLP "
+                     f"(gated: {tc.gated_mlp}): start the drafter from noise (warm=False)")
+  if ("layers", 0, "attn", "wqkv") not in flat or ("layers", 0, "attn", "bqkv") in flat:
+    raise InputError("warm=True reads the target's float layers (wqkv, no biases): load the "
+                     "target with float weights to start a drafter from it")
+  dtype = params["fc"].dtype
+  out = dict(params)
+  taps = len(c.target_layer_ids)
+  fc = np.zeros(np.shape(params["fc"]), np.float32)
+  fc[(taps - 1) * e:] = np.eye(e, dtype=np.float32)
+  out["fc"] = jnp.asarray(fc, dtype)
+  out["norm"] = jnp.asarray(flat[("final_norm", "scale")], dtype)
+  out["hidden_norm"] = jnp.asarray(flat[("layers", tl - n, "attn_norm", "scale")], dtype)
+  for i in range(n):
+    src, o = ("layers", tl - n + i), f"layers.{i}."
+    wqkv = np.asarray(flat[src + ("attn", "wqkv")], np.float32)  # [E,K,G+2,D]
+    g = wqkv.shape[2] - 2
+    w_in = np.asarray(flat[src + ("mlp", "w_in")], np.float32)  # [E,2,F]: gate, up
+    qk = {x: flat.get(src + ("attn", x, "scale"), params[o + x]) for x in ("q_norm", "k_norm")}
+    for name, x in (("attn_norm", flat[src + ("attn_norm", "scale")]),
+                    ("mlp_norm", flat[src + ("mlp_norm", "scale")]),
+                    ("wq", wqkv[:, :, :g].reshape(e, -1, wqkv.shape[3])),
+                    ("wk", wqkv[:, :, g]), ("wv", wqkv[:, :, g + 1]),
+                    ("q_norm", qk["q_norm"]), ("k_norm", qk["k_norm"]),
+                    ("wo", flat[src + ("attn", "wo")]), ("w_gate", w_in[:, 0]),
+                    ("w_up", w_in[:, 1]), ("w_down", flat[src + ("mlp", "w_out")])):
+      out[o + name] = jnp.asarray(np.asarray(x, np.float32), dtype)
+  return out
 
 
 def check_fits(c: DFlashConfig, params: dict, target, what: str) -> None:

@@ -62,10 +62,12 @@ def sample_anchors(rng, mask, num: int):
   return idx.astype(jnp.int32), jnp.isfinite(top)
 
 
-def make_loss(target, heads, decay: float | None = None):
+def make_loss(target, heads, decay: float | None = None, anchors: int = 0):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for a DFlash drafter on `target`.
 
   decay: the offsets' loss decay gamma (None: `default_decay` of the block size; 0: uniform).
+  anchors: blocks per window (0: `anchors_per_window`, about one per block length). More anchors
+  cost LM-head rows, not target forwards (the target runs once per window whatever the count).
   batch: {"tokens" [B,T], "mask" [B,T] (True where the next token is the target's text)}.
   frozen: training/features.frozen_arrays (the target's params, its LM head's rows)."""
   c = heads.config
@@ -78,11 +80,11 @@ def make_loss(target, heads, decay: float | None = None):
     tokens, mask = batch["tokens"], batch["mask"]
     b, t = tokens.shape
     feats = target_features(graphdef, frozen["target"], tokens, c.taps, raw_taps=True)
-    anchors, ok = sample_anchors(rng, mask, anchors_per_window(t, bs))
+    starts, ok = sample_anchors(rng, mask, min(anchors, t - 1) or anchors_per_window(t, bs))
     h = anchored_hidden(drafter(c, params), frozen["target"]["embed"][...], tokens,
-                        feats[..., :n_feats], anchors, bs, c.mask_token_id)  # [B,A,bs,E]
+                        feats[..., :n_feats], starts, bs, c.mask_token_id)  # [B,A,bs,E]
     logits = jnp.einsum("bage,ve->bagv", h[:, :, 1:], frozen["head"]).astype(jnp.float32)
-    at = anchors[:, :, None] + jnp.arange(1, bs)[None, None, :]  # [B,A,G] label positions
+    at = starts[:, :, None] + jnp.arange(1, bs)[None, None, :]  # [B,A,G] label positions
     inside = at < t
     at = jnp.minimum(at, t - 1)
     labels = jnp.take_along_axis(tokens, at.reshape(b, -1), axis=1).reshape(at.shape)

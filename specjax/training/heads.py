@@ -54,7 +54,7 @@ DEFAULT_NUM_HEADS = {"medusa": 4, "eagle": 1, "mtp": 2, "eagle3": 1, "dflash": 1
 ALONE = ("eagle3", "dflash")  # kinds that read other target features than the rest: trained alone
 
 
-def make_loss(target, heads_by: dict, *, unroll: int = 1, decay: float | None = None):
+def make_loss(target, heads_by: dict, *, unroll: int = 1, dflash_loss: dict | None = None):
   """loss_fn(params, batch, rng, frozen) -> (loss, metrics) for one or several kinds of heads.
 
   heads_by: kind -> Heads. batch: (tokens [B,T], valid [B,T], mask [B,T]) as `train_heads` builds
@@ -62,11 +62,12 @@ def make_loss(target, heads_by: dict, *, unroll: int = 1, decay: float | None = 
   the EAGLE head's taps, if any) and every kind's loss reads its features. One kind: params and
   metrics are that kind's own. Several: params is a dict kind -> params, the losses add, and
   metrics are "<kind>/<name>" plus the first kind's count. unroll: EAGLE's (eagle.make_loss);
-  decay: DFlash's offset loss decay (dflash.make_loss)."""
+  dflash_loss: DFlash's loss options, decay and anchors (dflash.make_loss)."""
   kinds = tuple(heads_by)
   joint = len(kinds) > 1
   if kinds[0] in ALONE:  # its own target forward (the raw states at its taps)
-    own = (dflash.make_loss(target, heads_by["dflash"], decay) if kinds[0] == "dflash" else
+    own = (dflash.make_loss(target, heads_by["dflash"], **(dflash_loss or {}))
+           if kinds[0] == "dflash" else
            eagle3.make_loss(target, heads_by["eagle3"], unroll=unroll))
     return lambda params, batch, rng, frozen: own(
         params, {"tokens": batch[0], "mask": batch[2]}, rng, frozen)
@@ -138,7 +139,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
   kinds = parse_kinds(kind)
   joint = len(kinds) > 1
   out_dir = out_dir or f"runs/{'+'.join(kinds)}"
-  dflash, decay = _dflash_options(dflash)
+  dflash, dflash_loss = _dflash_options(dflash)
   per_kind = _heads_per_kind(kinds, num_heads)
   _check_args(kinds, per_kind, export=export, num_layers=num_layers, vocab_size=vocab_size,
               batch_size=batch_size, seq_len=seq_len, max_held_out_windows=max_held_out_windows,
@@ -162,30 +163,39 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     batches = trainer.row_batches((tok, valid, mask), batch_size, seed)
     params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
     res = trainer.train(params if joint else params[kinds[0]],
-                        make_loss(target, heads_by, unroll=unroll, decay=decay), batches, config,
-                        held_out=held, frozen=frozen, log=log,
+                        make_loss(target, heads_by, unroll=unroll, dflash_loss=dflash_loss),
+                        batches, config, held_out=held, frozen=frozen, log=log,
                         title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
                         + f", Vs={'all' if vocab is None else len(vocab)}")
     meta = dict(target=target_name, steps=res.step, lr=lr, batch_size=batch_size, seq_len=seq_len,
                 trained_with=list(kinds), unroll=unroll, init=None if init is None else str(init),
-                **({"loss_decay": resolved_decay(heads_by["dflash"].config.block_size, decay)}
-                   if kinds == ("dflash",) else {}),
+                **(_dflash_meta(heads_by, dflash, dflash_loss) if kinds == ("dflash",) else {}),
                 corpus={c: corpus.meta[c] for c in ("model", "vocab_size", "weights_sha256")
                         if c in corpus.meta})
     out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
     return out if joint else out[kinds[0]]
 
 
-def _dflash_options(dflash: dict | None) -> tuple[dict, float | None]:
-  """train_heads' dflash options -> (the drafter's shape, for init_heads; the loss decay gamma:
-  None, the paper's for the block size, or a number >= 0), without changing the caller's dict."""
+def _dflash_meta(heads_by: dict, dflash: dict, loss: dict) -> dict:
+  """What a DFlash run records beside every run's meta: its loss decay, anchors and start."""
+  return {"loss_decay": resolved_decay(heads_by["dflash"].config.block_size, loss["decay"]),
+          "anchors": loss["anchors"], "warm": bool(dflash.get("warm"))}
+
+
+def _dflash_options(dflash: dict | None) -> tuple[dict, dict]:
+  """train_heads' dflash options -> (the drafter's shape and start, for init_heads; the loss's
+  options: decay, the offsets' loss decay gamma, None for the paper's for the block size or a
+  number >= 0, and anchors, blocks per window, 0 for one per block length), without changing the
+  caller's dict."""
   dflash = dict(dflash or {})
   decay = dflash.pop("loss_decay", None)
   if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))
                             or not decay >= 0):
     raise InputError(f"loss_decay={decay!r} is invalid: a number >= 0 (0: every block offset "
                      "weighs alike; omit it for the paper's gamma)")
-  return dflash, decay
+  anchors = dflash.pop("anchors", 0) or 0
+  check_int("anchors", anchors, 0, 4096, " (blocks per training window; 0: one per block length)")
+  return dflash, {"decay": decay, "anchors": anchors}
 
 
 def train_medusa(target="smollm2-135m", corpus=None, **kw):

@@ -272,9 +272,11 @@ def test_train_lowers_the_loss_and_resumes_to_the_same_parameters(target, tmp_pa
     m.setattr(heads_train, "train_heads",
               lambda kind, model, corpus, **kw: seen.update(kind=kind, **kw))
     cli.main(["train", "dflash", "--corpus", "/c", "--mask-token", "60", "--block-size", "4",
-              "--target-layers", "0,2", "--num-layers", "2", "--loss-decay", "2.5"])
+              "--target-layers", "0,2", "--num-layers", "2", "--loss-decay", "2.5",
+              "--anchors", "12", "--warm"])
   assert seen["kind"] == "dflash" and seen["num_layers"] == 2 and seen["dflash"] == dict(
-      block_size=4, mask_token_id=60, target_layer_ids=(0, 2), loss_decay=2.5)
+      block_size=4, mask_token_id=60, target_layer_ids=(0, 2), loss_decay=2.5, anchors=12,
+      warm=True)
 
   rng = np.random.default_rng(0)
   corpus = FakeCorpus([rng.integers(0, V - 1, 24).tolist() for _ in range(24)], [2] * 24, V)
@@ -391,3 +393,58 @@ def test_a_single_path_tree_is_the_chain():
   assert path.tokens == chain.tokens == wide.tokens
   assert path.stats["accepted_depth_hist"] == chain.stats["accepted_depth_hist"]
   assert wide.stats["tree_nodes"] == len(DFLASH_TREE) and wide.stats["block_size"] == 4
+
+
+def test_warm_start_is_the_targets_last_layers(hf, target):
+  """warm=True: drafter layer i is target layer L - n + i, read back in z-lab's layout against the
+  checkpoint's own tensors (so the fused-qkv split is checked against transformers' names), the
+  final norm is the target's, and fc passes the deepest tap through: the first layer's context
+  keys are that target layer's keys of the deepest tapped state (normed per head, as a Qwen3
+  layer's are)."""
+  from specjax.drafters.dflash import drafter, to_published
+  from specjax.model import apply_rope, rms_unit
+
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=BS, num_layers=2,
+                        target_layer_ids=(0, LAYERS - 3), warm=True)
+  ts, _ = to_published(heads.config, heads.params)
+  ref = transformers.AutoModelForCausalLM.from_pretrained(hf[0]).state_dict()
+  for i in range(2):
+    src = f"model.layers.{LAYERS - 2 + i}."
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+                 "post_attention_layernorm"):
+      np.testing.assert_allclose(ts[f"layers.{i}.{name}.weight"], ref[src + name + ".weight"]
+                                 .numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{i} {name}")
+  np.testing.assert_allclose(ts["norm.weight"], ref["model.norm.weight"].numpy(), rtol=1e-6)
+  feats = np.random.default_rng(0).standard_normal((1, 6, 2 * E)).astype(np.float32)
+  pos = jnp.arange(6)[None]
+  module = drafter(heads.config, heads.params)
+  k, _ = module.context_kv(jnp.asarray(feats), pos)[0]
+  w = ref[f"model.layers.{LAYERS - 2}.self_attn.k_proj.weight"].numpy()
+  g = ref[f"model.layers.{LAYERS - 2}.input_layernorm.weight"].numpy()
+  x = g * np.asarray(rms_unit(jnp.asarray(feats[..., E:]), heads.config.norm_eps))
+  want = rms_unit(jnp.asarray((x @ w.T).reshape(1, 6, -1, heads.config.head_dim)),
+                  heads.config.norm_eps)  # the drafter's per-head key norm, at one
+  np.testing.assert_allclose(np.asarray(k), np.asarray(apply_rope(jnp.asarray(want),
+                                                                  *module.rope(pos))),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_more_anchors_score_more_blocks(target):
+  """`anchors` sets the blocks per training window (default about one per block length): more
+  anchors score more offsets from the same target forward; a bad count is named before loading."""
+  from specjax.training import dflash as dflash_train
+  from specjax.training import heads as heads_train
+  from specjax.training.features import frozen_arrays
+
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=BS, seed=3)
+  batch = {"tokens": jnp.asarray(np.random.default_rng(1).integers(0, V - 1, (2, 24)), jnp.int32),
+           "mask": jnp.ones((2, 24), bool)}
+  frozen = frozen_arrays(target, heads)
+  count = {a: int(jax.jit(dflash_train.make_loss(target, heads, anchors=a))(
+      heads.params, batch, jax.random.key(0), frozen)[1]["count"]) for a in (0, 20)}
+  assert count[0] <= 2 * (24 // BS) * (BS - 1) < 2 * (20 * (BS - 1) - 6) <= count[20]
+  for bad in (-1, 2.5, True):
+    with pytest.raises(InputError, match="anchors"):
+      heads_train.train_heads("dflash", "/nowhere", None, dflash=dict(
+          block_size=BS, mask_token_id=MASK, anchors=bad))
