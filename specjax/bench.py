@@ -30,6 +30,12 @@ from specjax.prompts import (MT_BENCH_CATEGORIES, PROMPT_SETS,  # noqa: F401
                              load_prompt_sets, spec_bench_categories)
 
 
+# The CPU arithmetics a GGUF target runs in, as `load_model` keywords: float32 weights, the
+# file's blocks times float32 activations, and llama.cpp's W4A8 (the blocks times int8 blocks).
+ARITHMETICS = {"float32": {}, "blocks": {"weights": "blocks"},
+               "w4a8": {"weights": "blocks", "activations": "int8"}}
+
+
 def median(xs: Sequence[float]) -> float:
   return float(statistics.median(xs)) if len(xs) else float("nan")
 

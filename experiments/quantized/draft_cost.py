@@ -25,8 +25,6 @@ from specjax import bench, calibrate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = "smollm2-135m"
-ARITHMETICS = {"float32": {}, "blocks": {"weights": "blocks"},
-               "w4a8": {"weights": "blocks", "activations": "int8"}}
 BITS = (4, 8)
 
 
@@ -68,7 +66,8 @@ def main(argv=None):
   reps, rounds = (5, 1) if args.quick else (args.reps, args.rounds)
   t_start = time.time()
   info = bench.machine_info()
-  models = {a: sj.load_model(args.model, tokenizer=False, **kw) for a, kw in ARITHMETICS.items()}
+  models = {a: sj.load_model(args.model, tokenizer=False, **kw)
+            for a, kw in bench.ARITHMETICS.items()}
   res = {"command": bench.command_line(), "q": measure(models, reps, rounds)}
   res["machine"] = bench.finish_machine_info(info, t_start)
   stem = "draft_cost_quick" if args.quick else "draft_cost"

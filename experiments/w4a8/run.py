@@ -36,8 +36,6 @@ from specjax import bench  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = "smollm2-135m"
-ARITHMETICS = {"float32": {}, "blocks": {"weights": "blocks"},
-               "w4a8": {"weights": "blocks", "activations": "int8"}}
 METHODS = ("prompt-lookup", "draft", "medusa", "eagle", "mtp", "hybrid", "quantized")
 
 
@@ -89,7 +87,7 @@ def main(argv=None):
   sizes = (1, 4, 16) if args.quick else (1, 2, 4, 8, 16, 32, 64)
   t_start = time.time()
   info = bench.machine_info()
-  models = {name: sj.load_model(MODEL, **kw) for name, kw in ARITHMETICS.items()}
+  models = {name: sj.load_model(MODEL, **kw) for name, kw in bench.ARITHMETICS.items()}
   sets = {"chat": (bench.load_prompt_set("mt_bench", n, fallback=True)[0], True),
           "code": (bench.load_prompt_set("humaneval", n, fallback=True)[0], False)}
   res = {"command": bench.command_line(), "curves": cost_curves(models, sizes, 3 if args.quick else 9),
