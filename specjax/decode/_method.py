@@ -126,5 +126,12 @@ class Program:
     with phase(VERIFY):
       return nnx.merge(self.graphdef, params)(tokens, positions, cache, mask, **kw)
 
+  def head(self, params, hidden):
+    """The target's LM head over final-normed hidden [..., E] (the prefill's packed rows)."""
+    from flax import nnx
+
+    with phase(VERIFY):
+      return nnx.merge(self.graphdef, params).head(hidden)
+
   def causal_mask(self, lengths, num_new):
     return kv.causal_mask(lengths, num_new, self.max_len, self.config.sliding_window)

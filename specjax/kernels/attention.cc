@@ -64,6 +64,19 @@ inline long last_visible(const uint8_t* m, long s) {
   return hi;
 }
 
+// The first visible column among the first hi of a token's mask row (hi: none visible).
+inline long first_visible(const uint8_t* m, long hi) {
+  long lo = 0;
+  while (lo + 8 <= hi) {  // eight slots at a time past other rows' slots of a packed prefill
+    uint64_t word;
+    std::memcpy(&word, m + lo, 8);
+    if (word) break;
+    lo += 8;
+  }
+  while (lo < hi && !m[lo]) ++lo;
+  return lo;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------- 8-lane vectors
@@ -271,15 +284,18 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   auto mrow = [&](long r) { return c->mask + (bi * t + (r0 + r) / g) * w; };
   auto key = [&](long j) { return j < s ? kc + j * d : kn + (j - s) * ldn; };
   auto val = [&](long j) { return j < s ? vc + j * d : vn + (j - s) * ldn; };
-  long hi = 0, tn = 0;
+  long hi = 0, tn = 0, lo = s;
   for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
     if (r == 0 || mrow(r) != mrow(r - 1)) {
-      hi = std::max(hi, last_visible(mrow(r), s));
+      const long last = last_visible(mrow(r), s);
+      hi = std::max(hi, last);
+      if (last > 0) lo = std::min(lo, first_visible(mrow(r), last));
       tn = std::max(tn, last_visible(mrow(r) + s, t));
     }
-  // The columns to read, in order: cache [0, hi), then new entries [s, s + tn).
+  // The columns to read, in order: cache [lo, hi), then new entries [s, s + tn). (Which tile a
+  // column falls in changes nothing: each row's visible list keeps its order.)
   auto tiles = [&](auto&& fn) {
-    for (long j0 = 0; j0 < hi; j0 += kTile) fn(j0, std::min(hi, j0 + kTile));
+    for (long j0 = lo; j0 < hi; j0 += kTile) fn(j0, std::min(hi, j0 + kTile));
     for (long j0 = s; j0 < s + tn; j0 += kTile) fn(j0, std::min(s + tn, j0 + kTile));
   };
   long count[256];  // (rows per chunk are capped at 256 by the caller)
