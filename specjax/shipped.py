@@ -31,7 +31,7 @@ from specjax import distributed, sharding, validate
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.model import Model, path_key
 
-KINDS = ("draft", "medusa", "eagle", "mtp", "medusa2")
+KINDS = ("draft", "medusa", "eagle", "mtp", "medusa2", "dflash")
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
 
@@ -51,11 +51,13 @@ class Drafter:
 
 DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
     Drafter("smollm2-135m-draft", "draft", "smollm2-135m", "smollm2-135m-draft.npz"),
-    # Heads (Medusa / EAGLE / MTP) are loaded by specjax.heads.load_heads; a missing asset says
+    # Heads (Medusa / EAGLE / MTP / DFlash) are loaded by specjax.heads.load_heads; a missing asset says
     # how to train it.
     Drafter("smollm2-135m-medusa", "medusa", "smollm2-135m", "smollm2-135m-medusa.npz"),
     Drafter("smollm2-135m-eagle", "eagle", "smollm2-135m", "smollm2-135m-eagle.npz"),
     Drafter("smollm2-135m-mtp", "mtp", "smollm2-135m", "smollm2-135m-mtp.npz"),
+    # DFlash: a block-diffusion drafter (specjax/drafters/dflash.py), loaded as heads too.
+    Drafter("smollm2-135m-dflash", "dflash", "smollm2-135m", "smollm2-135m-dflash.npz"),
     # Medusa-2: LoRA adapters for the target and Medusa heads for the adapted model, one asset:
     # sj.load_model(name) is the adapted target (specjax.lora), sj.load_heads(name) its heads.
     Drafter("smollm2-135m-medusa2", "medusa2", "smollm2-135m", "smollm2-135m-medusa2.npz"),

@@ -448,3 +448,25 @@ def test_more_anchors_score_more_blocks(target):
     with pytest.raises(InputError, match="anchors"):
       heads_train.train_heads("dflash", "/nowhere", None, dflash=dict(
           block_size=BS, mask_token_id=MASK, anchors=bad))
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_dflash(smollm2):
+  """The shipped DFlash drafter fits SmolLM2, carries its training record (held-out acceptance
+  per block offset, its start and anchors), and decodes exactly: greedy at batch 1 and 2 with
+  the block it was trained for and a shorter one, and by name with its cost-curve sizes."""
+  heads = sj.load_heads("smollm2-135m-dflash", smollm2)
+  c, meta = heads.config, heads.meta
+  assert c.kind == "dflash" and c.block_size == 8 and c.target_layer_ids == (1, 14, 27)
+  held = meta["held_out"]
+  assert held["top1_0"] > 0.2 and held["top5_0"] > held["top1_0"]
+  assert meta["warm"] is True and meta["anchors"] == 48
+  prompts = ["Write a haiku about the sea.", "def fibonacci(n):"]
+  ref = sj.generate(smollm2, prompts, max_new_tokens=24, chat=True).tokens
+  for block in (8, 3):
+    out = sj.generate(smollm2, prompts, sj.DFlash(heads, block_size=block), max_new_tokens=24,
+                      chat=True)
+    assert out.tokens == ref, block
+    assert out.stats["mean_accepted"] > 1.0
+  assert sj.generate(smollm2, prompts[:1], "dflash", max_new_tokens=24,
+                     chat=True).tokens == ref[:1]
