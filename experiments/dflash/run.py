@@ -81,6 +81,8 @@ def measure(target, methods: dict, ps, args) -> list[dict]:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--model", default="smollm2-135m", help="the target: a name, HF dir or .gguf")
+  ap.add_argument("--arithmetic", default="float32", choices=sorted(bench.ARITHMETICS),
+                  help="the target's arithmetic (blocks, w4a8: a GGUF target's own blocks)")
   ap.add_argument("--heads", default=None, help="DFlash heads (a shipped name or .npz; default "
                   "the target's shipped DFlash drafter)")
   ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
@@ -101,7 +103,7 @@ def main(argv=None):
   info = bench.machine_info()
   t_start = time.time()
 
-  target = sj.load_model(args.model)
+  target = sj.load_model(args.model, **bench.ARITHMETICS[args.arithmetic])
   heads = sj.load_heads(args.heads or f"{target.name}-dflash", target)
   trained = heads.config.block_size
   blocks = (sorted({int(b) for b in args.blocks.split(",")}) if args.blocks
@@ -111,6 +113,8 @@ def main(argv=None):
   print(f"{args.model}: {target}; heads {heads.config.describe()}; {len(ps)} prompts x "
         f"{args.new} tokens; blocks {blocks}", flush=True)
   methods = {f"dflash/{b}": sj.DFlash(heads, block_size=b) for b in blocks}
+  if args.heads is None:  # by name: the shipped drafter, sized from the cost curve
+    methods["dflash"] = "dflash"
   if not args.no_eagle and sj_methods.get("eagle").available(target):
     methods["eagle"] = "eagle"
   rows = measure(target, methods, ps, args)
@@ -120,7 +124,8 @@ def main(argv=None):
       r["predicted"] = predicted_tau(held, r["block"])
 
   bench.finish_machine_info(info, t_start)
-  data = {"experiment": "dflash_block_size", "model": args.model, "args": vars(args),
+  data = {"experiment": "dflash_block_size", "model": args.model,
+          "arithmetic": args.arithmetic, "args": vars(args),
           "machine": info, "heads": heads.config.describe(), "trained_block": trained,
           "held_out": held, "training": {k: heads.meta.get(k) for k in
                                          ("steps", "batch_size", "seq_len", "lr", "loss_decay")},
@@ -138,7 +143,7 @@ def markdown(data: dict) -> str:
   sets = list(dict.fromkeys(r["set"] for r in data["rows"]))
   by = {(r["method"], r["set"]): r for r in data["rows"]}
   t = data.get("training", {})
-  lines = [f"Target {data['model']}; {data['heads']}; trained {t.get('steps')} steps of "
+  lines = [f"Target {data['model']} ({data.get('arithmetic', 'float32')}); {data['heads']}; trained {t.get('steps')} steps of "
            f"{t.get('batch_size')} x {t.get('seq_len')} tokens (loss decay "
            f"{t.get('loss_decay')}); {len(data['prompts'])} prompts x {data['args']['new']} new "
            f"tokens, greedy, batch 1; {bench.machine_summary(data['machine'])}.", "",
