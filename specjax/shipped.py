@@ -51,8 +51,8 @@ class Drafter:
 
 DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
     Drafter("smollm2-135m-draft", "draft", "smollm2-135m", "smollm2-135m-draft.npz"),
-    # Heads (Medusa / EAGLE / MTP / DFlash) are loaded by specjax.heads.load_heads; a missing asset says
-    # how to train it.
+    # Heads (Medusa / EAGLE / MTP / DFlash) are loaded by specjax.heads.load_heads; a missing
+    # asset says how to train it.
     Drafter("smollm2-135m-medusa", "medusa", "smollm2-135m", "smollm2-135m-medusa.npz"),
     Drafter("smollm2-135m-eagle", "eagle", "smollm2-135m", "smollm2-135m-eagle.npz"),
     Drafter("smollm2-135m-mtp", "mtp", "smollm2-135m", "smollm2-135m-mtp.npz"),

@@ -143,7 +143,8 @@ def markdown(data: dict) -> str:
   sets = list(dict.fromkeys(r["set"] for r in data["rows"]))
   by = {(r["method"], r["set"]): r for r in data["rows"]}
   t = data.get("training", {})
-  lines = [f"Target {data['model']} ({data.get('arithmetic', 'float32')}); {data['heads']}; trained {t.get('steps')} steps of "
+  lines = [f"Target {data['model']} ({data.get('arithmetic', 'float32')}); {data['heads']}; "
+           f"trained {t.get('steps')} steps of "
            f"{t.get('batch_size')} x {t.get('seq_len')} tokens (loss decay "
            f"{t.get('loss_decay')}); {len(data['prompts'])} prompts x {data['args']['new']} new "
            f"tokens, greedy, batch 1; {bench.machine_summary(data['machine'])}.", "",
