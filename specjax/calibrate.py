@@ -55,7 +55,7 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 QUICK_SIZES = (1, 2, 4, 8, 16)
 REPS, QUICK_REPS = 7, 3
 CACHE_LEN, FILLED = 512, 256
-FORMAT = 2  # 2: the curve from the envelope of the seconds
+FORMAT = 3  # 2: the curve from the envelope of the seconds; 3: inputs traced, not constants
 
 # The curve used when calibration is switched off: SmolLM2-135M in float32 with the CPU kernel on
 # the 2-core CPU this project benchmarks on, the mean of two quiet runs (docs/performance.md,
@@ -74,6 +74,24 @@ def folder() -> str:
   return build.user_cache("calibration")
 
 
+def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FILLED):
+  """(f, args): f(params, *args) runs one T-token forward (model.apply, batch 1, a cache of
+  `cache_len` slots with `filled` entries) -> logits [1,T,V], jitted, compiled and run once.
+
+  The cache, tokens, positions and mask are arguments of the compiled function, as they are in
+  decoding. As constants, XLA would fold the model's rope guard (`model._once`: its predicate reads
+  the positions) and evaluate cos and sin inside every layer's rotation, which decoding never
+  does, so the probe would time a forward that decoding does not run."""
+  cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
+  toks = jnp.zeros((1, t), jnp.int32)
+  pos = filled + jnp.arange(t, dtype=jnp.int32)[None]
+  mask = kv.causal_mask(cache.lengths, t, cache_len)
+  f = jax.jit(lambda p, c, toks, pos, mask: model.apply(p, toks, pos, c, mask)[0])
+  args = (cache, toks, pos, mask)
+  jax.block_until_ready(f(model.params, *args))
+  return f, args
+
+
 def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
                     reps: int = REPS) -> dict[int, float]:
   """{T: median seconds of one T-token forward}: model.apply jitted per T (compiled and run once
@@ -84,20 +102,14 @@ def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: i
              file=sys.stderr, disable=None, leave=False)
   fns = {}
   for t in sizes:
-    cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
-    toks = jnp.zeros((1, t), jnp.int32)
-    pos = filled + jnp.arange(t)[None]
-    mask = kv.causal_mask(cache.lengths, t, cache_len)
-    f = jax.jit(lambda p, c, toks=toks, pos=pos, mask=mask: model.apply(p, toks, pos, c, mask)[0])
-    jax.block_until_ready(f(model.params, cache))
-    fns[t] = (f, cache)
+    fns[t] = forward_probe(model, t, cache_len=cache_len, filled=filled)
     bar.update()
   times = {t: [] for t in sizes}
   for _ in range(reps):
     for t in sizes:
-      f, cache = fns[t]
+      f, args = fns[t]
       t0 = time.perf_counter()
-      jax.block_until_ready(f(model.params, cache))
+      jax.block_until_ready(f(model.params, *args))
       times[t].append(time.perf_counter() - t0)
     bar.update()
   bar.close()

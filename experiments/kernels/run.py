@@ -44,8 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import specjax as sj  # noqa: E402
-from specjax import cache as kv  # noqa: E402
-from specjax import kernels, packing  # noqa: E402
+from specjax import calibrate, kernels, packing  # noqa: E402
 
 
 def bandwidth_probe(gb: float = 1.0, reps: int = 5) -> dict[str, float]:
@@ -92,21 +91,12 @@ XLA_ATTENTION = "kernel, XLA attention"  # the --attention variant: dense kernel
 
 
 def forward_fns(model, sizes, cache_len=512, filled=256, name=""):
-  """T -> (jitted f(params, cache) -> logits [1,T,V], cache) on a cache with `filled` entries
-  (traced with XLA's attention when name is XLA_ATTENTION)."""
+  """T -> (f, args): f(params, *args) -> logits [1,T,V] on a cache with `filled` entries
+  (calibrate.forward_probe; traced with XLA's attention when name is XLA_ATTENTION)."""
   if name == XLA_ATTENTION:
     with xla_attention():
       return forward_fns(model, sizes, cache_len, filled)
-  fns = {}
-  for t in sizes:
-    cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
-    toks = jnp.zeros((1, t), jnp.int32)
-    pos = filled + jnp.arange(t)[None]
-    mask = kv.causal_mask(cache.lengths, t, cache_len)
-    f = jax.jit(lambda p, c, toks=toks, pos=pos, mask=mask: model.apply(p, toks, pos, c, mask)[0])
-    jax.block_until_ready(f(model.params, cache))
-    fns[t] = (f, cache)
-  return fns
+  return {t: calibrate.forward_probe(model, t, cache_len=cache_len, filled=filled) for t in sizes}
 
 
 def cost_curves(models: dict, sizes, reps: int) -> dict[str, dict[int, list[float]]]:
@@ -116,9 +106,9 @@ def cost_curves(models: dict, sizes, reps: int) -> dict[str, dict[int, list[floa
   for _ in range(reps):
     for name, m in models.items():
       for t in sizes:
-        f, cache = fns[name][t]
+        f, args = fns[name][t]
         t0 = time.perf_counter()
-        jax.block_until_ready(f(m.params, cache))
+        jax.block_until_ready(f(m.params, *args))
         times[name][t].append(1000 * (time.perf_counter() - t0))
   return times
 
@@ -131,8 +121,8 @@ def check_outputs(models: dict, sizes) -> float:
   for t in sizes:
     outs = {}
     for name, m in models.items():
-      f, cache = forward_fns(m, [t])[t]
-      outs[name] = np.asarray(f(m.params, cache))
+      f, args = forward_fns(m, [t])[t]
+      outs[name] = np.asarray(f(m.params, *args))
     d = np.abs(outs[ker_name] - outs[ref_name]).max() / np.abs(outs[ref_name]).max()
     worst = max(worst, float(d))
   return worst

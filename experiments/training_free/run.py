@@ -20,12 +20,11 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import specjax as sj  # noqa: E402
-from specjax import cache as kv  # noqa: E402
+from specjax import calibrate  # noqa: E402
 from specjax import methods as sj_methods  # noqa: E402
 
 PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "prompts")
@@ -64,20 +63,12 @@ def cost_curve(model, sizes, cache_len=512, filled=256, reps=5) -> dict[int, flo
   Sizes are interleaved and the minimum of reps kept: on a shared machine the minimum is the
   least-disturbed estimate of what the forward costs.
   """
-  fns = {}
-  for t in sizes:
-    cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
-    toks = jnp.zeros((1, t), jnp.int32)
-    pos = filled + jnp.arange(t)[None]
-    mask = kv.causal_mask(cache.lengths, t, cache_len)
-    f = jax.jit(lambda p, c, toks=toks, pos=pos, mask=mask: model.apply(p, toks, pos, c, mask)[0])
-    jax.block_until_ready(f(model.params, cache))
-    fns[t] = (f, cache)
+  fns = {t: calibrate.forward_probe(model, t, cache_len=cache_len, filled=filled) for t in sizes}
   times = {t: [] for t in sizes}
   for _ in range(reps):
-    for t, (f, cache) in fns.items():
+    for t, (f, args) in fns.items():
       t0 = time.perf_counter()
-      jax.block_until_ready(f(model.params, cache))
+      jax.block_until_ready(f(model.params, *args))
       times[t].append(time.perf_counter() - t0)
   return {t: 1000 * min(v) for t, v in times.items()}
 
