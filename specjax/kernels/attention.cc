@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "isa.h"
 
@@ -109,6 +110,23 @@ inline float v_hsum(V8 a) {
   const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
+// v_hsum of eight registers at once, out[u] = v_hsum(a[u]): the same additions in the same tree
+// (lo + hi halves, then lanes 0 + 2 and 1 + 3, then those two), four and eight sums per
+// instruction.
+inline void v_hsum8(const V8* a, float* out) {
+  __m256 h[4];  // h[i] = [lo + hi of a[2i] | lo + hi of a[2i + 1]]
+  for (int i = 0; i < 4; ++i)
+    h[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i].v, a[2 * i + 1].v, 0x20),
+                         _mm256_permute2f128_ps(a[2 * i].v, a[2 * i + 1].v, 0x31));
+  __m256 q[2];  // per 128-bit half: (l0 + l2, l1 + l3) of two registers' h
+  for (int i = 0; i < 2; ++i)
+    q[i] = _mm256_add_ps(_mm256_shuffle_ps(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // f holds a[0], a[2], a[4], a[6] | a[1], a[3], a[5], a[7]
+  _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 inline float v_hmax(V8 a) {
   const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
@@ -166,6 +184,9 @@ inline V8 v_zero_below(V8 a, V8 x, float lo) { SJ_LANES(x.v[l] >= lo ? a.v[l] : 
 inline float v_hsum(V8 a) {
   const float* x = a.v;
   return ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
+}
+inline void v_hsum8(const V8* a, float* out) {
+  for (int u = 0; u < 8; ++u) out[u] = v_hsum(a[u]);
 }
 inline float v_hmax(V8 a) {
   float m = a.v[0];
@@ -244,6 +265,118 @@ inline void softmax(float* p, long n) {
   for (i = 0; i < n8; i += 8) v_store(p + i, v_mul(v_load(p + i), inv));
 }
 
+// Rows taken together where they share a visible list (the query heads of one token): their
+// scores and their sums over v read each key and value once for all of them. Three rows of eight
+// keys (or 64 lanes of v) are 24 accumulators: registers enough on the AVX-512 part (32), not on
+// AVX2's 16, which takes one row at a time. A row's arithmetic is the same either way.
+#if SJ_PART == SJ_AVX512
+constexpr int kGroupRows = 3;
+#else
+constexpr int kGroupRows = 1;
+#endif
+
+// The scores of R rows' queries q[r] against the keys at columns js[0, n), eight keys at a time:
+// 8 R independent chains, each folding its pair's products exactly as dot() does (lane l: e = l
+// mod 8, in order of e), then v_hsum8's tree, which is v_hsum's. So out[r][i] = dot(q[r],
+// key(js[i]), d), whichever keys and rows share a pass (a short last eight repeats its last key
+// and drops the extra sums). d: a multiple of 8.
+template <int R, class Key>
+void dots(const float* const* q, Key key, const int32_t* js, long n, long d, float* const* out) {
+  for (long i = 0; i < n; i += 8) {
+    const long m = std::min(8L, n - i);
+    const float* kp[8];
+    for (int u = 0; u < 8; ++u) kp[u] = key(js[i + (u < m ? u : m - 1)]);
+    V8 acc[R][8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u)
+      for (int r = 0; r < R; ++r) acc[r][u] = v_zero();
+    for (long e = 0; e < d; e += 8) {
+      V8 qe[R];
+      for (int r = 0; r < R; ++r) qe[r] = v_load(q[r] + e);
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) {
+        const V8 ku = v_load(kp[u] + e);
+        for (int r = 0; r < R; ++r) acc[r][u] = v_fma(qe[r], ku, acc[r][u]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float sums[8];
+      v_hsum8(acc[r], sums);
+      for (long u = 0; u < m; ++u) out[r][i + u] = sums[u];
+    }
+  }
+}
+
+// o[r][e0, e0 + 8 NV) = fma(p[r][i], v_i[e0, e0 + 8 NV), o[r]) over the entries i = 0, 1, ..., n
+// - 1 in order, skipping a row's entries whose p is 0, the R rows' o in registers meanwhile: each
+// lane is one chain of fmas in the entries' order, the order the arithmetic fixes.
+template <int R, int NV, class Val>
+void pv_slab(const float* const* p, const int32_t* js, long n, Val val, long e0, float* const* o) {
+  V8 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) acc[r][u] = v_load(o[r] + e0 + 8 * u);
+  for (long i = 0; i < n; ++i) {
+    const float* v = val(js[i]) + e0;
+    bool all = true;
+    for (int r = 0; r < R; ++r) all = all && p[r][i] != 0.0f;
+    if (all) {
+      V8 pv[R];
+      for (int r = 0; r < R; ++r) pv[r] = v_set(p[r][i]);
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        const V8 vu = v_load(v + 8 * u);
+        for (int r = 0; r < R; ++r) acc[r][u] = v_fma(pv[r], vu, acc[r][u]);
+      }
+    } else {  // (an entry whose exp underflowed to 0 in some row: that row skips it)
+      for (int r = 0; r < R; ++r) {
+        if (p[r][i] == 0.0f) continue;
+        const V8 pr = v_set(p[r][i]);
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; ++u) acc[r][u] = v_fma(pr, v_load(v + 8 * u), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) v_store(o[r] + e0 + 8 * u, acc[r][u]);
+}
+
+// o[r][0, d) = fma(p[r][i], v_i[0, d), o[r]) over the entries in order: slabs of up to 64 lanes
+// in registers, the tail past a multiple of 8 lane by lane (the same fma).
+template <int R, class Val>
+void pv(const float* const* p, const int32_t* js, long n, Val val, long d, float* const* o) {
+  const long d8 = d / 8 * 8;
+  for (long e0 = 0; e0 < d8; e0 += 64) {
+    switch (std::min(8L, (d8 - e0) / 8)) {
+      case 1: pv_slab<R, 1>(p, js, n, val, e0, o); break;
+      case 2: pv_slab<R, 2>(p, js, n, val, e0, o); break;
+      case 3: pv_slab<R, 3>(p, js, n, val, e0, o); break;
+      case 4: pv_slab<R, 4>(p, js, n, val, e0, o); break;
+      case 5: pv_slab<R, 5>(p, js, n, val, e0, o); break;
+      case 6: pv_slab<R, 6>(p, js, n, val, e0, o); break;
+      case 7: pv_slab<R, 7>(p, js, n, val, e0, o); break;
+      default: pv_slab<R, 8>(p, js, n, val, e0, o); break;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (long e = d8; e < d; ++e)
+      for (long i = 0; i < n; ++i)
+        if (p[r][i] != 0.0f) o[r][e] = std::fma(p[r][i], val(js[i])[e], o[r][e]);
+}
+
+// Calls fn.template operator()<R>() with R = rows (1 .. kGroupRows), a compile-time count.
+template <class Fn>
+inline void with_rows(long rows, Fn&& fn) {
+  if constexpr (kGroupRows >= 3) {
+    if (rows == 3) return fn(std::integral_constant<int, 3>());
+  }
+  if constexpr (kGroupRows >= 2) {
+    if (rows == 2) return fn(std::integral_constant<int, 2>());
+  }
+  fn(std::integral_constant<int, 1>());
+}
+
 // o[0, d) = fma(p, v[0, d), o) (the tail past a multiple of 8 lane by lane: the same fma).
 inline void axpy(float p, const float* v, long d, float* o) {
   const V8 pv = v_set(p);
@@ -267,8 +400,12 @@ inline void uniform(const Call* c, const float* vc, long ldc, const float* vn, l
 // of K, then of V, stays in L1 while every row of the chunk uses it), and the chunk reads the
 // cache up to the last slot any of its rows sees and the new entries up to the last one any of
 // its rows sees (a causal block, e.g. a prompt's prefill with an empty cache: the chunk of its
-// first tokens reads only those). scratch: (r1 - r0) * (S + T + 8) floats for the visible
-// lists' probabilities and as many int32 for their columns.
+// first tokens reads only those). Within a tile, a token's query heads (up to kGroupRows) go
+// together, and each row's scores and sum over v run as independent chains, eight keys or 64
+// lanes at a time, held in registers: one key or value at a time, each score a dependent chain
+// and o kept in memory, the kernel was bound by the chains' latency (2.6x slower at 16 tokens of
+// SmolLM2; experiments/kernels/README.md, "Decode attention"). scratch: (r1 - r0) * (S + T + 8)
+// floats for the visible lists' probabilities and as many int32 for their columns.
 constexpr long kTile = 64;
 
 void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t* col) {
@@ -298,17 +435,39 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
     for (long j0 = lo; j0 < hi; j0 += kTile) fn(j0, std::min(hi, j0 + kTile));
     for (long j0 = s; j0 < s + tn; j0 += kTile) fn(j0, std::min(s + tn, j0 + kTile));
   };
+  // Groups: runs of up to kGroupRows consecutive rows with one mask row (one token's heads).
+  long gstart[257], ngroups = 0;
+  for (long r = 0; r < nrow;) {
+    long e = r + 1;
+    while (e < nrow && e - r < kGroupRows && mrow(e) == mrow(r)) ++e;
+    gstart[ngroups++] = r;
+    r = e;
+  }
+  gstart[ngroups] = nrow;
+  // A group's visible list is kept in its first row's col; count per row (-1: sees nothing).
   long count[256];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) count[r] = 0;
   tiles([&](long j0, long j1) {
-    for (long r = 0; r < nrow; ++r) {
+    for (long gi = 0; gi < ngroups; ++gi) {
+      const long r = gstart[gi], nr = gstart[gi + 1] - r;
       const uint8_t* m = mrow(r);
-      const float* q = c->q + at(r);
+      int32_t* cr = col + r * ld + count[r];
+      long n = 0;
       for (long j = j0; j < j1; ++j)
-        if (m[j]) {
-          prob[r * ld + count[r]] = capped(dot(q, key(j), d) * c->scale, c->softcap);
-          col[r * ld + count[r]++] = int32_t(j);
-        }
+        if (m[j]) cr[n++] = int32_t(j);
+      const float* q[kGroupRows] = {};
+      float* pr[kGroupRows] = {};
+      for (long u = 0; u < nr; ++u) q[u] = c->q + at(r + u), pr[u] = prob + (r + u) * ld + count[r];
+      if (d % 8 == 0) {
+        with_rows(nr, [&](auto R) { dots<R()>(q, key, cr, n, d, pr); });
+      } else {
+        for (long u = 0; u < nr; ++u)
+          for (long i = 0; i < n; ++i) pr[u][i] = dot(q[u], key(cr[i]), d);
+      }
+      for (long u = 0; u < nr; ++u) {
+        for (long i = 0; i < n; ++i) pr[u][i] = capped(pr[u][i] * c->scale, c->softcap);
+        count[r + u] += n;
+      }
     }
   });
   for (long r = 0; r < nrow; ++r) {
@@ -316,7 +475,6 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
     for (long e = 0; e < d; ++e) o[e] = 0.0f;
     if (count[r] == 0) {
       uniform(c, vc, d, vn, ldn, o);
-      count[r] = -1;
     } else {
       softmax(prob + r * ld, count[r]);
     }
@@ -324,13 +482,17 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   long next[256];
   for (long r = 0; r < nrow; ++r) next[r] = 0;
   tiles([&](long j0, long j1) {
-    for (long r = 0; r < nrow; ++r) {
-      float* o = c->o + at(r);
-      const float* p = prob + r * ld;
+    for (long gi = 0; gi < ngroups; ++gi) {
+      const long r = gstart[gi], nr = gstart[gi + 1] - r;
+      if (count[r] == 0) continue;  // (the uniform average, already in o)
       const int32_t* cr = col + r * ld;
-      long& i = next[r];
-      for (; i < count[r] && cr[i] < j1; ++i)
-        if (p[i] != 0.0f) axpy(p[i], val(cr[i]), d, o);
+      long i = next[r];
+      while (i < count[r] && cr[i] < j1) ++i;
+      const float* p[kGroupRows] = {};
+      float* o[kGroupRows] = {};
+      for (long u = 0; u < nr; ++u) p[u] = prob + (r + u) * ld + next[r], o[u] = c->o + at(r + u);
+      with_rows(nr, [&](auto R) { pv<R()>(p, cr + next[r], i - next[r], val, d, o); });
+      next[r] = i;
     }
   });
 }

@@ -86,6 +86,60 @@ def test_prefill_without_a_cache(isa_path):
     assert rel < 1e-5, (isa_path, (b, k, t, g, d, cap), rel)
 
 
+def _alone(args, bi, tok):
+  """The operands of a one-token call holding token `tok` of batch row bi alone: the cache
+  extended by the call's earlier new entries, so that token sees the same columns in the same
+  order."""
+  q, kc, vc, kn, vn, mask = (np.asarray(a) for a in args)
+  s = kc.shape[2]
+  ext = [np.concatenate([c[bi:bi + 1], np.swapaxes(n[bi:bi + 1, :tok], 1, 2)], axis=2)
+         for c, n in ((kc, kn), (vc, vn))]
+  m = np.concatenate([mask[bi, tok, :s + tok], mask[bi, tok, s + tok:s + tok + 1]])[None, None]
+  return tuple(jnp.asarray(a) for a in (q[bi:bi + 1, tok:tok + 1], ext[0], ext[1],
+                                        kn[bi:bi + 1, tok:tok + 1], vn[bi:bi + 1, tok:tok + 1], m))
+
+
+@needs_kernel
+def test_each_row_has_the_bits_of_its_token_alone():
+  """Batch invariance in the kernel itself: every row of a T-token call (query heads taken
+  together, 1 to 5 per kv head; random cache slots and earlier entries seen; queries large enough that some
+  probabilities underflow to 0 in some heads of a token and not in others) equals, bit for bit,
+  a call holding its token alone over the same columns, and every instruction-set path gives
+  those bits."""
+  rng = np.random.default_rng(7)
+  paths = isa_paths(attention)
+  before = attention.isa()
+  try:
+    for b, k, t, g, s, d, hot in ((1, 2, 6, 3, 40, 64, 1.0), (2, 1, 5, 4, 30, 64, 40.0),
+                                  (1, 1, 4, 5, 20, 256, 40.0), (1, 3, 3, 2, 70, 20, 1.0),
+                                  (1, 1, 7, 1, 9, 64, 40.0)):
+      args = list(_case(rng, b, k, t, g, s, d))
+      args[0] = args[0] * hot
+      mask = np.asarray(args[5]).copy()  # random cache slots seen; new entries: a causal chain
+      mask[:, :, s:] = np.tril(np.ones((t, t), bool)) & (rng.random((b, t, t)) < 0.8)
+      mask[:, :, s:] |= np.eye(t, dtype=bool)
+      args[5] = jnp.asarray(mask)
+      call = jax.jit(lambda *a: attention._kernel(*a, 0.125, 0.0))
+      outs = {}
+      for path in paths:
+        attention.set_isa(path)
+        outs[path] = np.asarray(call(*args))
+      first = outs[paths[0]]
+      for path in paths[1:]:
+        np.testing.assert_array_equal(outs[path].view(np.uint32), first.view(np.uint32), path)
+      attention.set_isa(paths[0])
+      seen = np.asarray(args[5]).any(-1)  # (a row that sees nothing averages every column)
+      for bi in range(b):
+        for tok in range(t):
+          if not seen[bi, tok]:
+            continue
+          one = np.asarray(call(*_alone(args, bi, tok)))[0, 0]
+          np.testing.assert_array_equal(one.view(np.uint32), first[bi, tok].view(np.uint32),
+                                        ((b, k, t, g, s, d, hot), bi, tok))
+  finally:
+    attention.set_isa(before)
+
+
 @needs_kernel
 def test_unseen_slots_are_never_read():
   """Slots no row sees may hold anything (NaN included): the kernel reads up to each row's last
