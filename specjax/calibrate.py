@@ -55,7 +55,9 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 QUICK_SIZES = (1, 2, 4, 8, 16)
 REPS, QUICK_REPS = 7, 3
 CACHE_LEN, FILLED = 512, 256
-FORMAT = 3  # 2: the curve from the envelope of the seconds; 3: inputs traced, not constants
+FORMAT = 4  # 2: the curve from the envelope of the seconds; 3: inputs traced, not constants;
+# 4: LOOP forwards per call
+LOOP = 4  # forwards per timed call (forward_probe's loop)
 
 # The curve used when calibration is switched off: SmolLM2-135M in float32 with the CPU kernel on
 # the 2-core CPU this project benchmarks on, the mean of two quiet runs (docs/performance.md,
@@ -74,19 +76,37 @@ def folder() -> str:
   return build.user_cache("calibration")
 
 
-def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FILLED):
-  """(f, args): f(params, *args) runs one T-token forward (model.apply, batch 1, a cache of
-  `cache_len` slots with `filled` entries) -> logits [1,T,V], jitted, compiled and run once.
+def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
+                  loop: int = 1):
+  """(f, args): f(params, *args) runs `loop` T-token forwards one after the other (model.apply,
+  batch 1, a cache of `cache_len` slots with `filled` entries) -> the last one's logits [1,T,V],
+  jitted, compiled and run once.
 
   The cache, tokens, positions and mask are arguments of the compiled function, as they are in
   decoding. As constants, XLA would fold the model's rope guard (`model._once`: its predicate reads
   the positions) and evaluate cos and sin inside every layer's rotation, which decoding never
-  does, so the probe would time a forward that decoding does not run."""
+  does, so the probe would time a forward that decoding does not run.
+
+  loop > 1: the forwards run inside one compiled loop, as a decoding step's forward runs inside
+  the decoding loop, so one call's dispatch (the parameters' ~300 arrays passed from Python,
+  about 1 ms) is shared by `loop` forwards instead of inflating the one-token forward and so
+  deflating every c(T). Each forward's tokens depend on the last one's logits (a NaN test that
+  never holds), so none can be hoisted or skipped."""
   cache = kv.rollback(model.init_cache(1, cache_len), jnp.array([filled]))
   toks = jnp.zeros((1, t), jnp.int32)
   pos = filled + jnp.arange(t, dtype=jnp.int32)[None]
   mask = kv.causal_mask(cache.lengths, t, cache_len)
-  f = jax.jit(lambda p, c, toks, pos, mask: model.apply(p, toks, pos, c, mask)[0])
+
+  def run(p, c, toks, pos, mask):
+    first = model.apply(p, toks, pos, c, mask)[0]
+
+    def again(_, logits):
+      nxt = toks + jnp.isnan(logits[0, 0, 0]).astype(toks.dtype)
+      return model.apply(p, nxt, pos, c, mask)[0]
+
+    return first if loop == 1 else jax.lax.fori_loop(1, loop, again, first)
+
+  f = jax.jit(run)
   args = (cache, toks, pos, mask)
   jax.block_until_ready(f(model.params, *args))
   return f, args
@@ -94,15 +114,15 @@ def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FI
 
 def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
                     reps: int = REPS) -> dict[int, float]:
-  """{T: median seconds of one T-token forward}: model.apply jitted per T (compiled and run once
-  before timing), then `reps` rounds that each time every size once. On a terminal a progress
+  """{T: median seconds of one T-token forward}: LOOP forwards per call (forward_probe, compiled
+  and run once per T before timing), then `reps` rounds that each time every size once. On a terminal a progress
   bar on stderr counts the compiles and the rounds (tqdm: silent elsewhere)."""
   sizes = sorted(set([1, *sizes]))
   bar = tqdm(total=len(sizes) + reps, desc="cost curve: compiling, then timing", unit="step",
              file=sys.stderr, disable=None, leave=False)
   fns = {}
   for t in sizes:
-    fns[t] = forward_probe(model, t, cache_len=cache_len, filled=filled)
+    fns[t] = forward_probe(model, t, cache_len=cache_len, filled=filled, loop=LOOP)
     bar.update()
   times = {t: [] for t in sizes}
   for _ in range(reps):
@@ -110,7 +130,7 @@ def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: i
       f, args = fns[t]
       t0 = time.perf_counter()
       jax.block_until_ready(f(model.params, *args))
-      times[t].append(time.perf_counter() - t0)
+      times[t].append((time.perf_counter() - t0) / LOOP)
     bar.update()
   bar.close()
   return {t: float(statistics.median(v)) for t, v in times.items()}
