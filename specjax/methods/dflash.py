@@ -36,7 +36,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from specjax import acceptance, sampling
 from specjax import cache as kv
@@ -45,7 +44,8 @@ from specjax.drafters.dflash import drafter
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods import sizing, verify
-from specjax.methods.features import check_heads
+from specjax.methods.features import check_heads, check_vocab, target_logits, to_tokens
+from specjax.packing import subset_head
 from specjax.sampling import top_k_ids
 from specjax.tree import as_tree
 
@@ -60,10 +60,14 @@ class DFlash(Method):
   Medusa-format paths [(0,), (1,), (0, 0), ...]; depth d reads offset d's ranked tokens), verified
   in one forward; its depth must fit in the block (block_size left out: the tree's depth + 1).
   Left out together with block_size, the cost curve picks a chain or a tree, whichever the heads'
-  held-out acceptance predicts faster."""
+  held-out acceptance predicts faster. vocab: token ids [Vs] the drafter proposes over (FR-Spec
+  style: the target's LM-head rows of those ids score the block, so a draft costs Vs rows instead
+  of all V; q is zero outside them and verification uses the target's full p, so decoding stays
+  exact); left out: the heads' own subset if their file records one, else the whole vocabulary."""
   heads: Any = dataclasses.field(default=None, compare=False, repr=False)
   block_size: int | None = None
   tree: Any = None
+  vocab: Any = dataclasses.field(default=None, compare=False, repr=False)
   key: tuple = dataclasses.field(default=(), init=False, repr=False)
   left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
 
@@ -89,10 +93,12 @@ class DFlash(Method):
       raise InputError(f"tree path {deep} has depth {len(deep)}, but a block of "
                        f"block_size={self.block_size} drafts {self.block_size - 1} offsets: each "
                        f"depth reads one offset")
+    vocab = check_vocab(self.vocab if self.vocab is not None else self.heads.vocab, c.vocab_size)
+    object.__setattr__(self, "vocab", vocab)
     if tree is not None:
-      check_int("tree ranks (max rank + 1)", tree.ranks_needed(), 1, c.vocab_size,
-                " (the vocabulary's size)")
-    object.__setattr__(self, "key", (c,))
+      check_int("tree ranks (max rank + 1)", tree.ranks_needed(), 1,
+                c.vocab_size if vocab is None else vocab.size, " (the drafted vocabulary's size)")
+    object.__setattr__(self, "key", (c, None if vocab is None else vocab.tobytes()))
 
   def prepare(self, model) -> "DFlash":
     """block_size, if left out, from the cost curve and the heads' held-out top-1 per block
@@ -115,7 +121,10 @@ class DFlash(Method):
     check_fits(self.heads, model)
 
   def arrays(self, model):
-    return {"p": dict(self.heads.params), "embed": model.params["embed"][...]}
+    out = {"p": dict(self.heads.params), "embed": model.params["embed"][...]}
+    if self.vocab is not None:
+      out.update(subset_head(model, self.vocab))  # vocab [Vs], head [Vs,E]
+    return out
 
   def _context(self, arrays, ctx: kv.KVCache, hidden, positions, start):
     """ctx with the context K/V of hidden [B,T,(n+1)E] (the taps, then the final feature) at
@@ -138,8 +147,8 @@ class DFlash(Method):
     return {"ctx": ctx.replace(lengths=state.cache.lengths), **verify.depth_counts(b, depth)}
 
   def block_logits(self, prog: Program, params, arrays, state: DecodeState):
-    """One drafter forward over the block. Returns (logits [B,G,V] of offsets 1 .. G, positions
-    [B,G+1] of the block), G = block_size - 1."""
+    """One drafter forward over the block. Returns (logits [B,G,V] of offsets 1 .. G, or [B,G,Vs]
+    over a vocabulary subset; positions [B,G+1] of the block), G = block_size - 1."""
     c = self.heads.config
     ctx = state.method["ctx"]
     b, bs = state.seq.shape[0], self.block_size
@@ -152,7 +161,7 @@ class DFlash(Method):
                             jnp.ones((b, bs, bs), bool)], axis=-1)
     layers = [(layer["k"], layer["v"]) for layer in ctx.layers]
     h = drafter(c, arrays["p"])(arrays["embed"][toks], pos, layers, mask)
-    return nnx.merge(prog.graphdef, params).head(h[:, 1:]), pos  # [B,G,V]
+    return target_logits(prog, params, arrays, h[:, 1:]), pos  # [B,G,V or Vs]
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:
     m = state.method
@@ -163,16 +172,18 @@ class DFlash(Method):
       logits, pos = self.block_logits(prog, params, arrays, state)
     state = state.replace(key=key)
     if self.tree is None:
-      q = sampling.probs(logits, state.sp)
-      draft = sampling.sample(k_draft, logits, state.sp, p=q)
+      q = sampling.probs(logits, state.sp)  # [B,G,V or Vs]
+      draft = to_tokens(arrays, sampling.sample(k_draft, logits, state.sp, p=q))
 
-      def rule(k, d, target_logits, sp):  # exact rejection sampling with the drafter's own q
-        return acceptance.verify_chain(k, d, q, target_logits, sp)
+      def rule(k, d, tlogits, sp):  # exact rejection sampling with the drafter's own q
+        full = q if "vocab" not in arrays else jnp.zeros(
+            q.shape[:-1] + tlogits.shape[-1:], q.dtype).at[..., arrays["vocab"]].set(q)
+        return acceptance.verify_chain(k, d, full, tlogits, sp)
 
       state, n, hidden = verify.chain(prog, params, state, k_acc, draft, rule=rule)
     else:
       t = self.tree
-      cands = top_k_ids(logits[:, :t.max_depth], t.ranks_needed())  # [B,D,R]
+      cands = to_tokens(arrays, top_k_ids(logits[:, :t.max_depth], t.ranks_needed()))  # [B,D,R]
       state, _, n, keep, hidden = verify.static_tree(prog, params, state, k_acc, t.take(cands), t,
                                                      rule="exact")
       hidden = jnp.take_along_axis(hidden, keep[:, :, None], axis=1)  # the accepted path's

@@ -41,6 +41,7 @@ from specjax.calibrate import measure_cost_ratio  # noqa: F401 (the timing lives
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.methods import sizing, verify
+from specjax.methods.features import check_vocab
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 
@@ -54,22 +55,6 @@ def leviathan_speedup(alpha: float, gamma: float, c: float, verify: float = 1.0)
   alpha = min(max(float(alpha), 0.0), 1.0)
   tau = gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
   return tau / (gamma * c + verify)
-
-
-def _check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
-  """vocab: distinct token ids (1-D) a drafter proposes over, or None; returns int32 or None."""
-  if vocab is None:
-    return None
-  arr = np.asarray(vocab)
-  ok = arr.ndim == 1 and arr.size > 0 and np.issubdtype(arr.dtype, np.integer)
-  if ok and (arr.min() < 0 or len(np.unique(arr)) != arr.size or
-             (vocab_size is not None and arr.max() >= vocab_size)):
-    ok = False
-  if not ok:
-    bound = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
-    raise InputError(f"vocab must be distinct token ids in {bound} as a 1-D array, got "
-                     f"shape {arr.shape} dtype {arr.dtype}")
-  return arr.astype(np.int32)
 
 
 class _Speculative(verify.ChainSizes, Method):
@@ -289,7 +274,7 @@ class DraftModel(_Speculative):
       raise InputError(f"draft={self.draft!r} is invalid: must be a specjax Model "
                        f"(e.g. sj.load_model('smollm2-135m-draft'))")
     vocab = self.vocab if self.vocab is not None else getattr(self.draft, "vocab_subset", None)
-    vocab = _check_vocab(vocab, self.draft.config.vocab_size)
+    vocab = check_vocab(vocab, self.draft.config.vocab_size)
     object.__setattr__(self, "vocab", vocab)
     c = self.draft.config
     object.__setattr__(self, "key", (self.draft.graphdef, c, None if vocab is None else vocab.size,
@@ -379,7 +364,7 @@ class SelfSpeculative(_Speculative):
     sizing.left_out(self, {"gamma": 5})
     super().__post_init__()
     check_int("exit_layer", self.exit_layer, 1)
-    object.__setattr__(self, "vocab", _check_vocab(self.vocab))
+    object.__setattr__(self, "vocab", check_vocab(self.vocab))
 
   def prepare(self, model) -> "SelfSpeculative":
     """gamma, if left out, from the cost curve and the untrained exit's prior (sizing)."""
@@ -391,7 +376,7 @@ class SelfSpeculative(_Speculative):
       raise InputError(f"exit_layer={self.exit_layer} is invalid for a {n}-layer target: "
                        f"must be in [1, {n - 1}]")
     if self.vocab is not None:
-      _check_vocab(self.vocab, model.config.vocab_size)
+      check_vocab(self.vocab, model.config.vocab_size)
 
   def arrays(self, model):
     return {} if self.vocab is None else subset_head(model, self.vocab)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax import cache as kv
@@ -71,6 +72,22 @@ def mtp_logits(prog: Program, params, arrays, mod, h: jax.Array):
 def to_tokens(arrays, ids: jax.Array) -> jax.Array:
   """Indices into the head's vocabulary -> token ids."""
   return arrays["vocab"][ids] if "vocab" in arrays else ids
+
+
+def check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
+  """vocab: distinct token ids (1-D) a drafter proposes over, or None; returns int32 or None."""
+  if vocab is None:
+    return None
+  arr = np.asarray(vocab)
+  ok = arr.ndim == 1 and arr.size > 0 and np.issubdtype(arr.dtype, np.integer)
+  if ok and (arr.min() < 0 or len(np.unique(arr)) != arr.size or
+             (vocab_size is not None and arr.max() >= vocab_size)):
+    ok = False
+  if not ok:
+    bound = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
+    raise InputError(f"vocab must be distinct token ids in {bound} as a 1-D array, got "
+                     f"shape {arr.shape} dtype {arr.dtype}")
+  return arr.astype(np.int32)
 
 
 def embed(table, tokens: jax.Array) -> jax.Array:

@@ -52,7 +52,8 @@ from specjax.decode import DecodeState
 from specjax.errors import InputError, check_int
 from specjax.kernels import quant
 from specjax.methods import sizing
-from specjax.methods.draft import _check_vocab, _Speculative
+from specjax.methods.draft import _Speculative
+from specjax.methods.features import check_vocab
 from specjax.methods.prompt_lookup import ngram_search
 from specjax.model import forward_sequence, head_rows
 
@@ -138,7 +139,7 @@ class QuantizedDraft(_Speculative):
     if self.lookup and (self.cache != "shared" or self.threshold > 0):
       raise InputError(f"lookup={self.lookup} (multi-level drafting) needs cache='shared' and "
                        f"threshold=0; got cache={self.cache!r}, threshold={self.threshold}")
-    vocab = _check_vocab(self.vocab)
+    vocab = check_vocab(self.vocab)
     if vocab is not None and self.lookup:
       raise InputError(f"vocab (a draft vocabulary subset) applies to one-level drafting; got "
                        f"lookup={self.lookup}")
@@ -152,7 +153,7 @@ class QuantizedDraft(_Speculative):
 
   def validate(self, model) -> None:
     if self.vocab is not None:
-      _check_vocab(self.vocab, model.config.vocab_size)
+      check_vocab(self.vocab, model.config.vocab_size)
 
   @property
   def extra_slots(self) -> int:

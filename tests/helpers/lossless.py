@@ -221,20 +221,26 @@ SAMPLING_METHODS += [
 # tree with the multi-draft rule for fixed candidates.
 
 
-def _dflash(block_size=None, tree=None):
+def _dflash(block_size=None, tree=None, subset=False):
+  """subset: the drafter proposes over every other token id only (FR-Spec style: q is zero
+  outside them, and the target's p verifies)."""
   def make(target):
-    heads = sj.init_heads(target, "dflash", mask_token_id=target.config.vocab_size - 1,
-                          block_size=4, seed=4, scale=0.3)
-    return sj.DFlash(heads, block_size=block_size, tree=tree)
+    v = target.config.vocab_size
+    heads = sj.init_heads(target, "dflash", mask_token_id=v - 1, block_size=4, seed=4, scale=0.3)
+    return sj.DFlash(heads, block_size=block_size, tree=tree,
+                     vocab=np.arange(0, v, 2) if subset else None)
   return make
 
 
 # The tree variant: offset d's ranked tokens as candidates (two at depth 1, a second branch under
 # the runner-up), verified in one forward.
 DFLASH_TREE = [(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0)]
-GREEDY_METHODS += [("dflash/random", _dflash()), ("dflash/tree", _dflash(tree=DFLASH_TREE))]
+GREEDY_METHODS += [("dflash/random", _dflash()), ("dflash/tree", _dflash(tree=DFLASH_TREE)),
+                   ("dflash/subset", _dflash(subset=True)),
+                   ("dflash/tree-subset", _dflash(tree=DFLASH_TREE, subset=True))]
 SAMPLING_METHODS += [("dflash/exact", _dflash(block_size=3)),
-                     ("dflash/tree-exact", _dflash(tree=DFLASH_TREE[:4]))]
+                     ("dflash/tree-exact", _dflash(tree=DFLASH_TREE[:4])),
+                     ("dflash/subset-exact", _dflash(block_size=3, subset=True))]
 
 
 # ----------------------------------------------------------------------------- sampling

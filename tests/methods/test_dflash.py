@@ -217,6 +217,40 @@ def test_export_round_trips_bit_exact(hf, target, published, tmp_path):
     assert np.array_equal(np.asarray(back.params[name]), np.asarray(x)), name
 
 
+def test_a_vocabulary_subset_scores_its_rows_of_the_full_block(target, published):
+  """DFlash(vocab=ids): the block's logits over the subset are the full block's at those ids (the
+  target's LM-head rows of the subset), and drafts map back to token ids; the subset's greedy and
+  sampling exactness are the lossless suite's (dflash/subset, dflash/subset-exact)."""
+  heads = sj.load_heads(published[0], target)
+  ids = np.arange(1, V, 3)
+  full, sub = sj.DFlash(heads, block_size=BS), sj.DFlash(heads, block_size=BS, vocab=ids)
+  prompts = [[5, 17, 3, 44, 8], [12, 33, 21, 7, 8, 8, 59, 0]]
+  b, p = len(prompts), 8
+  toks = np.zeros((b, p), np.int32)
+  for i, x in enumerate(prompts):
+    toks[i, :len(x)] = x
+  out = {}
+  for name, method in (("full", full), ("sub", sub)):
+    prog = decode.Program(target.graphdef, target.config, method, 48)
+    arr = method.arrays(target)
+    sp = sampling.SamplingParams.make(b)
+
+    def first_block(params, arr, toks, method=method, prog=prog, sp=sp):
+      state, hidden = decode.prefill(prog, params, toks, jnp.array([len(x) for x in prompts]),
+                                     jnp.full((b,), 32), sp, jax.random.PRNGKey(0),
+                                     jnp.full((1,), -1, jnp.int32), method.max_emit)
+      state = state.replace(method=method.init(prog, arr, state, hidden))
+      return method.block_logits(prog, params, arr, state)[0]
+
+    out[name] = np.asarray(jax.jit(first_block)(target.params, arr, toks))
+  assert out["sub"].shape[-1] == ids.size
+  np.testing.assert_allclose(out["sub"], out["full"][..., ids], rtol=1e-5, atol=1e-5)
+  with pytest.raises(InputError, match=r"vocab must be distinct token ids in \[0, 61\)"):
+    sj.DFlash(heads, vocab=[3, 3, 4])
+  with pytest.raises(InputError, match=r"tree ranks \(max rank \+ 1\)=3 is invalid"):
+    sj.DFlash(heads, vocab=[3, 4], tree=[(0,), (1,), (2,)])
+
+
 def test_bad_input_is_named(target, published, tmp_path):
   d, sd, cfg = published
   heads = sj.load_heads(d, target)
