@@ -3,6 +3,7 @@ Speculative Decoding"), with the trained drafter: what each block size buys in a
 in speed, beside EAGLE by name.
 
     python experiments/dflash/run.py [--quick] [--heads NAME_OR_FILE] [--out DIR]
+        [--arithmetic w4a8] [--subset-from smollm2-135m-eagle]
     python experiments/dflash/run.py --render results_quick.json   # rewrite its .md / .png
 
 For every block size b from 2 to the block the drafter was trained for, sj.DFlash(heads,
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -95,6 +97,9 @@ def main(argv=None):
   ap.add_argument("--blocks", default=None, help="block sizes (default 2 .. the trained block)")
   ap.add_argument("--repeats", type=int, help="timed runs of each side per prompt, alternating")
   ap.add_argument("--no-eagle", action="store_true", help="leave EAGLE by name out")
+  ap.add_argument("--subset-from", default=None,
+                  help="heads (a shipped name or .npz) whose vocabulary subset a second row per "
+                  "block drafts over (DFlash(vocab=...), rows dflash/B/subset)")
   ap.add_argument("--render", help="rewrite the report (.md, .png) from this results JSON and exit")
   args = ap.parse_args(argv)
   if args.render:
@@ -113,15 +118,22 @@ def main(argv=None):
   print(f"{args.model}: {target}; heads {heads.config.describe()}; {len(ps)} prompts x "
         f"{args.new} tokens; blocks {blocks}", flush=True)
   methods = {f"dflash/{b}": sj.DFlash(heads, block_size=b) for b in blocks}
+  if args.subset_from:
+    vocab = sj.load_heads(args.subset_from, target).vocab
+    if vocab is None:
+      sys.exit(f"--subset-from {args.subset_from}: those heads draft over the whole vocabulary")
+    methods.update({f"dflash/{b}/subset": sj.DFlash(heads, block_size=b, vocab=vocab)
+                    for b in blocks})
   if args.heads is None:  # by name: the shipped drafter, sized from the cost curve
     methods["dflash"] = "dflash"
   if not args.no_eagle and sj_methods.get("eagle").available(target):
     methods["eagle"] = "eagle"
   rows = measure(target, methods, ps, args)
   for r in rows:
-    if r["method"].startswith("dflash/"):
-      r["block"] = int(r["method"].split("/")[1])
-      r["predicted"] = predicted_tau(held, r["block"])
+    if r["method"].startswith("dflash/"):  # dflash/B, or dflash/B/subset (not plotted)
+      parts = r["method"].split("/")
+      r["block" if len(parts) == 2 else "subset_block"] = int(parts[1])
+      r["predicted"] = predicted_tau(held, int(parts[1]))
 
   bench.finish_machine_info(info, t_start)
   data = {"experiment": "dflash_block_size", "model": args.model,
