@@ -115,8 +115,9 @@ def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FI
 def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
                     reps: int = REPS) -> dict[int, float]:
   """{T: median seconds of one T-token forward}: LOOP forwards per call (forward_probe, compiled
-  and run once per T before timing), then `reps` rounds that each time every size once. On a terminal a progress
-  bar on stderr counts the compiles and the rounds (tqdm: silent elsewhere)."""
+  and run once per T before timing), then `reps` rounds that each time every size once. On a
+  terminal a progress bar on stderr counts the compiles and the rounds (tqdm: silent
+  elsewhere)."""
   sizes = sorted(set([1, *sizes]))
   bar = tqdm(total=len(sizes) + reps, desc="cost curve: compiling, then timing", unit="step",
              file=sys.stderr, disable=None, leave=False)

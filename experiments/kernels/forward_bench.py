@@ -5,7 +5,8 @@ in one arithmetic, timed in this process: milliseconds and c(T) = ms(T) / ms(1).
         [--reps 31] [--loop 4] [--label NAME]
 
 The probe is the cost curve's (`specjax.calibrate.forward_probe`, --loop forwards per timed
-call), the sizes interleaved within every rep, medians printed on one line (prefixed by --label). For an A/B of a kernel edit, run it
+call), the sizes interleaved within every rep, medians printed on one line (prefixed by
+--label). For an A/B of a kernel edit, run it
 once per version of the source, alternating, several rounds: each version builds its own library
 (the build key hashes the source), so switching back and forth costs nothing after the first
 build.

@@ -102,10 +102,10 @@ def _alone(args, bi, tok):
 @needs_kernel
 def test_each_row_has_the_bits_of_its_token_alone():
   """Batch invariance in the kernel itself: every row of a T-token call (query heads taken
-  together, 1 to 5 per kv head; random cache slots and earlier entries seen; queries large enough that some
-  probabilities underflow to 0 in some heads of a token and not in others) equals, bit for bit,
-  a call holding its token alone over the same columns, and every instruction-set path gives
-  those bits."""
+  together, 1 to 5 per kv head; random cache slots and earlier entries seen; queries large
+  enough that some probabilities underflow to 0 in some heads of a token and not in others)
+  equals, bit for bit, a call holding its token alone over the same columns, and every
+  instruction-set path gives those bits."""
   rng = np.random.default_rng(7)
   paths = isa_paths(attention)
   before = attention.isa()
