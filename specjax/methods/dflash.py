@@ -44,7 +44,8 @@ from specjax.drafters.dflash import drafter
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods import sizing, verify
-from specjax.methods.features import check_heads, check_vocab, target_logits, to_tokens
+from specjax.methods.features import (check_heads, check_vocab, over_vocab, target_logits,
+                                      to_tokens)
 from specjax.packing import subset_head
 from specjax.sampling import top_k_ids
 from specjax.tree import as_tree
@@ -176,8 +177,7 @@ class DFlash(Method):
       draft = to_tokens(arrays, sampling.sample(k_draft, logits, state.sp, p=q))
 
       def rule(k, d, tlogits, sp):  # exact rejection sampling with the drafter's own q
-        full = q if "vocab" not in arrays else jnp.zeros(
-            q.shape[:-1] + tlogits.shape[-1:], q.dtype).at[..., arrays["vocab"]].set(q)
+        full = over_vocab(q, arrays.get("vocab"), tlogits.shape[-1])
         return acceptance.verify_chain(k, d, full, tlogits, sp)
 
       state, n, hidden = verify.chain(prog, params, state, k_acc, draft, rule=rule)

@@ -41,7 +41,7 @@ from specjax.calibrate import measure_cost_ratio  # noqa: F401 (the timing lives
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
 from specjax.errors import InputError, check_int
 from specjax.methods import sizing, verify
-from specjax.methods.features import check_vocab
+from specjax.methods.features import check_vocab, over_vocab
 from specjax.model import subset_logits
 from specjax.packing import subset_head
 
@@ -180,17 +180,10 @@ class _Speculative(verify.ChainSizes, Method):
     """The chain rule: (n [B] drafts accepted, nxt [B] the target's token after them); greedy token
     matching when every row is greedy, else `_accept` with the draft's q over the whole
     vocabulary (zero outside a subset `ids`)."""
-    b, gmax = toks.shape
-
-    def full_q():  # [B,G,V]
-      if ids is None:
-        return q_sub
-      return jnp.zeros((b, gmax, tlogits.shape[-1]), jnp.float32).at[:, :, ids].set(q_sub)
-
     return jax.lax.cond(
         jnp.all(sp.temperature == 0),
         lambda: acceptance.greedy_chain(toks, tlogits),
-        lambda: self._accept(key, toks, full_q(), tlogits, sp))
+        lambda: self._accept(key, toks, over_vocab(q_sub, ids, tlogits.shape[-1]), tlogits, sp))
 
   def _count(self, state: DecodeState, m, active, g, n, widest) -> DecodeState:
     """update, the statistics and the adaptive budget: g grows by one after a fully accepted

@@ -74,6 +74,15 @@ def to_tokens(arrays, ids: jax.Array) -> jax.Array:
   return arrays["vocab"][ids] if "vocab" in arrays else ids
 
 
+def over_vocab(q: jax.Array, ids, vocab_size: int) -> jax.Array:
+  """q [...,Vs] over the subset ids [Vs] -> [...,V] over the whole vocabulary, zero outside the
+  subset (a drafter's q for the exact rule, which reads the target's full p); q when ids is
+  None."""
+  if ids is None:
+    return q
+  return jnp.zeros(q.shape[:-1] + (vocab_size,), q.dtype).at[..., ids].set(q)
+
+
 def check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
   """vocab: distinct token ids (1-D) a drafter proposes over, or None; returns int32 or None."""
   if vocab is None:
