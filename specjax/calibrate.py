@@ -113,17 +113,17 @@ def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FI
 
 
 def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: int = FILLED,
-                    reps: int = REPS) -> dict[int, float]:
-  """{T: median seconds of one T-token forward}: LOOP forwards per call (forward_probe, compiled
-  and run once per T before timing), then `reps` rounds that each time every size once. On a
-  terminal a progress bar on stderr counts the compiles and the rounds (tqdm: silent
+                    reps: int = REPS, loop: int = LOOP) -> dict[int, float]:
+  """{T: median seconds of one T-token forward}: `loop` forwards per call (forward_probe,
+  compiled and run once per T before timing), then `reps` rounds that each time every size
+  once. On a terminal a progress bar on stderr counts the compiles and the rounds (tqdm: silent
   elsewhere)."""
   sizes = sorted(set([1, *sizes]))
   bar = tqdm(total=len(sizes) + reps, desc="cost curve: compiling, then timing", unit="step",
              file=sys.stderr, disable=None, leave=False)
   fns = {}
   for t in sizes:
-    fns[t] = forward_probe(model, t, cache_len=cache_len, filled=filled, loop=LOOP)
+    fns[t] = forward_probe(model, t, cache_len=cache_len, filled=filled, loop=loop)
     bar.update()
   times = {t: [] for t in sizes}
   for _ in range(reps):
@@ -131,7 +131,7 @@ def measure_seconds(model, sizes=SIZES, *, cache_len: int = CACHE_LEN, filled: i
       f, args = fns[t]
       t0 = time.perf_counter()
       jax.block_until_ready(f(model.params, *args))
-      times[t].append((time.perf_counter() - t0) / LOOP)
+      times[t].append((time.perf_counter() - t0) / loop)
     bar.update()
   bar.close()
   return {t: float(statistics.median(v)) for t, v in times.items()}
