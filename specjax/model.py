@@ -14,10 +14,10 @@ Layout choices (measured on a 2-core CPU, see README "Performance"): layers are 
 (unrolled under jit, one cache buffer per layer updated in place; a lax.scan over stacked layers
 copied the carried caches and ran slower: docs/performance.md), Q/K/V are one fused matmul
 with weight [E, K, G+2, D] grouped by kv head (so splitting axis K over a mesh keeps each query
-head with its kv head), and gate/up are one matmul [E, 2, F]. Every matmul goes through `kernels.dense`: XLA's
-dot, or, for a model packed at load (`load_model(kernels=...)`), a weight-streaming CPU kernel over
-packed copies carried in params as `packed_*` variables (which weights, and how: specjax/packing.py;
-the kernel: specjax/kernels/matmul.py).
+head with its kv head), and gate/up are one matmul [E, 2, F]. Every matmul goes through
+`kernels.dense`: XLA's dot, or, for a model packed at load (`load_model(kernels=...)`), a
+weight-streaming CPU kernel over packed copies carried in params as `packed_*` variables (which
+weights, and how: specjax/packing.py; the kernel: specjax/kernels/matmul.py).
 """
 
 from __future__ import annotations

@@ -444,7 +444,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
     r = e;
   }
   gstart[ngroups] = nrow;
-  // A group's visible list is kept in its first row's col; count per row (-1: sees nothing).
+  // A group's visible list is kept in its first row's col; count per row (0: sees nothing).
   long count[256];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) count[r] = 0;
   tiles([&](long j0, long j1) {

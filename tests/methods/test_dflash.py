@@ -148,27 +148,41 @@ def test_logits_match_reference(hf, target, published):
   np.testing.assert_allclose(got, reference(hf[1], sd, cfg), atol=1e-4, rtol=1e-4)
 
 
+# Two prompts of different lengths, padded into one batch.
+PROMPTS = [[5, 17, 3, 44, 8], [12, 33, 21, 7, 8, 8, 59, 0]]
+
+
+def _prompt_batch():
+  toks = np.zeros((len(PROMPTS), 8), np.int32)
+  for i, x in enumerate(PROMPTS):
+    toks[i, :len(x)] = x
+  return toks, jnp.array([len(x) for x in PROMPTS])
+
+
+def _prefilled(prog, params, method, arr, toks, lengths):
+  """The decoding state after the prompts' prefill and the drafter's `init` (greedy, 32 new
+  tokens a row), inside the caller's jit."""
+  b = toks.shape[0]
+  state, hidden = decode.prefill(prog, params, toks, lengths, jnp.full((b,), 32),
+                                 sampling.SamplingParams.make(b), jax.random.PRNGKey(0),
+                                 jnp.full((1,), -1, jnp.int32), method.max_emit)
+  return state.replace(method=method.init(prog, arr, state, hidden))
+
+
 def test_decoding_drafts_what_the_teacher_forced_blocks_say(target, published):
   """The decoding path (context K/V in the drafter's own cache, written round by round from the
   verify forward) drafts, at each round's anchor, the argmax of head_logits' block there; two
   rows of different prompt lengths, two rounds."""
   heads = sj.load_heads(published[0], target)
   method = sj.DFlash(heads)
-  prompts = [[5, 17, 3, 44, 8], [12, 33, 21, 7, 8, 8, 59, 0]]
-  b, p = len(prompts), 8
+  b = len(PROMPTS)
   prog = decode.Program(target.graphdef, target.config, method, 48)
   arr = method.arrays(target)
-  sp = sampling.SamplingParams.make(b)
-  toks = np.zeros((b, p), np.int32)
-  for i, x in enumerate(prompts):
-    toks[i, :len(x)] = x
+  toks, lengths = _prompt_batch()
 
   @jax.jit
   def rounds(params, arr, toks):
-    state, hidden = decode.prefill(prog, params, toks, jnp.array([len(x) for x in prompts]),
-                                   jnp.full((b,), 32), sp, jax.random.PRNGKey(0),
-                                   jnp.full((1,), -1, jnp.int32), method.max_emit)
-    state = state.replace(method=method.init(prog, arr, state, hidden))
+    state = _prefilled(prog, params, method, arr, toks, lengths)
     drafts, starts = [], []
     for r in range(2):
       starts.append(state.cache.lengths)
@@ -224,22 +238,14 @@ def test_a_vocabulary_subset_scores_its_rows_of_the_full_block(target, published
   heads = sj.load_heads(published[0], target)
   ids = np.arange(1, V, 3)
   full, sub = sj.DFlash(heads, block_size=BS), sj.DFlash(heads, block_size=BS, vocab=ids)
-  prompts = [[5, 17, 3, 44, 8], [12, 33, 21, 7, 8, 8, 59, 0]]
-  b, p = len(prompts), 8
-  toks = np.zeros((b, p), np.int32)
-  for i, x in enumerate(prompts):
-    toks[i, :len(x)] = x
+  toks, lengths = _prompt_batch()
   out = {}
   for name, method in (("full", full), ("sub", sub)):
     prog = decode.Program(target.graphdef, target.config, method, 48)
     arr = method.arrays(target)
-    sp = sampling.SamplingParams.make(b)
 
-    def first_block(params, arr, toks, method=method, prog=prog, sp=sp):
-      state, hidden = decode.prefill(prog, params, toks, jnp.array([len(x) for x in prompts]),
-                                     jnp.full((b,), 32), sp, jax.random.PRNGKey(0),
-                                     jnp.full((1,), -1, jnp.int32), method.max_emit)
-      state = state.replace(method=method.init(prog, arr, state, hidden))
+    def first_block(params, arr, toks, method=method, prog=prog):
+      state = _prefilled(prog, params, method, arr, toks, lengths)
       return method.block_logits(prog, params, arr, state)[0]
 
     out[name] = np.asarray(jax.jit(first_block)(target.params, arr, toks))
