@@ -108,6 +108,16 @@ def _param(rngs, shape, dtype, scale=0.02):
   return nnx.Param(scale * jax.random.normal(rngs.params(), shape, dtype))
 
 
+def lookup(table, ids):
+  """table[ids], the table and ids behind one optimization barrier. XLA's CPU compiler computes a
+  bf16 lookup in float32, as a convert of the table fused into the slice; when the table is a
+  loop invariant, as in a decoding loop, it would hoist that convert of the whole table out of
+  the loop, converting SmolLM2's [V,E] embedding every call (~30 ms) to read a few rows. Tied
+  to the ids, which change in every step, the table is no longer invariant."""
+  table, ids = jax.lax.optimization_barrier((table, ids))
+  return table[ids]
+
+
 class Norm(nnx.Module):
   """RMSNorm or LayerNorm over the last axis, of width `size` (default E). Gemma's x * (1 + w) is
   this with the checkpoint's w + 1 as scale (the family module adds the 1 when loading)."""
@@ -316,11 +326,11 @@ class Decoder(nnx.Module):
 
   def _embed(self, tokens, positions):
     """tokens, positions [B,T] -> (x [B,T,E], one (cos, sin) [B,T,D/2] per distinct rope)."""
-    x = self.embed[...][tokens]  # [B,T,E]
+    x = lookup(self.embed[...], tokens)  # [B,T,E]
     if self.cfg.embed_scale != 1.0:
       x = x * jnp.asarray(self.cfg.embed_scale, x.dtype)
     if self.cfg.position == "learned":
-      return x + self.pos_embed[...][positions], [None]
+      return x + lookup(self.pos_embed[...], positions), [None]
     ropes = []
     for freqs in self.ropes:
       angles = positions[..., None].astype(jnp.float32) * jnp.asarray(freqs, jnp.float32)

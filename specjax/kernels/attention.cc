@@ -2,7 +2,9 @@
 // query tokens (a verification block, a tree, a lookahead window):
 //
 //   q    [B, T, K, G, D]  the T tokens' queries, G per kv head (the layout the QKV product gives)
-//   kc   [B, K, S, D]     the cache as it was before this call (vc the same)
+//   kc   [B, K, S, D]     the cache as it was before this call (vc the same), float32 or
+//                         bfloat16 (a bf16 model's cache: read into float32 a tile at a time,
+//                         exactly, so the arithmetic and its bits are the float32 cache's)
 //   kn   [B, T, K, D]     the T new entries (vn the same)
 //   mask [B, T, S + T]    bool: token t sees cache slot s (column s) / new entry j (column S + j)
 //   o    [B, T, K, G, D]  softmax(scale * q.k over the visible columns) @ v, the layout the
@@ -34,16 +36,20 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "isa.h"
 
 // One call's operands (row-major, dense) and sizes.
 struct Call {
-  const float *q, *kc, *vc, *kn, *vn;
+  const float* q;
+  const void *kc, *vc;  // float, or bfloat16 bits (uint16_t) where half
+  const float *kn, *vn;
   const uint8_t* mask;
   float* o;
   long b, k, rows, t, s, d, g;  // rows = t * g per kv head
   float scale, softcap;
+  bool half;
 };
 
 // Rows r0..r1 of kv head h of batch bi; prob and col hold at least (r1 - r0) * (S + T + 8)
@@ -387,12 +393,22 @@ inline void axpy(float p, const float* v, long d, float* o) {
 
 inline float capped(float x, float cap) { return cap > 0 ? cap * std::tanh(x / cap) : x; }
 
+// bfloat16 bits src[0, n) -> float32 dst[0, n): the upper half of each float, exact.
+inline void widen(const uint16_t* src, long n, float* dst) {
+  for (long i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(src[i]) << 16;
+    std::memcpy(dst + i, &u, sizeof u);
+  }
+}
+
 // A row that sees nothing: the uniform average of every column's v (the XLA path's result).
-inline void uniform(const Call* c, const float* vc, long ldc, const float* vn, long ldn, float* o) {
+// cache(j0, j1): the cache's v rows j0..j1 as float32, d apart.
+template <class Cache>
+inline void uniform(const Call* c, Cache cache, const float* vn, long ldn, float* o) {
   const long d = c->d, n = c->s + c->t;
   const float p = 1.0f / float(n);
   for (long e = 0; e < d; ++e) o[e] = 0.0f;
-  for (long j = 0; j < c->s; ++j) axpy(p, vc + j * ldc, d, o);
+  for (long j = 0; j < c->s; ++j) axpy(p, cache(j, j + 1), d, o);
   for (long j = 0; j < c->t; ++j) axpy(p, vn + j * ldn, d, o);
 }
 
@@ -406,21 +422,40 @@ inline void uniform(const Call* c, const float* vc, long ldc, const float* vn, l
 // and o kept in memory, the kernel was bound by the chains' latency (2.6x slower at 16 tokens of
 // SmolLM2; experiments/kernels/README.md, "Decode attention"). scratch: (r1 - r0) * (S + T + 8)
 // floats for the visible lists' probabilities and as many int32 for their columns.
+//
+// A bfloat16 cache is read a tile at a time into a float32 copy of the tile (exact), which the
+// tile's scores or sums then read: XLA converting the whole cache to float32 before the call
+// cost a bf16 model's decoding step a pass over every slot, filled or not, in every layer.
 constexpr long kTile = 64;
 
 void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t* col) {
   const long d = c->d, s = c->s, t = c->t, w = s + t, nrow = r1 - r0, g = c->g, k = c->k;
   const long ld = w + 8;
-  const float* kc = c->kc + (bi * k + h) * s * d;
-  const float* vc = c->vc + (bi * k + h) * s * d;
+  const long at0 = (bi * k + h) * s * d;  // this head's cache, in elements
   const float* kn = c->kn + (bi * t * k + h) * d;  // new entry j at kn + j * k * d
   const float* vn = c->vn + (bi * t * k + h) * d;
   const long ldn = k * d;
+  static thread_local std::vector<float> tile;  // a bf16 cache's tile in float32
+  if (c->half && long(tile.size()) < kTile * d) tile.resize(kTile * d);
+  long tile0 = 0;  // the cache slot in tile[0, d)
+  // The cache's rows j0..j1 (at most kTile) of kc or vc as float32, d apart: in place for a
+  // float32 cache, else widened into `tile` (valid until the next call).
+  auto cache = [&](const void* base, long j0, long j1) -> const float* {
+    if (!c->half) return static_cast<const float*>(base) + at0 + j0 * d;
+    widen(static_cast<const uint16_t*>(base) + at0 + j0 * d, (j1 - j0) * d, tile.data());
+    tile0 = j0;
+    return tile.data();
+  };
+  const float* kc = c->half ? nullptr : static_cast<const float*>(c->kc) + at0;
+  const float* vc = c->half ? nullptr : static_cast<const float*>(c->vc) + at0;
   // row r of this head is token r / g, query head r % g: q[bi, r / g, h, r % g, :] (o alike)
   auto at = [&](long r) { r += r0; return ((bi * t + r / g) * k + h) * g * d + (r % g) * d; };
   auto mrow = [&](long r) { return c->mask + (bi * t + (r0 + r) / g) * w; };
-  auto key = [&](long j) { return j < s ? kc + j * d : kn + (j - s) * ldn; };
-  auto val = [&](long j) { return j < s ? vc + j * d : vn + (j - s) * ldn; };
+  auto slot = [&](const float* full, long j) {  // a cache slot of the tile being read
+    return full ? full + j * d : tile.data() + (j - tile0) * d;
+  };
+  auto key = [&](long j) { return j < s ? slot(kc, j) : kn + (j - s) * ldn; };
+  auto val = [&](long j) { return j < s ? slot(vc, j) : vn + (j - s) * ldn; };
   long hi = 0, tn = 0, lo = s;
   for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
     if (r == 0 || mrow(r) != mrow(r - 1)) {
@@ -448,6 +483,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   long count[256];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) count[r] = 0;
   tiles([&](long j0, long j1) {
+    if (c->half && j0 < s) cache(c->kc, j0, j1);
     for (long gi = 0; gi < ngroups; ++gi) {
       const long r = gstart[gi], nr = gstart[gi + 1] - r;
       const uint8_t* m = mrow(r);
@@ -474,7 +510,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
     float* o = c->o + at(r);
     for (long e = 0; e < d; ++e) o[e] = 0.0f;
     if (count[r] == 0) {
-      uniform(c, vc, d, vn, ldn, o);
+      uniform(c, [&](long j0, long j1) { return cache(c->vc, j0, j1); }, vn, ldn, o);
     } else {
       softmax(prob + r * ld, count[r]);
     }
@@ -482,6 +518,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   long next[256];
   for (long r = 0; r < nrow; ++r) next[r] = 0;
   tiles([&](long j0, long j1) {
+    if (c->half && j0 < s) cache(c->vc, j0, j1);
     for (long gi = 0; gi < ngroups; ++gi) {
       const long r = gstart[gi], nr = gstart[gi + 1] - r;
       if (count[r] == 0) continue;  // (the uniform average, already in o)
@@ -561,8 +598,8 @@ void attend(const Call& c) {
   }
 }
 
-ffi::Error AttentionF32(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc,
-                        ffi::Buffer<ffi::F32> vc, ffi::Buffer<ffi::F32> kn,
+ffi::Error AttentionF32(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kc,
+                        ffi::AnyBuffer vc, ffi::Buffer<ffi::F32> kn,
                         ffi::Buffer<ffi::F32> vn, ffi::Buffer<ffi::PRED> mask,
                         ffi::ResultBuffer<ffi::F32> o, float scale, float softcap) {
   auto qd = q.dimensions(), cd = kc.dimensions(), nd = kn.dimensions(), md = mask.dimensions();
@@ -580,10 +617,13 @@ ffi::Error AttentionF32(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc,
       return sj_ffi::invalid("specjax_attention_f32: new entries' shape mismatch");
   if (md[0] != b || md[1] != t || md[2] != s + t)
     return sj_ffi::invalid("specjax_attention_f32: mask shape mismatch");
+  const auto ct = kc.element_type();
+  if (vc.element_type() != ct || (ct != ffi::DataType::F32 && ct != ffi::DataType::BF16))
+    return sj_ffi::invalid("specjax_attention_f32: the cache must be float32 or bfloat16");
   if (b == 0 || t == 0 || k == 0 || g == 0 || d == 0) return ffi::Error::Success();
-  Call c{q.typed_data(), kc.typed_data(), vc.typed_data(), kn.typed_data(), vn.typed_data(),
+  Call c{q.typed_data(), kc.untyped_data(), vc.untyped_data(), kn.typed_data(), vn.typed_data(),
          reinterpret_cast<const uint8_t*>(mask.typed_data()), o->typed_data(),
-         b, k, t * g, t, s, d, g, scale, softcap};
+         b, k, t * g, t, s, d, g, scale, softcap, ct == ffi::DataType::BF16};
   attend(c);
   return ffi::Error::Success();
 }
@@ -593,8 +633,8 @@ ffi::Error AttentionF32(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttentionF32, AttentionF32,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()

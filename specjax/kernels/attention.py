@@ -89,13 +89,18 @@ def _kernel(q, kc, vc, kn, vn, mask, scale, softcap):
   return _ffi(q, kc, vc, kn, vn, mask, scale, softcap)
 
 
+def _wide(q, kc, vc, kn, vn, mask, scale, softcap):
+  """`_xla` over a cache read into q's float32, as the kernel reads a bfloat16 one."""
+  return _xla(q, kc.astype(q.dtype), vc.astype(q.dtype), kn, vn, mask, scale, softcap)
+
+
 def _kernel_fwd(q, kc, vc, kn, vn, mask, scale, softcap):
-  return _xla(q, kc, vc, kn, vn, mask, scale, softcap), (q, kc, vc, kn, vn, mask)
+  return _wide(q, kc, vc, kn, vn, mask, scale, softcap), (q, kc, vc, kn, vn, mask)
 
 
 def _kernel_bwd(scale, softcap, res, g):
   q, kc, vc, kn, vn, mask = res
-  _, vjp = jax.vjp(lambda *a: _xla(*a, mask, scale, softcap), q, kc, vc, kn, vn)
+  _, vjp = jax.vjp(lambda *a: _wide(*a, mask, scale, softcap), q, kc, vc, kn, vn)
   return (*vjp(g), None)
 
 
@@ -113,20 +118,27 @@ def attend(q, kc, vc, kn, vn, mask, *, scale: float, softcap: float | None = Non
   bfloat16 operands (a bf16 model on the kernels) are read into float32 and attend there, on the
   kernel, the output rounded back to bf16: XLA's bf16 attention rounds by shape (a row of an
   8-token block differed from its one-token forward, by up to 0.5 in the logits), the kernel's
-  float32 sums do not."""
+  float32 sums do not. The query and the new entries are converted here; the cache goes in as
+  bf16 and the kernel widens the slots it reads (converting all of it here cost every decoding
+  step a pass over the whole cache in every layer)."""
   floats = {a.dtype for a in (q, kn, vn) + (() if kc is None else (kc, vc))}
   if kernel and floats == {jnp.dtype(jnp.bfloat16)} and mask.dtype == jnp.bool_ and available():
-    f32 = lambda a: None if a is None else a.astype(jnp.float32)  # noqa: E731
-    return attend(f32(q), f32(kc), f32(vc), f32(kn), f32(vn), mask, scale=scale,
+    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+    return attend(f32(q), kc, vc, f32(kn), f32(vn), mask, scale=scale,
                   softcap=softcap, kernel=True).astype(q.dtype)
-  cache_ok = kc is None or kc.dtype == vc.dtype == jnp.float32
+  cache_ok = kc is None or kc.dtype == vc.dtype and kc.dtype in (jnp.float32, jnp.bfloat16)
   if (kernel and cache_ok and q.dtype == kn.dtype == vn.dtype == jnp.float32
           and mask.dtype == jnp.bool_ and available()):
     cache = (kc, vc)
     if kc is None:
       b, _, kd, _, d = q.shape
       cache = (jnp.zeros((b, kd, 0, d), jnp.float32),) * 2
-    return on_cpu(lambda *a: _kernel(*a, float(scale), float(softcap or 0.0)),
-                  lambda q, kc0, vc0, *a: _xla(q, kc, vc, *a, scale, softcap),
+
+    def fallback(q, kc0, vc0, *rest):  # (elsewhere than a CPU: XLA, over a float32 cache)
+      if kc is None:
+        return _xla(q, None, None, *rest, scale, softcap)
+      return _wide(q, kc0, vc0, *rest, scale, softcap)
+
+    return on_cpu(lambda *a: _kernel(*a, float(scale), float(softcap or 0.0)), fallback,
                   q, *cache, kn, vn, mask)
   return _xla(q, kc, vc, kn, vn, mask, scale, softcap)

@@ -44,8 +44,8 @@ from specjax.drafters.dflash import drafter
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods import sizing, verify
-from specjax.methods.features import (check_heads, check_vocab, over_vocab, target_logits,
-                                      to_tokens)
+from specjax.methods.features import (check_heads, check_vocab, embed, over_vocab,
+                                      target_logits, to_tokens)
 from specjax.packing import subset_head
 from specjax.sampling import top_k_ids
 from specjax.tree import as_tree
@@ -161,7 +161,7 @@ class DFlash(Method):
     mask = jnp.concatenate([jnp.broadcast_to(see_ctx, (b, bs, ctx.max_len)),
                             jnp.ones((b, bs, bs), bool)], axis=-1)
     layers = [(layer["k"], layer["v"]) for layer in ctx.layers]
-    h = drafter(c, arrays["p"])(arrays["embed"][toks], pos, layers, mask)
+    h = drafter(c, arrays["p"])(embed(arrays["embed"], toks), pos, layers, mask)
     return target_logits(prog, params, arrays, h[:, 1:]), pos  # [B,G,V or Vs]
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:

@@ -22,7 +22,7 @@ from specjax.drafters.heads_file import Heads
 from specjax.drafters.kinds import drafter, module_type
 from specjax.drafters.layer import module_arrays, pack_module
 from specjax.errors import InputError
-from specjax.model import subset_logits
+from specjax.model import lookup, subset_logits
 from specjax.packing import drafter_qtype, on_kernel, subset_head
 
 
@@ -101,7 +101,7 @@ def check_vocab(vocab, vocab_size: int | None = None) -> np.ndarray | None:
 
 def embed(table, tokens: jax.Array) -> jax.Array:
   """The target's (frozen, shared) token embedding [V,E]: tokens [...] -> [...,E]."""
-  return table[tokens]
+  return lookup(table, tokens)
 
 
 def feature_buffer(hidden: jax.Array, lengths: jax.Array, width: int) -> jax.Array:

@@ -141,6 +141,38 @@ def test_each_row_has_the_bits_of_its_token_alone():
 
 
 @needs_kernel
+def test_a_bfloat16_cache_is_read_as_its_float32_values():
+  """A bf16 model's cache goes in as bf16 and the kernel widens the slots it reads: on every path
+  the bits of the same call over that cache converted to float32 beforehand (a tile of 64 slots
+  and more, slots no row sees, a row that sees nothing, head sizes with a vector tail), with a
+  program that converts no cache; and `attend` on bf16 operands is unchanged by it."""
+  rng = np.random.default_rng(11)
+  paths = isa_paths(attention)
+  before = attention.isa()
+  try:
+    for b, k, t, g, s, d in ((1, 3, 8, 3, 200, 64), (2, 2, 5, 1, 37, 20), (1, 1, 1, 4, 16, 256)):
+      q, kc, vc, kn, vn, mask = _case(rng, b, k, t, g, s, d)
+      kc, vc = kc.astype(jnp.bfloat16), vc.astype(jnp.bfloat16)
+      call = jax.jit(lambda *a: attention._kernel(*a, 0.125, 0.0))
+      for path in paths:
+        attention.set_isa(path)
+        got = np.asarray(call(q, kc, vc, kn, vn, mask))
+        want = np.asarray(call(q, kc.astype(jnp.float32), vc.astype(jnp.float32), kn, vn, mask))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), (path, s, d))
+    attention.set_isa(paths[0])
+    bf = [a.astype(jnp.bfloat16) for a in (q, kc, vc, kn, vn)]
+    f = jax.jit(lambda *a: attention.attend(*a, mask, scale=0.125, kernel=True))
+    text = f.lower(*bf).compile().as_text()
+    assert f"f32[{b},{k},{s},{d}]" not in text  # (no float32 copy of the cache)
+    old = attention.attend(*(a.astype(jnp.float32) for a in bf), mask, scale=0.125,
+                           kernel=True).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(f(*bf)).view(np.uint16),
+                                  np.asarray(old).view(np.uint16))
+  finally:
+    attention.set_isa(before)
+
+
+@needs_kernel
 def test_unseen_slots_are_never_read():
   """Slots no row sees may hold anything (NaN included): the kernel reads up to each row's last
   visible slot; masked slots before it are skipped."""

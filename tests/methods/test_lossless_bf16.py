@@ -14,11 +14,14 @@ experiments/bf16 runs every method by name on both real models.
 
 from __future__ import annotations
 
+import re
+
+import jax
 import jax.numpy as jnp
 import pytest
 
 import specjax as sj
-from specjax import exactness, packing
+from specjax import decode, exactness, packing
 
 from tests.helpers.models import assert_same_greedy, random_prompts, tiny_config
 
@@ -48,6 +51,40 @@ def test_bf16_greedy_identical_batch4(name, target, prompts, reference):
   out = sj.generate(target, prompts, method, max_new_tokens=NEW)
   assert_same_greedy(target, prompts, reference, out.tokens,
                      f"{name} on a bf16 target differs from bf16 autoregressive decoding")
+
+
+@pytest.mark.parametrize("name", ["autoregressive", "eagle", "dflash"])
+def test_bf16_decoding_keeps_no_float32_table(name, target, prompts):
+  """XLA computes a bf16 lookup in float32, as a convert of the table fused into the slice; with
+  the table a loop invariant it hoisted that convert out of the decoding loop (SmolLM2's [V,E]
+  embedding converted every call, ~30 ms). The programs hold no float32 table, made whole or
+  carried through the loop."""
+  method = exactness.build_method(name, target)
+  sj.generate(target, prompts[:1], method, max_new_tokens=4)
+  texts = [c.as_text() for key, c in decode.compile_cache.programs.items()
+           if key[0].method == method]
+  assert texts, "no program compiled"
+  c = target.config
+  made = rf"= f32\[{c.vocab_size},{c.hidden_size}\]\S* (fusion|copy|get-tuple-element)\("
+  for text in texts:
+    assert not re.search(made, text), f"{name}: a float32 copy of the embedding table"
+
+
+def test_bf16_cache_goes_to_the_attention_kernel_as_it_is(target):
+  """The attention kernel reads a bf16 cache itself (widening the slots it reads): the model's
+  forward passes it the cache as bf16, not a float32 copy of every slot in every layer."""
+  from specjax import cache as kv
+  cache = kv.rollback(target.init_cache(1, 32), jnp.array([5]))
+  toks, pos = jnp.zeros((1, 3), jnp.int32), 5 + jnp.arange(3)[None]
+  mask = kv.causal_mask(cache.lengths, 3, 32)
+  text = jax.jit(lambda p, c: target.apply(p, toks, pos, c, mask)[0]).lower(
+      target.params, cache).as_text()
+  calls = re.findall(r"custom_call @specjax_attention_f32\(.*\} : \(([^)]*)\)", text)
+  assert calls, "the forward does not attend on the kernel"
+  c = target.config
+  for operands in calls:
+    types = [t.strip() for t in operands.split(",")]
+    assert types[1] == types[2] == f"tensor<1x{c.num_kv_heads}x32x{c.head_dim}xbf16>", types
 
 
 @pytest.mark.slow
