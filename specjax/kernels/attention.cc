@@ -313,6 +313,55 @@ void dots(const float* const* q, Key key, const int32_t* js, long n, long d, flo
   }
 }
 
+#if SJ_PART == SJ_AVX512
+// dots() with two keys to a zmm register: its low 8 lanes are key 2w's chains, its high 8 key
+// 2w + 1's, each lane the same chain of fmas as dots()'s 8-lane registers (so the same bits), in
+// half the fmas. The queries are laid out once per call doubled ([q[e, e+8), q[e, e+8)] per 8
+// lanes), so each step loads them whole. d: a multiple of 8, at most kDots16MaxD.
+constexpr long kDots16MaxD = 256;
+
+inline __m512 pair_of(const float* a, const float* b) {  // [a[0, 8), b[0, 8)]
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(
+      _mm256_loadu_ps(a))), _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+template <int R, class Key>
+void dots16(const float* const* q, Key key, const int32_t* js, long n, long d, float* const* out) {
+  alignas(64) float qd[R][2 * kDots16MaxD];
+  for (int r = 0; r < R; ++r)
+    for (long e = 0; e < d; e += 8)
+      for (int l = 0; l < 16; ++l) qd[r][2 * e + l] = q[r][e + (l & 7)];
+  for (long i = 0; i < n; i += 8) {
+    const long m = std::min(8L, n - i);
+    const float* kp[8];
+    for (int u = 0; u < 8; ++u) kp[u] = key(js[i + (u < m ? u : m - 1)]);
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int w = 0; w < 4; ++w) acc[r][w] = _mm512_setzero_ps();
+    for (long e = 0; e < d; e += 8) {
+      __m512 qe[R];
+      for (int r = 0; r < R; ++r) qe[r] = _mm512_load_ps(qd[r] + 2 * e);
+#pragma GCC unroll 4
+      for (int w = 0; w < 4; ++w) {
+        const __m512 kw = pair_of(kp[2 * w] + e, kp[2 * w + 1] + e);
+        for (int r = 0; r < R; ++r) acc[r][w] = _mm512_fmadd_ps(qe[r], kw, acc[r][w]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      V8 a[8];
+      for (int w = 0; w < 4; ++w) {
+        a[2 * w] = {_mm512_castps512_ps256(acc[r][w])};
+        a[2 * w + 1] = {_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][w]), 1))};
+      }
+      alignas(32) float sums[8];
+      v_hsum8(a, sums);
+      for (long u = 0; u < m; ++u) out[r][i + u] = sums[u];
+    }
+  }
+}
+#endif
+
 // o[r][e0, e0 + 8 NV) = fma(p[r][i], v_i[e0, e0 + 8 NV), o[r]) over the entries i = 0, 1, ..., n
 // - 1 in order, skipping a row's entries whose p is 0, the R rows' o in registers meanwhile: each
 // lane is one chain of fmas in the entries' order, the order the arithmetic fixes.
@@ -348,12 +397,60 @@ void pv_slab(const float* const* p, const int32_t* js, long n, Val val, long e0,
     for (int u = 0; u < NV; ++u) v_store(o[r] + e0 + 8 * u, acc[r][u]);
 }
 
+#if SJ_PART == SJ_AVX512
+// pv_slab's sums 16 lanes to a register (NV16 zmm registers of 16 lanes a row): each lane is
+// the same chain of fmas in the entries' order as in 8-lane registers, so the same bits, in half
+// the instructions.
+template <int R, int NV16, class Val>
+void pv_slab16(const float* const* p, const int32_t* js, long n, Val val, long e0,
+               float* const* o) {
+  __m512 acc[R][NV16];
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < NV16; ++u) acc[r][u] = _mm512_loadu_ps(o[r] + e0 + 16 * u);
+  for (long i = 0; i < n; ++i) {
+    const float* v = val(js[i]) + e0;
+    bool all = true;
+    for (int r = 0; r < R; ++r) all = all && p[r][i] != 0.0f;
+    if (all) {
+      __m512 pv[R];
+      for (int r = 0; r < R; ++r) pv[r] = _mm512_set1_ps(p[r][i]);
+#pragma GCC unroll 4
+      for (int u = 0; u < NV16; ++u) {
+        const __m512 vu = _mm512_loadu_ps(v + 16 * u);
+        for (int r = 0; r < R; ++r) acc[r][u] = _mm512_fmadd_ps(pv[r], vu, acc[r][u]);
+      }
+    } else {  // (an entry whose exp underflowed to 0 in some row: that row skips it)
+      for (int r = 0; r < R; ++r) {
+        if (p[r][i] == 0.0f) continue;
+        const __m512 pr = _mm512_set1_ps(p[r][i]);
+#pragma GCC unroll 4
+        for (int u = 0; u < NV16; ++u)
+          acc[r][u] = _mm512_fmadd_ps(pr, _mm512_loadu_ps(v + 16 * u), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < NV16; ++u) _mm512_storeu_ps(o[r] + e0 + 16 * u, acc[r][u]);
+}
+#endif
+
 // o[r][0, d) = fma(p[r][i], v_i[0, d), o[r]) over the entries in order: slabs of up to 64 lanes
 // in registers, the tail past a multiple of 8 lane by lane (the same fma).
 template <int R, class Val>
 void pv(const float* const* p, const int32_t* js, long n, Val val, long d, float* const* o) {
   const long d8 = d / 8 * 8;
   for (long e0 = 0; e0 < d8; e0 += 64) {
+#if SJ_PART == SJ_AVX512
+    switch ((d8 - e0) >= 64 ? 4 : (d8 - e0) % 16 == 0 ? (d8 - e0) / 16 : 0) {
+      case 4: pv_slab16<R, 4>(p, js, n, val, e0, o); continue;
+      case 3: pv_slab16<R, 3>(p, js, n, val, e0, o); continue;
+      case 2: pv_slab16<R, 2>(p, js, n, val, e0, o); continue;
+      case 1: pv_slab16<R, 1>(p, js, n, val, e0, o); continue;
+      default: break;
+    }
+#endif
     switch (std::min(8L, (d8 - e0) / 8)) {
       case 1: pv_slab<R, 1>(p, js, n, val, e0, o); break;
       case 2: pv_slab<R, 2>(p, js, n, val, e0, o); break;
@@ -495,6 +592,11 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
       float* pr[kGroupRows] = {};
       for (long u = 0; u < nr; ++u) q[u] = c->q + at(r + u), pr[u] = prob + (r + u) * ld + count[r];
       if (d % 8 == 0) {
+#if SJ_PART == SJ_AVX512
+        if (d <= kDots16MaxD)
+          with_rows(nr, [&](auto R) { dots16<R()>(q, key, cr, n, d, pr); });
+        else
+#endif
         with_rows(nr, [&](auto R) { dots<R()>(q, key, cr, n, d, pr); });
       } else {
         for (long u = 0; u < nr; ++u)
