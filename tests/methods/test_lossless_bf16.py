@@ -60,9 +60,9 @@ def test_bf16_decoding_keeps_no_float32_table(name, target, prompts):
   embedding converted every call, ~30 ms). The programs hold no float32 table, made whole or
   carried through the loop."""
   method = exactness.build_method(name, target)
+  decode.compile_cache.clear()  # (an equal method may have compiled for another model)
   sj.generate(target, prompts[:1], method, max_new_tokens=4)
-  texts = [c.as_text() for key, c in decode.compile_cache.programs.items()
-           if key[0].method == method]
+  texts = [c.as_text() for c in decode.compile_cache.programs.values()]
   assert texts, "no program compiled"
   c = target.config
   made = rf"= f32\[{c.vocab_size},{c.hidden_size}\]\S* (fusion|copy|get-tuple-element)\("
