@@ -362,79 +362,63 @@ void dots16(const float* const* q, Key key, const int32_t* js, long n, long d, f
 }
 #endif
 
-// o[r][e0, e0 + 8 NV) = fma(p[r][i], v_i[e0, e0 + 8 NV), o[r]) over the entries i = 0, 1, ..., n
-// - 1 in order, skipping a row's entries whose p is 0, the R rows' o in registers meanwhile: each
-// lane is one chain of fmas in the entries' order, the order the arithmetic fixes.
-template <int R, int NV, class Val>
-void pv_slab(const float* const* p, const int32_t* js, long n, Val val, long e0, float* const* o) {
-  V8 acc[R][NV];
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int u = 0; u < NV; ++u) acc[r][u] = v_load(o[r] + e0 + 8 * u);
-  for (long i = 0; i < n; ++i) {
-    const float* v = val(js[i]) + e0;
-    bool all = true;
-    for (int r = 0; r < R; ++r) all = all && p[r][i] != 0.0f;
-    if (all) {
-      V8 pv[R];
-      for (int r = 0; r < R; ++r) pv[r] = v_set(p[r][i]);
-#pragma GCC unroll 8
-      for (int u = 0; u < NV; ++u) {
-        const V8 vu = v_load(v + 8 * u);
-        for (int r = 0; r < R; ++r) acc[r][u] = v_fma(pv[r], vu, acc[r][u]);
-      }
-    } else {  // (an entry whose exp underflowed to 0 in some row: that row skips it)
-      for (int r = 0; r < R; ++r) {
-        if (p[r][i] == 0.0f) continue;
-        const V8 pr = v_set(p[r][i]);
-#pragma GCC unroll 8
-        for (int u = 0; u < NV; ++u) acc[r][u] = v_fma(pr, v_load(v + 8 * u), acc[r][u]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int u = 0; u < NV; ++u) v_store(o[r] + e0 + 8 * u, acc[r][u]);
-}
+// Registers for pv_slab: V8 (8 lanes) on every part, and on the AVX-512 part a zmm register of 16
+// lanes. A lane's fma is the same IEEE operation at either width, so the width changes no bit.
+struct Lanes8 {
+  typedef V8 V;
+  static constexpr int n = 8;
+  static V load(const float* p) { return v_load(p); }
+  static void store(float* p, V a) { v_store(p, a); }
+  static V set(float x) { return v_set(x); }
+  static V fma(V a, V b, V c) { return v_fma(a, b, c); }
+};
 
 #if SJ_PART == SJ_AVX512
-// pv_slab's sums 16 lanes to a register (NV16 zmm registers of 16 lanes a row): each lane is
-// the same chain of fmas in the entries' order as in 8-lane registers, so the same bits, in half
-// the instructions.
-template <int R, int NV16, class Val>
-void pv_slab16(const float* const* p, const int32_t* js, long n, Val val, long e0,
-               float* const* o) {
-  __m512 acc[R][NV16];
+struct Lanes16 {
+  typedef __m512 V;
+  static constexpr int n = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
+  static V set(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#endif
+
+// o[r][e0, e0 + W NV) = fma(p[r][i], v_i[e0, e0 + W NV), o[r]) over the entries i = 0, 1, ..., n
+// - 1 in order (W = L::n lanes a register), skipping a row's entries whose p is 0, the R rows' o
+// in registers meanwhile: each lane is one chain of fmas in the entries' order, the order the
+// arithmetic fixes.
+template <class L, int R, int NV, class Val>
+void pv_slab(const float* const* p, const int32_t* js, long n, Val val, long e0, float* const* o) {
+  typename L::V acc[R][NV];
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int u = 0; u < NV16; ++u) acc[r][u] = _mm512_loadu_ps(o[r] + e0 + 16 * u);
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) acc[r][u] = L::load(o[r] + e0 + L::n * u);
   for (long i = 0; i < n; ++i) {
     const float* v = val(js[i]) + e0;
     bool all = true;
     for (int r = 0; r < R; ++r) all = all && p[r][i] != 0.0f;
     if (all) {
-      __m512 pv[R];
-      for (int r = 0; r < R; ++r) pv[r] = _mm512_set1_ps(p[r][i]);
-#pragma GCC unroll 4
-      for (int u = 0; u < NV16; ++u) {
-        const __m512 vu = _mm512_loadu_ps(v + 16 * u);
-        for (int r = 0; r < R; ++r) acc[r][u] = _mm512_fmadd_ps(pv[r], vu, acc[r][u]);
+      typename L::V pv[R];
+      for (int r = 0; r < R; ++r) pv[r] = L::set(p[r][i]);
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        const typename L::V vu = L::load(v + L::n * u);
+        for (int r = 0; r < R; ++r) acc[r][u] = L::fma(pv[r], vu, acc[r][u]);
       }
     } else {  // (an entry whose exp underflowed to 0 in some row: that row skips it)
       for (int r = 0; r < R; ++r) {
         if (p[r][i] == 0.0f) continue;
-        const __m512 pr = _mm512_set1_ps(p[r][i]);
-#pragma GCC unroll 4
-        for (int u = 0; u < NV16; ++u)
-          acc[r][u] = _mm512_fmadd_ps(pr, _mm512_loadu_ps(v + 16 * u), acc[r][u]);
+        const typename L::V pr = L::set(p[r][i]);
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; ++u) acc[r][u] = L::fma(pr, L::load(v + L::n * u), acc[r][u]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int u = 0; u < NV16; ++u) _mm512_storeu_ps(o[r] + e0 + 16 * u, acc[r][u]);
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) L::store(o[r] + e0 + L::n * u, acc[r][u]);
 }
-#endif
 
 // o[r][0, d) = fma(p[r][i], v_i[0, d), o[r]) over the entries in order: slabs of up to 64 lanes
 // in registers, the tail past a multiple of 8 lane by lane (the same fma).
@@ -444,22 +428,22 @@ void pv(const float* const* p, const int32_t* js, long n, Val val, long d, float
   for (long e0 = 0; e0 < d8; e0 += 64) {
 #if SJ_PART == SJ_AVX512
     switch ((d8 - e0) >= 64 ? 4 : (d8 - e0) % 16 == 0 ? (d8 - e0) / 16 : 0) {
-      case 4: pv_slab16<R, 4>(p, js, n, val, e0, o); continue;
-      case 3: pv_slab16<R, 3>(p, js, n, val, e0, o); continue;
-      case 2: pv_slab16<R, 2>(p, js, n, val, e0, o); continue;
-      case 1: pv_slab16<R, 1>(p, js, n, val, e0, o); continue;
+      case 4: pv_slab<Lanes16, R, 4>(p, js, n, val, e0, o); continue;
+      case 3: pv_slab<Lanes16, R, 3>(p, js, n, val, e0, o); continue;
+      case 2: pv_slab<Lanes16, R, 2>(p, js, n, val, e0, o); continue;
+      case 1: pv_slab<Lanes16, R, 1>(p, js, n, val, e0, o); continue;
       default: break;
     }
 #endif
     switch (std::min(8L, (d8 - e0) / 8)) {
-      case 1: pv_slab<R, 1>(p, js, n, val, e0, o); break;
-      case 2: pv_slab<R, 2>(p, js, n, val, e0, o); break;
-      case 3: pv_slab<R, 3>(p, js, n, val, e0, o); break;
-      case 4: pv_slab<R, 4>(p, js, n, val, e0, o); break;
-      case 5: pv_slab<R, 5>(p, js, n, val, e0, o); break;
-      case 6: pv_slab<R, 6>(p, js, n, val, e0, o); break;
-      case 7: pv_slab<R, 7>(p, js, n, val, e0, o); break;
-      default: pv_slab<R, 8>(p, js, n, val, e0, o); break;
+      case 1: pv_slab<Lanes8, R, 1>(p, js, n, val, e0, o); break;
+      case 2: pv_slab<Lanes8, R, 2>(p, js, n, val, e0, o); break;
+      case 3: pv_slab<Lanes8, R, 3>(p, js, n, val, e0, o); break;
+      case 4: pv_slab<Lanes8, R, 4>(p, js, n, val, e0, o); break;
+      case 5: pv_slab<Lanes8, R, 5>(p, js, n, val, e0, o); break;
+      case 6: pv_slab<Lanes8, R, 6>(p, js, n, val, e0, o); break;
+      case 7: pv_slab<Lanes8, R, 7>(p, js, n, val, e0, o); break;
+      default: pv_slab<Lanes8, R, 8>(p, js, n, val, e0, o); break;
     }
   }
   for (int r = 0; r < R; ++r)
