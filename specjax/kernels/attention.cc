@@ -472,7 +472,36 @@ inline void axpy(float p, const float* v, long d, float* o) {
   for (; e < d; ++e) o[e] = std::fma(p, v[e], o[e]);
 }
 
-inline float capped(float x, float cap) { return cap > 0 ? cap * std::tanh(x / cap) : x; }
+// p[0, n) = capped(p * scale): one IEEE multiply an entry, then, where cap > 0, cap * tanh(x /
+// cap); without a cap a plain loop the compiler vectorizes (the same multiply, the same bits).
+inline void scale_scores(float* p, long n, float scale, float cap) {
+  if (cap > 0) {
+    for (long i = 0; i < n; ++i) p[i] = cap * std::tanh(p[i] * scale / cap);
+  } else {
+    for (long i = 0; i < n; ++i) p[i] = p[i] * scale;
+  }
+}
+
+// The columns j0..j1 a mask row sees, in order, into cols -> how many. Eight mask bytes at a
+// time: a run of eight visible columns (the common case: a filled cache) is written without a
+// test a column.
+inline long visible_columns(const uint8_t* m, long j0, long j1, int32_t* cols) {
+  long n = 0, j = j0;
+  for (; j + 8 <= j1; j += 8) {
+    uint64_t word;
+    std::memcpy(&word, m + j, 8);
+    if (word == 0x0101010101010101ull) {
+      for (int u = 0; u < 8; ++u) cols[n + u] = int32_t(j + u);
+      n += 8;
+    } else if (word) {
+      for (int u = 0; u < 8; ++u)
+        if (m[j + u]) cols[n++] = int32_t(j + u);
+    }
+  }
+  for (; j < j1; ++j)
+    if (m[j]) cols[n++] = int32_t(j);
+  return n;
+}
 
 // bfloat16 bits src[0, n) -> float32 dst[0, n): the upper half of each float, exact.
 inline void widen(const uint16_t* src, long n, float* dst) {
@@ -569,9 +598,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
       const long r = gstart[gi], nr = gstart[gi + 1] - r;
       const uint8_t* m = mrow(r);
       int32_t* cr = col + r * ld + count[r];
-      long n = 0;
-      for (long j = j0; j < j1; ++j)
-        if (m[j]) cr[n++] = int32_t(j);
+      const long n = visible_columns(m, j0, j1, cr);
       const float* q[kGroupRows] = {};
       float* pr[kGroupRows] = {};
       for (long u = 0; u < nr; ++u) q[u] = c->q + at(r + u), pr[u] = prob + (r + u) * ld + count[r];
@@ -587,7 +614,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
           for (long i = 0; i < n; ++i) pr[u][i] = dot(q[u], key(cr[i]), d);
       }
       for (long u = 0; u < nr; ++u) {
-        for (long i = 0; i < n; ++i) pr[u][i] = capped(pr[u][i] * c->scale, c->softcap);
+        scale_scores(pr[u], n, c->scale, c->softcap);
         count[r + u] += n;
       }
     }
