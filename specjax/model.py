@@ -18,6 +18,14 @@ head with its kv head), and gate/up are one matmul [E, 2, F]. Every matmul goes 
 `kernels.dense`: XLA's dot, or, for a model packed at load (`load_model(kernels=...)`), a
 weight-streaming CPU kernel over packed copies carried in params as `packed_*` variables (which
 weights, and how: specjax/packing.py; the kernel: specjax/kernels/matmul.py).
+
+Arithmetic. The weights and the KV cache are held in the model's dtype; the residual stream, the
+norms, rope and the MLP's activation are float32 at every dtype, as llama.cpp runs a BF16 or F16
+GGUF. A bf16 model's products take their activations rounded to bf16 and give float32 sums
+(`kernels.dense`), and its new K/V entries are rounded to the cache's bf16 before attention
+reads them, so a T-token call's rows see them as later calls see them in the cache. Rounding
+every element-wise step to bf16 instead cost a 16-token forward of SmolLM2 ~4 ms of 16 in
+XLA's CPU converts (about a cycle an element each), for no accuracy gained.
 """
 
 from __future__ import annotations
@@ -133,8 +141,9 @@ class Norm(nnx.Module):
     if self.kind == "layer":
       h = x.astype(jnp.float32)
       h = rms_unit(h - fixed_mean(h, keepdims=True), self.eps)
-      return (h.astype(x.dtype) * self.scale[...] + self.bias[...]).astype(x.dtype)
-    return self.scale[...] * rms_unit(x, self.eps).astype(x.dtype)
+      return (h.astype(x.dtype) * self.scale[...].astype(x.dtype)
+              + self.bias[...].astype(x.dtype))
+    return self.scale[...].astype(x.dtype) * rms_unit(x, self.eps).astype(x.dtype)
 
 
 def attention_mask(mask, start, positions, window: int, empty_cache: bool):
@@ -192,6 +201,10 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     if rope is not None:
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    # The new entries as the cache will hold them (a bf16 cache beside float32 activations):
+    # the rows of this call read them as a later call will read them from the cache.
+    if layer_cache["k"].dtype != k.dtype:
+      k, v = (a.astype(layer_cache["k"].dtype).astype(k.dtype) for a in (k, v))
     # Attention reads the cache as it was before this call plus the T new entries beside it, and
     # the new entries are written into the cache separately. Reading the freshly written cache
     # instead made XLA materialise a second, updated copy of every layer's K and V for the matmul
@@ -234,10 +247,13 @@ class MLP(nnx.Module):
     h = dense(x, self.w_in[...], _packed(self, "w_in"))  # [B,T,M,F]
     if self.cfg.out_bias:
       h = h + self.b_in[...]
+    # In float32, rounded once to h's dtype where h is not float32 (a drafter's bf16 input):
+    # jax.nn.silu in bf16 would round after each of its five steps.
+    g = h[:, :, 0].astype(jnp.float32)
     if self.cfg.activation == "silu":
-      a = jax.nn.silu(h[:, :, 0])
+      a = jax.nn.silu(g).astype(h.dtype)
     else:  # gelu_new / gelu_tanh: the tanh approximation (GPT-2, Gemma's GeGLU)
-      a = jax.nn.gelu(h[:, :, 0], approximate=True)
+      a = jax.nn.gelu(g, approximate=True).astype(h.dtype)
     h = a * h[:, :, 1] if self.cfg.gated_mlp else a
     y = dense(h, self.w_out[...], _packed(self, "w_out"))
     if self.cfg.out_bias:
@@ -326,11 +342,11 @@ class Decoder(nnx.Module):
 
   def _embed(self, tokens, positions):
     """tokens, positions [B,T] -> (x [B,T,E], one (cos, sin) [B,T,D/2] per distinct rope)."""
-    x = lookup(self.embed[...], tokens)  # [B,T,E]
+    x = lookup(self.embed[...], tokens).astype(jnp.float32)  # [B,T,E]
     if self.cfg.embed_scale != 1.0:
       x = x * jnp.asarray(self.cfg.embed_scale, x.dtype)
     if self.cfg.position == "learned":
-      return x + lookup(self.pos_embed[...], positions), [None]
+      return x + lookup(self.pos_embed[...], positions).astype(jnp.float32), [None]
     ropes = []
     for freqs in self.ropes:
       angles = positions[..., None].astype(jnp.float32) * jnp.asarray(freqs, jnp.float32)
@@ -437,7 +453,9 @@ class Model:
     activations (load_model's weights= and activations=)."""
     if getattr(self, "weights", "float32") == "blocks":
       return f"GGUF blocks x {getattr(self, 'activations', 'float32')} activations"
-    return self.dtype.name
+    if self.dtype == jnp.float32:
+      return "float32"
+    return f"{self.dtype.name} weights and cache x float32 activations"
 
   @classmethod
   def random(cls, config: ModelConfig, *, seed: int = 0, dtype=jnp.float32, tokenizer=None,

@@ -97,8 +97,9 @@ def test_every_family_op():
 
 
 def test_bfloat16_weights_and_activations():
-  """A bf16 model on the kernels: products in vdpbf16ps's arithmetic (the instruction or its
-  fp32-FMA form: the same bits), attention read into float32 on the attention kernel."""
+  """A bf16 model on the kernels: float32 activations rounded to bf16 into products in
+  vdpbf16ps's arithmetic (the instruction or its fp32-FMA form: the same bits), the new K/V
+  entries rounded to the bf16 cache, attention read into float32 on the attention kernel."""
   model = sj.Model.random(tiny_model().config, seed=0, scale=0.3, dtype=jnp.bfloat16)
   probe = BatchInvariance(packing.pack(model), cache_len=96)
   _assert_chains(probe, (1, 8, 64), context=30)

@@ -93,6 +93,52 @@ def test_exit_layer_matches_truncated_model(tiny):
   np.testing.assert_allclose(np.asarray(early), np.asarray(out), atol=1e-6)
 
 
+def test_bf16_model_is_float32_activations_into_bf16_products(monkeypatch):
+  """The bf16 arithmetic (model.py, "Arithmetic"): bf16 weights and KV cache, float32 everywhere
+  else, each product's input rounded to bf16. Its logits equal, up to float32 summation order,
+  a float32 model holding the same (bf16) weights whose products round their inputs to bf16,
+  over a bf16 cache: a prefill, then a 3-token block over it. Rounding the residual stream or
+  the norms to bf16 as well moves the logits by ~1e-2 (checked below), far past the bound."""
+  import jax
+
+  from specjax import model as model_mod
+  from tests.helpers.models import tiny_config
+
+  cfg = tiny_config(vocab_size=97)
+  m16 = sj.Model.random(cfg, seed=3, scale=0.3, dtype=jnp.bfloat16)
+  m32 = sj.Model(m16.config, m16.graphdef,
+                 jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), m16.params))
+  ids = np.random.default_rng(0).integers(0, 97, size=(2, 9))
+
+  def run(model, cache_dtype):
+    c = model.config
+    cache = kv.init(c.num_layers, 2, 16, c.num_kv_heads, c.head_dim, cache_dtype)
+    mask = kv.causal_mask(cache.lengths, 6, 16)
+    pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    _, _, cache = model.apply(model.params, ids[:, :6], pos[:, :6], cache, mask)
+    cache = kv.advance(cache, jnp.array([6, 6]))
+    mask = kv.causal_mask(cache.lengths, 3, 16)
+    logits, hidden, _ = model.apply(model.params, ids[:, 6:], pos[:, 6:], cache, mask)
+    return np.asarray(logits), hidden.dtype
+
+  got, dtype = run(m16, jnp.bfloat16)
+  assert dtype == jnp.float32
+  real = model_mod.dense
+  bf16 = lambda a: a.astype(jnp.bfloat16).astype(jnp.float32)  # noqa: E731
+  monkeypatch.setattr(model_mod, "dense",
+                      lambda x, w, packed=None, **kw: real(bf16(x), w, None, **kw))
+  ref, _ = run(m32, jnp.bfloat16)
+  scale = np.abs(ref).max()
+  assert scale > 1.0
+  assert np.abs(got - ref).max() <= 1e-5 * scale
+  # the bound is sharp enough to see a bf16 rounding of the residual stream
+  real_block = model_mod.Block.__call__
+  monkeypatch.setattr(model_mod.Block, "__call__",
+                      lambda self, x, *a, **k: real_block(self, bf16(x), *a, **k))
+  rounded, _ = run(m32, jnp.bfloat16)
+  assert np.abs(rounded - ref).max() > 1e-3 * scale
+
+
 # ----------------------------------------------------------------------------- real weights
 
 

@@ -16,9 +16,11 @@ the bytes: the register tiles reach up to ~90% of one core's measured FMA peak.
 bfloat16 weights (a model loaded with dtype=jnp.bfloat16): the packed copy holds each column's
 pairs (k = 2p, 2p + 1) side by side, half the bytes, and the kernel multiplies bf16 activations by
 it in AVX512-BF16's `vdpbf16ps` arithmetic (two exact products per fp32 lane, the odd one then
-the even one added to the fp32 accumulator, pair by pair, denormals flushed), then rounds to bf16
-as XLA's bf16 dot does; the result equals XLA's up to fp32 summation order (so it can differ from
-XLA's in the last bf16 bit), and a row's result never depends on the other rows of the call. The
+the even one added to the fp32 accumulator, pair by pair, denormals flushed). Float32 activations
+(the model's: model.py keeps its residual stream in float32 at every weight dtype) are rounded to
+bf16 on the way in and the fp32 sums come out as they are, as llama.cpp runs a BF16 tensor; bf16
+activations get their result rounded to bf16, as XLA's bf16 dot does. The sums equal XLA's up to
+fp32 summation order, and a row's result never depends on the other rows of the call. The
 instruction itself runs on a CPU with AVX512-BF16; the AVX2 and scalar paths compute the same
 arithmetic from fp32 FMAs, so every path gives the same bits.
 
@@ -27,7 +29,7 @@ This file knows matrices, not models: `pack_weight` lays one [K, N] weight out f
 live, is specjax/packing.py.
 
 When the kernel runs. `dense(x, w, packed)` calls the kernel at trace time iff a packed copy is
-present, x, w and the copy are all float32 (or all bfloat16) and
+present, w and the copy are both float32 (or both bfloat16), x is float32 or w's dtype, and
 M = prod(x.shape[:-1]) <= MAX_ROWS; otherwise, and whenever it is differentiated (a custom_vjp
 whose forward rule is XLA's dot), it is XLA's dot on the original weight. If the kernel cannot be built (no compiler, a failed build) or the CPU has neither AVX-512
 nor AVX2+FMA, specjax warns once (KernelFallbackWarning) and stays on XLA: same tokens, XLA's
@@ -130,8 +132,18 @@ def pack_weight(w: np.ndarray, *, transposed: bool = False, num_threads: int | N
 
 def _xla(x, w, transposed: bool):
   """x [..., K] @ w [K, ...] (or w [N, K] transposed) as XLA's dot: the fallback, and the
-  reference the kernel is tested against."""
-  return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1 if transposed else 0,)), ((), ())))
+  reference the kernel is tested against. Float32 x and a half-precision w: x rounded to w's
+  dtype, the sums and the result in float32 (`wide`)."""
+  dims = (((x.ndim - 1,), (1 if transposed else 0,)), ((), ()))
+  if wide(x, w):
+    return jax.lax.dot_general(x.astype(w.dtype), w, dims, preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(x, w, dims)
+
+
+def wide(x, w) -> bool:
+  """Whether x @ w takes float32 activations into a half-precision (bf16, f16) weight's
+  product: x rounded to w's dtype, float32 sums and result."""
+  return x.dtype == jnp.float32 and w.dtype in (jnp.bfloat16, jnp.float16)
 
 
 def over_rows(a, b):
@@ -149,10 +161,14 @@ def _ffi(x, packed, n: int):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _kernel(x, w2, packed, transposed):
-  """x [..., K] -> [..., N] through the kernel (fp32 accumulation, rounded to x's dtype). w2
-  (the original weight, [K,N] or [N,K]) is only read when differentiated: the forward rule is
-  then XLA's dot, so gradients never see the kernel."""
-  return _ffi(x, packed, w2.shape[0] if transposed else w2.shape[1]).astype(x.dtype)
+  """x [..., K] -> [..., N] through the kernel (fp32 accumulation; rounded to x's dtype, or,
+  float32 x into a bf16 copy, x rounded to bf16 and the result in float32). w2 (the original
+  weight, [K,N] or [N,K]) is only read when differentiated: the forward rule is then XLA's dot,
+  so gradients never see the kernel."""
+  n = w2.shape[0] if transposed else w2.shape[1]
+  if wide(x, packed):
+    return _ffi(x.astype(packed.dtype), packed, n)
+  return _ffi(x, packed, n).astype(x.dtype)
 
 
 def _kernel_fwd(x, w2, packed, transposed):
@@ -162,28 +178,29 @@ def _kernel_fwd(x, w2, packed, transposed):
 def _kernel_bwd(transposed, res, g):
   x, w2 = res
   if transposed:  # w2 [N,K]
-    return g @ w2, over_rows(g, x), None
-  return g @ w2.T, over_rows(x, g), None
+    return (g @ w2).astype(x.dtype), over_rows(g, x).astype(w2.dtype), None
+  return (g @ w2.T).astype(x.dtype), over_rows(x, g).astype(w2.dtype), None
 
 
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
 def _on_kernel(x, w, packed) -> bool:
-  """Whether the kernel takes this product: float32 or bfloat16 throughout (x, w and the packed
-  copy of one dtype)."""
-  if packed is None or not x.dtype == w.dtype == packed.dtype:
+  """Whether the kernel takes this product: w and its packed copy float32 or bfloat16 alike, x
+  float32 or w's dtype."""
+  if packed is None or not w.dtype == packed.dtype or x.dtype not in (w.dtype, jnp.float32):
     return False
-  return x.dtype in (jnp.float32, jnp.bfloat16) and available()
+  return w.dtype in (jnp.float32, jnp.bfloat16) and available()
 
 
 def dense(x: jax.Array, w: jax.Array, packed: jax.Array | None = None, *,
           transposed: bool = False) -> jax.Array:
   """x [..., K] @ w [K, *out] -> [..., *out]; transposed: w [N, K] -> [..., N] (a tied head).
 
-  packed: w's packed copy (pack_weight); with it, M = prod(x.shape[:-1]) in [1, MAX_ROWS] and
-  operands of its dtype (float32 or bfloat16), the product runs in
-  the kernel, else in XLA's dot.
+  packed: w's packed copy (pack_weight); with it, M = prod(x.shape[:-1]) in [1, MAX_ROWS], w
+  of its dtype (float32 or bfloat16) and x float32 or w's dtype, the product runs in the kernel,
+  else in XLA's dot. Float32 x and a bf16 (or f16) w: x is rounded to w's dtype on the way in,
+  and the float32 sums come out unrounded (`wide`), on either path.
   """
   k = x.shape[-1]
   out = w.shape[:1] if transposed else w.shape[1:]
