@@ -547,25 +547,22 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   const long ldn = k * d;
   static thread_local std::vector<float> tile;  // a bf16 cache's tile in float32
   if (c->half && long(tile.size()) < kTile * d) tile.resize(kTile * d);
-  long tile0 = 0;  // the cache slot in tile[0, d)
-  // The cache's rows j0..j1 (at most kTile) of kc or vc as float32, d apart: in place for a
-  // float32 cache, else widened into `tile` (valid until the next call).
-  auto cache = [&](const void* base, long j0, long j1) -> const float* {
-    if (!c->half) return static_cast<const float*>(base) + at0 + j0 * d;
-    widen(static_cast<const uint16_t*>(base) + at0 + j0 * d, (j1 - j0) * d, tile.data());
+  // The cache tile being read: slots tile0.. of kc or vc as float32 at base, d apart (in place
+  // for a float32 cache, else widened into `tile`). cache(src, j0, j1) makes it rows j0..j1
+  // (at most kTile) of src.
+  const float* base = nullptr;
+  long tile0 = 0;
+  auto cache = [&](const void* src, long j0, long j1) -> const float* {
     tile0 = j0;
-    return tile.data();
+    if (!c->half) return base = static_cast<const float*>(src) + at0 + j0 * d;
+    widen(static_cast<const uint16_t*>(src) + at0 + j0 * d, (j1 - j0) * d, tile.data());
+    return base = tile.data();
   };
-  const float* kc = c->half ? nullptr : static_cast<const float*>(c->kc) + at0;
-  const float* vc = c->half ? nullptr : static_cast<const float*>(c->vc) + at0;
   // row r of this head is token r / g, query head r % g: q[bi, r / g, h, r % g, :] (o alike)
   auto at = [&](long r) { r += r0; return ((bi * t + r / g) * k + h) * g * d + (r % g) * d; };
   auto mrow = [&](long r) { return c->mask + (bi * t + (r0 + r) / g) * w; };
-  auto slot = [&](const float* full, long j) {  // a cache slot of the tile being read
-    return full ? full + j * d : tile.data() + (j - tile0) * d;
-  };
-  auto key = [&](long j) { return j < s ? slot(kc, j) : kn + (j - s) * ldn; };
-  auto val = [&](long j) { return j < s ? slot(vc, j) : vn + (j - s) * ldn; };
+  auto key = [&](long j) { return j < s ? base + (j - tile0) * d : kn + (j - s) * ldn; };
+  auto val = [&](long j) { return j < s ? base + (j - tile0) * d : vn + (j - s) * ldn; };
   long hi = 0, tn = 0, lo = s;
   for (long r = 0; r < nrow; ++r)  // (the g rows of one token share its mask row)
     if (r == 0 || mrow(r) != mrow(r - 1)) {
@@ -593,7 +590,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   long count[256];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) count[r] = 0;
   tiles([&](long j0, long j1) {
-    if (c->half && j0 < s) cache(c->kc, j0, j1);
+    if (j0 < s) cache(c->kc, j0, j1);
     for (long gi = 0; gi < ngroups; ++gi) {
       const long r = gstart[gi], nr = gstart[gi + 1] - r;
       const uint8_t* m = mrow(r);
@@ -631,7 +628,7 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
   long next[256];
   for (long r = 0; r < nrow; ++r) next[r] = 0;
   tiles([&](long j0, long j1) {
-    if (c->half && j0 < s) cache(c->vc, j0, j1);
+    if (j0 < s) cache(c->vc, j0, j1);
     for (long gi = 0; gi < ngroups; ++gi) {
       const long r = gstart[gi], nr = gstart[gi + 1] - r;
       if (count[r] == 0) continue;  // (the uniform average, already in o)
