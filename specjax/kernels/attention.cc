@@ -281,6 +281,17 @@ constexpr int kGroupRows = 3;
 constexpr int kGroupRows = 1;
 #endif
 
+// Several tokens' groups that see the same columns of a tile (a verification block's tokens all
+// see the same cache slots) go together too, up to kTakeRows rows, where the zmm paths run (d a
+// multiple of 16, at most kDots16MaxD): six rows of two keys' chains, or of 64 lanes of v, are
+// 24 zmm accumulators beside six query or probability registers. They share each key's and
+// value's loads; each row's chains are the same as alone.
+#if SJ_PART == SJ_AVX512
+constexpr int kTakeRows = 6;
+#else
+constexpr int kTakeRows = kGroupRows;
+#endif
+
 // The scores of R rows' queries q[r] against the keys at columns js[0, n), eight keys at a time:
 // 8 R independent chains, each folding its pair's products exactly as dot() does (lane l: e = l
 // mod 8, in order of e), then v_hsum8's tree, which is v_hsum's. So out[r][i] = dot(q[r],
@@ -452,16 +463,15 @@ void pv(const float* const* p, const int32_t* js, long n, Val val, long d, float
         if (p[r][i] != 0.0f) o[r][e] = std::fma(p[r][i], val(js[i])[e], o[r][e]);
 }
 
-// Calls fn.template operator()<R>() with R = rows (1 .. kGroupRows), a compile-time count.
-template <class Fn>
+// Calls fn(std::integral_constant<int, R>()) with R = rows (1 .. Max), a compile-time count.
+template <int Max, class Fn>
 inline void with_rows(long rows, Fn&& fn) {
-  if constexpr (kGroupRows >= 3) {
-    if (rows == 3) return fn(std::integral_constant<int, 3>());
+  if constexpr (Max > 1) {
+    if (rows == Max) return fn(std::integral_constant<int, Max>());
+    return with_rows<Max - 1>(rows, fn);
+  } else {
+    fn(std::integral_constant<int, 1>());
   }
-  if constexpr (kGroupRows >= 2) {
-    if (rows == 2) return fn(std::integral_constant<int, 2>());
-  }
-  fn(std::integral_constant<int, 1>());
 }
 
 // o[0, d) = fma(p, v[0, d), o) (the tail past a multiple of 8 lane by lane: the same fma).
@@ -586,33 +596,55 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
     r = e;
   }
   gstart[ngroups] = nrow;
-  // A group's visible list is kept in its first row's col; count per row (0: sees nothing).
-  long count[256];  // (rows per chunk are capped at 256 by the caller)
-  for (long r = 0; r < nrow; ++r) count[r] = 0;
+  // Rows taken together: one group, or consecutive groups with equal visible columns in the
+  // tile, up to `take` rows.
+#if SJ_PART == SJ_AVX512
+  const long take = d % 16 == 0 && d <= kDots16MaxD ? kTakeRows : kGroupRows;
+#else
+  const long take = kGroupRows;
+#endif
+  // Consecutive groups from gi with the same n columns as group gi at cols(gi), while the rows
+  // fit in `take` -> one past the last.
+  auto run_of = [&](long gi, long n, auto cols, auto len) {
+    long ge = gi + 1;
+    while (ge < ngroups && gstart[ge + 1] - gstart[gi] <= take && len(ge) == n &&
+           (n <= 0 || std::memcmp(cols(ge), cols(gi), n * sizeof(int32_t)) == 0))
+      ++ge;
+    return ge;
+  };
+  // Each row's visible list is kept in its group's first row's col; count per row (0: sees
+  // nothing), next per row (pv: the list's entries done).
+  long count[256], next[256], n[257];  // (rows per chunk are capped at 256 by the caller)
+  for (long r = 0; r < nrow; ++r) count[r] = next[r] = 0;
   tiles([&](long j0, long j1) {
     if (j0 < s) cache(c->kc, j0, j1);
     for (long gi = 0; gi < ngroups; ++gi) {
-      const long r = gstart[gi], nr = gstart[gi + 1] - r;
-      const uint8_t* m = mrow(r);
-      int32_t* cr = col + r * ld + count[r];
-      const long n = visible_columns(m, j0, j1, cr);
-      const float* q[kGroupRows] = {};
-      float* pr[kGroupRows] = {};
-      for (long u = 0; u < nr; ++u) q[u] = c->q + at(r + u), pr[u] = prob + (r + u) * ld + count[r];
+      const long r = gstart[gi];
+      n[gi] = visible_columns(mrow(r), j0, j1, col + r * ld + count[r]);
+    }
+    auto cols = [&](long gi) { return col + gstart[gi] * ld + count[gstart[gi]]; };
+    auto len = [&](long gi) { return n[gi]; };
+    for (long gi = 0, ge; gi < ngroups; gi = ge) {
+      ge = run_of(gi, n[gi], cols, len);
+      const long r = gstart[gi], nr = gstart[ge] - r, m = n[gi];
+      const int32_t* cr = cols(gi);
+      const float* q[kTakeRows] = {};
+      float* pr[kTakeRows] = {};
+      for (long u = 0; u < nr; ++u) q[u] = c->q + at(r + u), pr[u] = prob + (r + u) * ld + count[r + u];
       if (d % 8 == 0) {
 #if SJ_PART == SJ_AVX512
         if (d <= kDots16MaxD)
-          with_rows(nr, [&](auto R) { dots16<R()>(q, key, cr, n, d, pr); });
+          with_rows<kTakeRows>(nr, [&](auto R) { dots16<R()>(q, key, cr, m, d, pr); });
         else
 #endif
-        with_rows(nr, [&](auto R) { dots<R()>(q, key, cr, n, d, pr); });
+        with_rows<kGroupRows>(nr, [&](auto R) { dots<R()>(q, key, cr, m, d, pr); });
       } else {
         for (long u = 0; u < nr; ++u)
-          for (long i = 0; i < n; ++i) pr[u][i] = dot(q[u], key(cr[i]), d);
+          for (long i = 0; i < m; ++i) pr[u][i] = dot(q[u], key(cr[i]), d);
       }
       for (long u = 0; u < nr; ++u) {
-        scale_scores(pr[u], n, c->scale, c->softcap);
-        count[r + u] += n;
+        scale_scores(pr[u], m, c->scale, c->softcap);
+        count[r + u] += m;
       }
     }
   });
@@ -625,21 +657,28 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
       softmax(prob + r * ld, count[r]);
     }
   }
-  long next[256];
-  for (long r = 0; r < nrow; ++r) next[r] = 0;
   tiles([&](long j0, long j1) {
     if (j0 < s) cache(c->vc, j0, j1);
-    for (long gi = 0; gi < ngroups; ++gi) {
-      const long r = gstart[gi], nr = gstart[gi + 1] - r;
-      if (count[r] == 0) continue;  // (the uniform average, already in o)
-      const int32_t* cr = col + r * ld;
+    for (long gi = 0; gi < ngroups; ++gi) {  // n: the group's entries in this tile
+      const long r = gstart[gi];
       long i = next[r];
-      while (i < count[r] && cr[i] < j1) ++i;
-      const float* p[kGroupRows] = {};
-      float* o[kGroupRows] = {};
-      for (long u = 0; u < nr; ++u) p[u] = prob + (r + u) * ld + next[r], o[u] = c->o + at(r + u);
-      with_rows(nr, [&](auto R) { pv<R()>(p, cr + next[r], i - next[r], val, d, o); });
-      next[r] = i;
+      while (i < count[r] && col[r * ld + i] < j1) ++i;
+      n[gi] = count[r] == 0 ? -1 : i - next[r];  // (-1: the uniform average, already in o)
+    }
+    auto cols = [&](long gi) { return col + gstart[gi] * ld + next[gstart[gi]]; };
+    auto len = [&](long gi) { return n[gi]; };
+    for (long gi = 0, ge; gi < ngroups; gi = ge) {
+      ge = run_of(gi, n[gi], cols, len);
+      if (n[gi] < 0) continue;
+      const long r = gstart[gi], nr = gstart[ge] - r, m = n[gi];
+      const float* p[kTakeRows] = {};
+      float* o[kTakeRows] = {};
+      for (long u = 0; u < nr; ++u) p[u] = prob + (r + u) * ld + next[r + u], o[u] = c->o + at(r + u);
+      if (take > kGroupRows)
+        with_rows<kTakeRows>(nr, [&](auto R) { pv<R()>(p, cols(gi), m, val, d, o); });
+      else
+        with_rows<kGroupRows>(nr, [&](auto R) { pv<R()>(p, cols(gi), m, val, d, o); });
+      for (long u = 0; u < nr; ++u) next[r + u] += m;
     }
   });
 }

@@ -105,19 +105,27 @@ def test_each_row_has_the_bits_of_its_token_alone():
   together, 1 to 5 per kv head; random cache slots and earlier entries seen; queries large
   enough that some probabilities underflow to 0 in some heads of a token and not in others)
   equals, bit for bit, a call holding its token alone over the same columns, and every
-  instruction-set path gives those bits."""
+  instruction-set path gives those bits. `shared`: every token of a batch row sees the same
+  cache slots (a verification block), and tokens 1 and 2 the same new entries, so the AVX-512
+  part takes several tokens' heads together (up to six rows) where d is a multiple of 16."""
   rng = np.random.default_rng(7)
   paths = isa_paths(attention)
   before = attention.isa()
   try:
-    for b, k, t, g, s, d, hot in ((1, 2, 6, 3, 40, 64, 1.0), (2, 1, 5, 4, 30, 64, 40.0),
-                                  (1, 1, 4, 5, 20, 256, 40.0), (1, 3, 3, 2, 70, 20, 1.0),
-                                  (1, 1, 7, 1, 9, 64, 40.0)):
+    for b, k, t, g, s, d, hot, shared in (
+        (1, 2, 6, 3, 40, 64, 1.0, False), (2, 1, 5, 4, 30, 64, 40.0, False),
+        (1, 1, 4, 5, 20, 256, 40.0, False), (1, 3, 3, 2, 70, 20, 1.0, False),
+        (1, 1, 7, 1, 9, 64, 40.0, False), (1, 3, 16, 3, 300, 64, 1.0, True),
+        (2, 1, 9, 4, 150, 64, 40.0, True), (1, 2, 7, 2, 90, 128, 40.0, True),
+        (1, 1, 12, 1, 80, 32, 1.0, True)):
       args = list(_case(rng, b, k, t, g, s, d))
       args[0] = args[0] * hot
       mask = np.asarray(args[5]).copy()  # random cache slots seen; new entries: a causal chain
       mask[:, :, s:] = np.tril(np.ones((t, t), bool)) & (rng.random((b, t, t)) < 0.8)
       mask[:, :, s:] |= np.eye(t, dtype=bool)
+      if shared:
+        mask[:, :, :s] = mask[:, 1:2, :s]
+        mask[:, 2, s:] = mask[:, 1, s:]
       args[5] = jnp.asarray(mask)
       call = jax.jit(lambda *a: attention._kernel(*a, 0.125, 0.0))
       outs = {}
