@@ -90,6 +90,34 @@ def test_trees_batches_and_caches(llama_probe):
   _assert_invariant(llama_probe, chain(9), context=0, batch=2, empty=True)  # a prefill
 
 
+def test_embed_scale_beside_post_norms_without_caps():
+  """Gemma 3's combination (an embedding scale, post norms, no soft-caps) under XLA's default
+  optimization (in a child process: this suite compiles at level 0 for speed, and there the
+  fault does not show): XLA's CPU compiler fused the embedding's scaling into the first residual
+  add after a post norm as one multiply-add in some shapes and not in others, so every row of a
+  T-token call differed from its one-token forward in the last bits (real Gemma 3 270M: by ~1e-4
+  in the logits). The model now materialises the scaled embedding (an optimization barrier)."""
+  import os
+  import subprocess
+  import sys
+
+  code = ("from specjax import packing\n"
+          "from specjax.invariance import BatchInvariance\n"
+          "from tests.helpers.models import tiny_model\n"
+          "m = tiny_model(seed=3, arch='gemma', norm='rms', activation='gelu_tanh', qk_norm=True,"
+          " post_norms=True, layer_windows=(6, 0), tie_word_embeddings=True,"
+          " embed_scale=32 ** 0.5)\n"
+          "r = BatchInvariance(packing.pack(m), cache_len=96).check_chains((1, 2, 8), context=30)\n"
+          "print({t: str(x) for t, x in r.items()})\n"
+          "print('ok' if all(x.ok for x in r.values()) else 'differs')\n")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().endswith("ok"), out.stdout
+
+
 def test_every_family_op():
   probe = BatchInvariance(packing.pack(_gemma_like()), cache_len=96)
   _assert_chains(probe, (1, 2, 7, 8, 16, 33), context=30)
