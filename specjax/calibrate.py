@@ -44,6 +44,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from specjax import cache as kv
+from specjax import compile_options
 from specjax import distributed
 from specjax import packing
 from specjax.decode import Program
@@ -106,7 +107,7 @@ def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FI
 
     return first if loop == 1 else jax.lax.fori_loop(1, loop, again, first)
 
-  f = jax.jit(run)
+  f = jax.jit(run, compiler_options=compile_options.for_weights(model.params))  # as decoding
   args = (cache, toks, pos, mask)
   jax.block_until_ready(f(model.params, *args))
   return f, args

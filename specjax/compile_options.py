@@ -1,38 +1,33 @@
-"""XLA compiler options chosen by the size of the weights a program reads.
+"""XLA compiler options for the programs whose rows must be batch-invariant: decoding, training
+steps over a target, the cost curve's probe and the batch-invariance probe.
 
-XLA's CPU fusion emitters generate faster code for large operands but take ~40% longer to compile
-a method's program (measured on the test suite's tiny models: 30 -> 18 s of compiles for four
-methods' programs). For weights under SMALL_WEIGHTS_BYTES a program's run takes milliseconds and
-its compile is nearly all of a call's time, so such programs are compiled with XLA's elemental
-emitters instead. SmolLM2-135M (96 MB of GGUF blocks, 538 MB in float32) is far above the bound,
-and for it the elemental emitters would not pay: its autoregressive program compiled in 9.6 s
-with them against 5.6 s without (EAGLE's: 13.3 against 8.3 s), and 48 tokens decoded about as
-fast (one run each).
-
-Both emitters generate IEEE float32 arithmetic, and the choice depends on the weights alone (the
-target's for a decoding program, so every method's program and the autoregressive baseline's get
-the same options and agree bit for bit; tests/methods/test_lossless.py runs under it).
-
-The choice is stated either way (fusion emitters on at or above the bound), so a process-wide
-`XLA_FLAGS=--xla_cpu_use_fusion_emitters=false` changes only the programs compiled without these
-options (jax's eager operations, a user's own jits). The test suite runs that way (conftest;
-`pytest -n 2`: tests/methods/test_lossless.py and test_tree.py 246 -> 220 s, test_model.py,
-test_weights_blocks.py and test_medusa.py 163 -> 143 s), and the real models' decoding and
-training programs keep the fusion emitters.
+On CPU they are compiled with XLA's elemental emitters (`xla_cpu_use_fusion_emitters=False`),
+whatever the weights' size. XLA's newer CPU fusion emitters do not give an element the same bits
+in every shape: measured on 2026-11-29 (jaxlib 0.10.2), a Gemma-like model's rows of a T-token
+call differed from its one-token forwards with them and were identical without them, and so did
+Gemma 3 270M's in bf16 (up to 0.8 in the logits, one batch row per probed case: specjax
+bench's lossless runs gave 55 of 88 identical). Batch invariance is what makes speculation
+exact here, so decoding never uses them. What they would buy: faster compiles (SmolLM2's
+autoregressive program 5.6 s against 9.6 s) and, in one probe, a bf16 forward ~7% faster; the
+W4A8 forward ran alike. tests/test_invariance.py checks a Gemma-like model under these options
+in a child process at XLA's default settings (the suite itself runs with the fusion emitters
+off and at optimization level 0, see tests/conftest.py, where neither fault shows).
 """
 
 from __future__ import annotations
 
 import jax
 
+# Kept for callers that size other choices by it; the emitter choice no longer depends on it.
 SMALL_WEIGHTS_BYTES = 4 << 20
 
 
 def for_weights(*trees) -> dict | None:
   """Options for `Lowered.compile` / `jax.jit(compiler_options=...)` for a program reading the
-  arrays in `trees`, on CPU: the elemental emitters (fast to compile) when they total under
-  SMALL_WEIGHTS_BYTES, the fusion emitters (fast code) otherwise; None off CPU."""
+  arrays in `trees`: on CPU, the elemental emitters (see the module docstring); None off CPU.
+  The trees are read for nothing today; the signature keeps every caller stating what its
+  program reads."""
+  del trees
   if jax.default_backend() != "cpu":
     return None
-  nbytes = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(trees))
-  return {"xla_cpu_use_fusion_emitters": nbytes >= SMALL_WEIGHTS_BYTES}
+  return {"xla_cpu_use_fusion_emitters": False}

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import cache as kv
+from specjax import compile_options
 
 
 def chain(t: int) -> tuple[int, ...]:
@@ -97,7 +98,9 @@ class BatchInvariance:
   def __init__(self, model, cache_len: int = 256, params=None):
     self.model, self.cache_len = model, cache_len
     self.params = model.params if params is None else params
-    self._fwd = jax.jit(self._apply, static_argnames=("empty",))
+    # compiled as decoding compiles its programs (the elemental emitters on CPU)
+    self._fwd = jax.jit(self._apply, static_argnames=("empty",),
+                        compiler_options=compile_options.for_weights(self.params))
 
   def _apply(self, params, tokens, positions, cache, ancestors, empty=False):
     """ancestors [N, N] bool: the block's tree (a chain's is lower-triangular)."""
