@@ -603,18 +603,18 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
 #else
   const long take = kGroupRows;
 #endif
-  // Consecutive groups from gi with the same n columns as group gi at cols(gi), while the rows
-  // fit in `take` -> one past the last.
-  auto run_of = [&](long gi, long n, auto cols, auto len) {
+  // Each row's visible list is kept in its group's first row's col; count per row (0: sees
+  // nothing), next per row (pv: the list's entries done); n per group: its columns in the tile.
+  long count[256], next[256], n[257];  // (rows per chunk are capped at 256 by the caller)
+  // Consecutive groups from gi with group gi's n[gi] columns (at cols(g)), while the rows fit
+  // in `take` -> one past the last.
+  auto run_of = [&](long gi, auto cols) {
     long ge = gi + 1;
-    while (ge < ngroups && gstart[ge + 1] - gstart[gi] <= take && len(ge) == n &&
-           (n <= 0 || std::memcmp(cols(ge), cols(gi), n * sizeof(int32_t)) == 0))
+    while (ge < ngroups && gstart[ge + 1] - gstart[gi] <= take && n[ge] == n[gi] &&
+           (n[gi] <= 0 || std::memcmp(cols(ge), cols(gi), n[gi] * sizeof(int32_t)) == 0))
       ++ge;
     return ge;
   };
-  // Each row's visible list is kept in its group's first row's col; count per row (0: sees
-  // nothing), next per row (pv: the list's entries done).
-  long count[256], next[256], n[257];  // (rows per chunk are capped at 256 by the caller)
   for (long r = 0; r < nrow; ++r) count[r] = next[r] = 0;
   tiles([&](long j0, long j1) {
     if (j0 < s) cache(c->kc, j0, j1);
@@ -623,9 +623,8 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
       n[gi] = visible_columns(mrow(r), j0, j1, col + r * ld + count[r]);
     }
     auto cols = [&](long gi) { return col + gstart[gi] * ld + count[gstart[gi]]; };
-    auto len = [&](long gi) { return n[gi]; };
     for (long gi = 0, ge; gi < ngroups; gi = ge) {
-      ge = run_of(gi, n[gi], cols, len);
+      ge = run_of(gi, cols);
       const long r = gstart[gi], nr = gstart[ge] - r, m = n[gi];
       const int32_t* cr = cols(gi);
       const float* q[kTakeRows] = {};
@@ -666,18 +665,14 @@ void rows(const Call* c, long bi, long h, long r0, long r1, float* prob, int32_t
       n[gi] = count[r] == 0 ? -1 : i - next[r];  // (-1: the uniform average, already in o)
     }
     auto cols = [&](long gi) { return col + gstart[gi] * ld + next[gstart[gi]]; };
-    auto len = [&](long gi) { return n[gi]; };
     for (long gi = 0, ge; gi < ngroups; gi = ge) {
-      ge = run_of(gi, n[gi], cols, len);
+      ge = run_of(gi, cols);
       if (n[gi] < 0) continue;
       const long r = gstart[gi], nr = gstart[ge] - r, m = n[gi];
       const float* p[kTakeRows] = {};
       float* o[kTakeRows] = {};
       for (long u = 0; u < nr; ++u) p[u] = prob + (r + u) * ld + next[r + u], o[u] = c->o + at(r + u);
-      if (take > kGroupRows)
-        with_rows<kTakeRows>(nr, [&](auto R) { pv<R()>(p, cols(gi), m, val, d, o); });
-      else
-        with_rows<kGroupRows>(nr, [&](auto R) { pv<R()>(p, cols(gi), m, val, d, o); });
+      with_rows<kTakeRows>(nr, [&](auto R) { pv<R()>(p, cols(gi), m, val, d, o); });
       for (long u = 0; u < nr; ++u) next[r + u] += m;
     }
   });
