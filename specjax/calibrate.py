@@ -107,7 +107,7 @@ def forward_probe(model, t: int, *, cache_len: int = CACHE_LEN, filled: int = FI
 
     return first if loop == 1 else jax.lax.fori_loop(1, loop, again, first)
 
-  f = jax.jit(run, compiler_options=compile_options.for_weights(model.params))  # as decoding
+  f = jax.jit(run, compiler_options=compile_options.options())  # as decoding
   args = (cache, toks, pos, mask)
   jax.block_until_ready(f(model.params, *args))
   return f, args

@@ -18,16 +18,9 @@ from __future__ import annotations
 
 import jax
 
-# Kept for callers that size other choices by it; the emitter choice no longer depends on it.
-SMALL_WEIGHTS_BYTES = 4 << 20
-
-
-def for_weights(*trees) -> dict | None:
-  """Options for `Lowered.compile` / `jax.jit(compiler_options=...)` for a program reading the
-  arrays in `trees`: on CPU, the elemental emitters (see the module docstring); None off CPU.
-  The trees are read for nothing today; the signature keeps every caller stating what its
-  program reads."""
-  del trees
+def options() -> dict | None:
+  """Options for `Lowered.compile` / `jax.jit(compiler_options=...)`: on CPU, the elemental
+  emitters (see the module docstring); None off CPU."""
   if jax.default_backend() != "cpu":
     return None
   return {"xla_cpu_use_fusion_emitters": False}

@@ -100,7 +100,7 @@ class BatchInvariance:
     self.params = model.params if params is None else params
     # compiled as decoding compiles its programs (the elemental emitters on CPU)
     self._fwd = jax.jit(self._apply, static_argnames=("empty",),
-                        compiler_options=compile_options.for_weights(self.params))
+                        compiler_options=compile_options.options())
 
   def _apply(self, params, tokens, positions, cache, ancestors, empty=False):
     """ancestors [N, N] bool: the block's tree (a chain's is lower-triangular)."""

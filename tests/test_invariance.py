@@ -92,22 +92,17 @@ def test_trees_batches_and_caches(llama_probe):
 
 def test_embed_scale_beside_post_norms_without_caps():
   """Gemma 3's combination (an embedding scale, post norms, no soft-caps) under XLA's default
-  optimization (in a child process: this suite compiles at level 0 for speed, and there the
-  fault does not show): XLA's CPU compiler fused the embedding's scaling into the first residual
-  add after a post norm as one multiply-add in some shapes and not in others, so every row of a
-  T-token call differed from its one-token forward in the last bits (real Gemma 3 270M: by ~1e-4
-  in the logits). The fault came from XLA's CPU fusion emitters: the probe, like decoding,
-  compiles with the elemental emitters (specjax/compile_options.py), and this check runs with
-  the model's optimization barriers switched off, so it tests that choice alone (it fails with
-  the fusion emitters). The model also materialises the scaled embedding, which fixed this case
-  under the fusion emitters too."""
+  settings (in a child process: this suite compiles with the fusion emitters off and at level
+  0, where the fault does not show). With XLA's CPU fusion emitters, the embedding's scaling was
+  fused into the first residual add after a post norm as one multiply-add in some shapes and not
+  in others, so every row of a T-token call differed from its one-token forward in the last bits
+  (real Gemma 3 270M: by ~1e-4 in the logits). The probe, like decoding, compiles with the
+  elemental emitters (specjax/compile_options.py); this fails with the fusion emitters."""
   import os
   import subprocess
   import sys
 
-  code = ("import jax\n"
-          "jax.lax.optimization_barrier = lambda x: x  # the model's barriers off: the emitters alone\n"
-          "from specjax import packing\n"
+  code = ("from specjax import packing\n"
           "from specjax.invariance import BatchInvariance\n"
           "from tests.helpers.models import tiny_model\n"
           "m = tiny_model(seed=3, arch='gemma', norm='rms', activation='gelu_tanh', qk_norm=True,"

@@ -70,7 +70,7 @@ class _CompileCache:
     if len(self.programs) >= self.max_programs:
       self.clear()
     t0 = time.perf_counter()
-    compiled = _run_jit.lower(prog, *args).compile(compile_options.for_weights(args[0]))
+    compiled = _run_jit.lower(prog, *args).compile(compile_options.options())
     self.count += 1
     self.programs[key] = compiled
     return compiled, time.perf_counter() - t0

@@ -206,7 +206,7 @@ def fit(target, heads: Heads, tokens, *, steps: int = 200, lr: float = 3e-3, see
   params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), heads.params)
   state = opt.init(params)
 
-  @functools.partial(jax.jit, compiler_options=compile_options.for_weights(target.params))
+  @functools.partial(jax.jit, compiler_options=compile_options.options())
   def update(params, state, frozen, rng):
     (loss, _), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, frozen)
     upd, state = opt.update(g, state, params)

@@ -143,7 +143,7 @@ def fit(target, heads, tokens, *, steps: int = 200, lr: float = 1e-2, batch_size
   params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), heads.params)
   state = opt.init(params)
 
-  @functools.partial(jax.jit, compiler_options=compile_options.for_weights(target.params))
+  @functools.partial(jax.jit, compiler_options=compile_options.options())
   def update(params, state, idx):
     def loss_fn(p):
       return medusa_loss(p, heads.config, hidden[idx], tokens[idx], head, vocab)[0]

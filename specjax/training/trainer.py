@@ -326,8 +326,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   frozen: a pytree of tensors the losses read but do not train (e.g. the target's params); when
     given, loss_fn and eval_fn are called as f(params, batch, rng, frozen). Large frozen tensors
     belong here rather than in a closure: jit bakes closed-over arrays into the program as
-    constants (slow to compile, a second copy in memory), and the compiler options follow the
-    size of params and frozen alone (specjax/compile_options.py).
+    constants (slow to compile, a second copy in memory).
   callback(step, params, metrics): called after each step (and its checkpoint); raising from it
     stops training, after saving a checkpoint at that step.
   Returns TrainResult(params, step, held_out metrics at the end, resumed_from, out_dir).
@@ -340,7 +339,7 @@ def train(params, loss_fn: Callable, batches: Callable[[int], object], config: T
   run.opt_state = opt.init(run.params)
   key = jax.random.key(config.seed)
   run.resume(log)
-  options = compile_options.for_weights(run.params, run.extra)
+  options = compile_options.options()
   update = jax.jit(_update_step(loss_fn, opt, key, config), compiler_options=options)
   evaluate = jax.jit(eval_fn or loss_fn, compiler_options=options)
   eval_key = jax.random.fold_in(key, 2**32 - 1)  # never a training step

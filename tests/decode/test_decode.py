@@ -131,13 +131,11 @@ def test_compile_cache_is_bounded(tiny):
 
 
 def test_compile_options_keep_the_elemental_emitters():
-  """Every program that must be batch-invariant gets XLA's elemental emitters on CPU, small
-  weights or large (the fusion emitters gave shape-dependent bits: specjax/compile_options.py)."""
+  """Every program that must be batch-invariant gets XLA's elemental emitters on CPU (the
+  fusion emitters gave shape-dependent bits: specjax/compile_options.py)."""
   from specjax import compile_options
 
-  bound = compile_options.SMALL_WEIGHTS_BYTES
-  for tree in (np.zeros(bound // 4 - 1, np.float32), np.zeros(bound, np.float32)):
-    assert compile_options.for_weights(tree) == {"xla_cpu_use_fusion_emitters": False}
+  assert compile_options.options() == {"xla_cpu_use_fusion_emitters": False}
 
 
 # ----------------------------------------------------------------------------- the state's layout
