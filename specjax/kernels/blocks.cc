@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fp16.h"
 #include "isa.h"
 
 namespace {
@@ -328,37 +329,14 @@ extern "C" void SJ_PATH(sj_blocks)(int qtype, const float* x, long ldx, const ui
 
 namespace {
 
-// IEEE fp16 -> fp32, exact, without F16C (the portable path runs anywhere).
-float half_to_float(const uint8_t* p) {
-  const uint32_t h = p[0] | (uint32_t(p[1]) << 8);
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    uint32_t mm = man;
-    do {
-      ++e;
-      mm <<= 1;
-    } while ((mm & 0x400u) == 0);
-    bits = sign | (uint32_t(112 - e) << 23) | ((mm & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+using sj_fp16::to_float;  // fp16.h: exact, without F16C (the portable path runs anywhere)
 
 // A K-quant record's 256 x 16 dequantised weights, w[k][column], as the reference computes them.
 void dequant_k(int qtype, const uint8_t* p, float (&w)[256][kGroup]) {
   for (int i = 0; i < kGroup; ++i) {
     auto byte = [&](long r) { return int(p[16 * r + i]); };  // byte row r of the record
     if (qtype == kQ4_K) {
-      const float d = half_to_float(p + 2 * i), dmin = half_to_float(p + 32 + 2 * i);
+      const float d = to_float(p + 2 * i), dmin = to_float(p + 32 + 2 * i);
       for (int j = 0; j < 8; ++j) {
         int s, m;
         if (j < 4) {
@@ -375,7 +353,7 @@ void dequant_k(int qtype, const uint8_t* p, float (&w)[256][kGroup]) {
         }
       }
     } else {  // Q6_K
-      const float d = half_to_float(p + 3328 + 2 * i);
+      const float d = to_float(p + 3328 + 2 * i);
       for (int k = 0; k < 256; ++k) {
         const int h = k / 128, u = (k % 128) / 32, t = k % 32;
         const int lo = (byte(64 * h + 32 * (u & 1) + t) >> (4 * (u >> 1))) & 15;
@@ -390,9 +368,9 @@ void dequant_k(int qtype, const uint8_t* p, float (&w)[256][kGroup]) {
 // The record's 32 x 16 dequantised weights, w[k][column], as the reference computes them.
 void dequant(int qtype, const uint8_t* p, float (&w)[kBlock][kGroup]) {
   float d[kGroup], mn[kGroup] = {};
-  for (int i = 0; i < kGroup; ++i) d[i] = half_to_float(p + 2 * i);
+  for (int i = 0; i < kGroup; ++i) d[i] = to_float(p + 2 * i);
   if (qtype == kQ4_1)
-    for (int i = 0; i < kGroup; ++i) mn[i] = half_to_float(p + 32 + 2 * i);
+    for (int i = 0; i < kGroup; ++i) mn[i] = to_float(p + 32 + 2 * i);
   if (qtype == kQ8_0) {
     for (int j = 0; j < 32; ++j)
       for (int i = 0; i < kGroup; ++i) w[j][i] = d[i] * float(int8_t(p[32 + 16 * j + i]));

@@ -41,10 +41,11 @@ LIBRARIES = {
     "matmul": ("matmul.cc", LIB_NAME, {"*": ("-ffp-contract=off",)}),
     "blocks": ("blocks.cc", "libspecjax_blocks.so",
                {"*": ("-ffp-contract=off",), "SJ_AVX2": ("-mf16c",)}),
-    # qdot.cc's AVX-512 path needs BW and VNNI (vpdpbusd); no contraction, so that every path folds
-    # the blocks with the same explicit fmas.
+    # qdot.cc's AVX-512 path needs BW and VNNI (vpdpbusd), its AVX2 path F16C (fp16 scales); no
+    # contraction, so that every path folds the blocks with the same explicit fmas.
     "qdot": ("qdot.cc", "libspecjax_qdot.so",
-             {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni")}),
+             {"*": ("-ffp-contract=off",), "SJ_AVX512": ("-mavx512bw", "-mavx512vnni"),
+              "SJ_AVX2": ("-mf16c",)}),
     # attention.cc: no contraction (its arithmetic names every fma); the avx512 part runs the
     # AVX2 code, so it needs FMA.
     "attention": ("attention.cc", "libspecjax_attention.so",

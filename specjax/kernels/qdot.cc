@@ -26,13 +26,17 @@
 //
 // so one 64-byte load, masked or shifted, is the u8 operand of vpdpbusd for 16 columns x 4 k (lane
 // j's four bytes are column j's k = 4c..4c+3) and a broadcast of 4 bytes of xq is the s8 operand.
+// Where every d and m is an fp16 value (a GGUF file's Q4_1 and Q4_0 blocks: their scales are fp16),
+// the record stores them as fp16 and is 320 bytes, d[16] fp16 | m[16] fp16 | the same 4 chunks;
+// the kernel widens them exactly (vcvtph2ps; fp16.h on the scalar path), so the two records give
+// the same bits, and a decode step, which reads every record once, reads 17% fewer bytes.
 //
 // Q8_0 weights (w = d * q, q in -128..127; llama.cpp's Q8_0 x Q8_0, the W4A8 target's tied head):
 // a record of 576 bytes, d[16] fp32 | 8 chunks of 64 bytes whose byte 4j + t holds q[4c + t][j] +
 // 128, the unsigned operand as stored; isum = sum (q + 128) xq - 128 sx, exact in int32, and
 // y[m,n] = sum_b d[b,n] * dx * isum[b,n] folded as acc = fma(d * dx, isum, acc). AVX2 takes q back
 // (xor 0x80) and multiplies |q| by xq with q's sign (vpmaddubsw, pair sums below 2^15). A packed
-// weight's record size (384 or 576) says which layout it is.
+// weight's record size (384, 320 or 576) says which layout it is.
 // A group is one contiguous stream of K/32 records, read once per call by the first row tile and
 // re-read from L1 by the others. On AVX2 the same record feeds vpmaddubsw (8 columns per half):
 // eight u8 x s8 pair sums of at most 2 * 15 * 127 add up to at most 30480 in int16, exact.
@@ -45,14 +49,23 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fp16.h"
 #include "isa.h"
 
 namespace {
 
 constexpr long kGroup = 16;    // output columns per group
 constexpr long kBlock = 32;    // k per block
-constexpr long kRecord = 384;  // bytes per group-block record (Q4_1)
+constexpr long kRecord = 384;  // bytes per group-block record (Q4_1, fp32 d and m)
 constexpr long kQOff = 128;    // the nibbles' offset in a record
+constexpr long kRecordH = 320;  // the same with fp16 d and m
+constexpr long kQOffH = 64;
+
+// A Q4_1 record's size and its nibbles' offset, by its scales' type (H: fp16).
+template <bool H>
+constexpr long record_of() { return H ? kRecordH : kRecord; }
+template <bool H>
+constexpr long qoff_of() { return H ? kQOffH : kQOff; }
 constexpr long kRecord8 = 576;  // bytes per group-block record (Q8_0)
 constexpr long kQOff8 = 64;     // the bytes' offset in a Q8_0 record
 constexpr long kMaxM = 64;     // rows per pass over the weight (a call takes any number)
@@ -99,9 +112,10 @@ inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, floa
 }  // namespace
 
 // out[r][0..15] (row stride ldo) = rows r < `rows` of the quantized activations (xq row stride ldq,
-// dx / dxs row stride ldd) times one group's nblk records; rows <= kMaxM.
+// dx / dxs row stride ldd) times one group's nblk Q4_1 records (`record` bytes each: kRecord or
+// kRecordH); rows <= kMaxM.
 typedef void GroupFn(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
-                     const uint8_t* w, long nblk, long rows, float* out, long ldo);
+                     const uint8_t* w, long nblk, long rows, float* out, long ldo, long record);
 // The same for Q8_0 records: sx (row stride ldd) is each block's sum of xq.
 typedef void Group8Fn(const int8_t* xq, long ldq, const float* dx, const int32_t* sx, long ldd,
                       const uint8_t* w, long nblk, long rows, float* out, long ldo);
@@ -115,16 +129,19 @@ typedef void QuantFn(const float* x, long k, int8_t* xq, float* dx, float* dxs, 
 #include <utility>
 
 #ifndef SJ_QDOT_PREFETCH
-#define SJ_QDOT_PREFETCH 4  // records ahead (0: none; 0, 4 and 8 measured alike)
+// Bytes ahead of the record in use that the first row tile prefetches (0: none). 6 KiB against
+// 1.5 and 12 KiB, weights from memory, 16 rows: the head 755 against 970-1010 and 890-1450 us
+// (experiments/kernels/README.md, "qdot's records from memory").
+#define SJ_QDOT_PREFETCH 6144
 #endif
 
 namespace {
 
-template <long R = kRecord>
+template <long R>
 inline void prefetch_record(const uint8_t* p) {
   if constexpr (SJ_QDOT_PREFETCH > 0)
     for (int l = 0; l < R / 64; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(p + SJ_QDOT_PREFETCH * R + 64 * l), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + SJ_QDOT_PREFETCH + 64 * l), _MM_HINT_T0);
 }
 
 // Calls run(r, mt) for the row tiles r, r + T, ... of `rows` rows (mt: the tile's rows, <= T).
@@ -137,20 +154,30 @@ inline void row_tiles(long rows, Run run) {
 
 constexpr int kTile = 8;  // rows per register tile: 8 accumulators + 8 nibble vectors + d, m
 
-template <int MT>
+// A Q4_1 record's 16 scales (i = 0) or mins (i = 1) as fp32: stored so, or widened from fp16.
+template <bool H>
+inline __m512 scales(const uint8_t* p, int i) {
+  if constexpr (H)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i)));
+  else
+    return _mm512_loadu_ps(p + 64 * i);
+}
+
+template <int MT, bool H>
 void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
           const float* __restrict dxs, long ldd, const uint8_t* __restrict w, long nblk,
           float* __restrict out, long ldo, bool first) {
+  constexpr long R = record_of<H>();
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0f);
   for (long b = 0; b < nblk; ++b) {
-    const uint8_t* p = w + b * kRecord;
-    if (first) prefetch_record(p);
-    const __m512 d = _mm512_loadu_ps(p), mn = _mm512_loadu_ps(p + 64);
+    const uint8_t* p = w + b * R;
+    if (first) prefetch_record<R>(p);
+    const __m512 d = scales<H>(p, 0), mn = scales<H>(p, 1);
     __m512i q[8];
     for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(p + kQOff + 64 * c);
+      const __m512i v = _mm512_loadu_si512(p + qoff_of<H>() + 64 * c);
       q[c] = _mm512_and_si512(v, low);
       q[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
@@ -178,14 +205,16 @@ void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
 typedef void TileFn(const int8_t*, long, const float*, const float*, long, const uint8_t*, long,
                     float*, long, bool);
 
-template <int... Ms>
+template <bool H, int... Ms>
 constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms...>) {
-  return {&tile<Ms + 1>...};
+  return {&tile<Ms + 1, H>...};
 }
 
 void group(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
-           const uint8_t* w, long nblk, long rows, float* out, long ldo) {
-  static constexpr auto table = tiles(std::make_integer_sequence<int, kTile>{});
+           const uint8_t* w, long nblk, long rows, float* out, long ldo, long record) {
+  static constexpr auto full = tiles<false>(std::make_integer_sequence<int, kTile>{});
+  static constexpr auto half = tiles<true>(std::make_integer_sequence<int, kTile>{});
+  const auto& table = record == kRecordH ? half : full;
   row_tiles<kTile>(rows, [&](long r, long mt) {
     table[mt - 1](xq + r * ldq, ldq, dx + r * ldd, dxs + r * ldd, ldd, w, nblk, out + r * ldo,
                   ldo, r == 0);
@@ -265,23 +294,33 @@ void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs, int32_
 
 constexpr int kTile = 4;  // rows per register tile (16 ymm: 8 nibble vectors, d, m, 4 accumulators)
 
+// Half h of a Q4_1 record's scales (i = 0) or mins (i = 1) as fp32: stored so, or widened from
+// fp16 (F16C).
+template <bool H>
+inline __m256 scales(const uint8_t* p, int i, int h) {
+  if constexpr (H)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 * i + 16 * h)));
+  else
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p + 64 * i + 32 * h));
+}
+
 // One half (8 columns) of the group: h = 0 columns 0..7, h = 1 columns 8..15.
-template <int MT>
+template <int MT, bool H>
 void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
           const float* __restrict dxs, long ldd, const uint8_t* __restrict w, long nblk,
           float* __restrict out, long ldo, int h, bool first) {
+  constexpr long R = record_of<H>();
   __m256 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (long b = 0; b < nblk; ++b) {
-    const uint8_t* p = w + b * kRecord;
-    if (first) prefetch_record(p);
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32 * h));
-    const __m256 mn = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 64 + 32 * h));
+    const uint8_t* p = w + b * R;
+    if (first) prefetch_record<R>(p);
+    const __m256 d = scales<H>(p, 0, h), mn = scales<H>(p, 1, h);
     __m256i q[8];
     for (int c = 0; c < 4; ++c) {
-      const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQOff + 64 * c + 32 * h));
+      const __m256i v = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(p + qoff_of<H>() + 64 * c + 32 * h));
       q[c] = _mm256_and_si256(v, low);
       q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
@@ -303,14 +342,16 @@ void tile(const int8_t* __restrict xq, long ldq, const float* __restrict dx,
 typedef void TileFn(const int8_t*, long, const float*, const float*, long, const uint8_t*, long,
                     float*, long, int, bool);
 
-template <int... Ms>
+template <bool H, int... Ms>
 constexpr std::array<TileFn*, sizeof...(Ms)> tiles(std::integer_sequence<int, Ms...>) {
-  return {&tile<Ms + 1>...};
+  return {&tile<Ms + 1, H>...};
 }
 
 void group(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
-           const uint8_t* w, long nblk, long rows, float* out, long ldo) {
-  static constexpr auto table = tiles(std::make_integer_sequence<int, kTile>{});
+           const uint8_t* w, long nblk, long rows, float* out, long ldo, long record) {
+  static constexpr auto full = tiles<false>(std::make_integer_sequence<int, kTile>{});
+  static constexpr auto half = tiles<true>(std::make_integer_sequence<int, kTile>{});
+  const auto& table = record == kRecordH ? half : full;
   for (int h = 0; h < 2; ++h)
     row_tiles<kTile>(rows, [&](long r, long mt) {
       table[mt - 1](xq + r * ldq, ldq, dx + r * ldd, dxs + r * ldd, ldd, w, nblk, out + r * ldo,
@@ -384,8 +425,8 @@ extern "C" Group8Fn SJ_PATH(sj_qdot_group8);
 extern "C" QuantFn SJ_PATH(sj_qdot_quant);
 void SJ_PATH(sj_qdot_group)(const int8_t* xq, long ldq, const float* dx, const float* dxs,
                             long ldd, const uint8_t* w, long nblk, long rows, float* out,
-                            long ldo) {
-  group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo);
+                            long ldo, long record) {
+  group(xq, ldq, dx, dxs, ldd, w, nblk, rows, out, ldo, record);
 }
 void SJ_PATH(sj_qdot_group8)(const int8_t* xq, long ldq, const float* dx, const int32_t* sx,
                              long ldd, const uint8_t* w, long nblk, long rows, float* out,
@@ -405,16 +446,24 @@ extern "C" Group8Fn sj_qdot_group8_scalar;
 extern "C" QuantFn sj_qdot_quant_scalar;
 
 void sj_qdot_group_scalar(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
-                          const uint8_t* w, long nblk, long rows, float* out, long ldo) {
+                          const uint8_t* w, long nblk, long rows, float* out, long ldo,
+                          long record) {
+  const bool half = record == kRecordH;
+  const long qoff = half ? kQOffH : kQOff;
   for (long r = 0; r < rows; ++r)
     for (int j = 0; j < kGroup; ++j) out[r * ldo + j] = 0.0f;
   for (long b = 0; b < nblk; ++b) {
-    const uint8_t* p = w + b * kRecord;
+    const uint8_t* p = w + b * record;
+    float d[kGroup], mn[kGroup];
+    for (int j = 0; j < kGroup; ++j) {
+      d[j] = half ? sj_fp16::to_float(p + 2 * j) : load_f32(p + 4 * j);
+      mn[j] = half ? sj_fp16::to_float(p + 32 + 2 * j) : load_f32(p + 64 + 4 * j);
+    }
     uint8_t q[kBlock][kGroup];
     for (int c = 0; c < 4; ++c)
       for (int j = 0; j < kGroup; ++j)
         for (int t = 0; t < 4; ++t) {
-          const uint8_t v = p[kQOff + 64 * c + 4 * j + t];
+          const uint8_t v = p[qoff + 64 * c + 4 * j + t];
           q[4 * c + t][j] = v & 15;
           q[16 + 4 * c + t][j] = v >> 4;
         }
@@ -425,8 +474,8 @@ void sj_qdot_group_scalar(const int8_t* xq, long ldq, const float* dx, const flo
         int32_t isum = 0;
         for (int i = 0; i < kBlock; ++i) isum += int32_t(q[i][j]) * int32_t(xr[i]);
         float& o = out[r * ldo + j];
-        o = std::fma(load_f32(p + 4 * j) * dxr, float(isum), o);
-        o = std::fma(load_f32(p + 64 + 4 * j), dsr, o);
+        o = std::fma(d[j] * dxr, float(isum), o);
+        o = std::fma(mn[j], dsr, o);
       }
     }
   }
@@ -474,10 +523,10 @@ namespace {
 
 // ----------------------------------------------------------------------------- ISA choice
 
-// The isa codes: 0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni.
+// The isa codes: 0 scalar, 1 avx2+fma+f16c, 2 avx512 f/bw/vl/vnni.
 SJ_ISA(SJ_CPU("avx512f") && SJ_CPU("avx512bw") && SJ_CPU("avx512vl") && SJ_CPU("avx512vnni") &&
            SJ_CPU("fma"),
-       SJ_CPU("avx2") && SJ_CPU("fma"))
+       SJ_CPU("avx2") && SJ_CPU("fma") && SJ_CPU("f16c"))
 
 struct Path {
   GroupFn* group;
@@ -498,14 +547,14 @@ struct Job {
   const int32_t* sx;  // [m, nblk]
   const uint8_t* w;   // [ng, nblk, record]
   float* y;           // [m, n]
-  long m, k, n, ng, nblk, record;  // record: kRecord (Q4_1) or kRecord8 (Q8_0)
+  long m, k, n, ng, nblk, record;  // record: kRecord or kRecordH (Q4_1), kRecord8 (Q8_0)
   Path f;
 
   void group(const uint8_t* wg, float* out, long ldo) const {
     if (record == kRecord8)
       f.group8(xq, k, dx, sx, nblk, wg, nblk, m, out, ldo);
     else
-      f.group(xq, k, dx, dxs, nblk, wg, nblk, m, out, ldo);
+      f.group(xq, k, dx, dxs, nblk, wg, nblk, m, out, ldo, record);
   }
 };
 
@@ -536,8 +585,8 @@ struct Scratch {
   std::vector<int32_t> sx;
 };
 
-// m <= kMaxM rows; record: the packed weight's bytes per group-block, kRecord (Q4_1) or kRecord8
-// (Q8_0).
+// m <= kMaxM rows; record: the packed weight's bytes per group-block, kRecord or kRecordH (Q4_1)
+// or kRecord8 (Q8_0).
 void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
   static thread_local Scratch s;
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlock;
@@ -566,15 +615,16 @@ void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long
 
 // ----------------------------------------------------------------------------- XLA FFI
 
-// Checks x[...,K], w[ng, K/32, 384 (Q4_1) or 576 (Q8_0)], y[...,N] (M: the product of the leading
-// dimensions) against the packed layout; returns an error message, or "" if they agree.
+// Checks x[...,K], w[ng, K/32, 384 or 320 (Q4_1) or 576 (Q8_0)], y[...,N] (M: the product of the
+// leading dimensions) against the packed layout; returns an error message, or "" if they agree.
 std::string check(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                   ffi::Span<const int64_t> yd) {
   const long m = sj_ffi::rows(xd, yd);
   if (m < 0 || wd.size() != 3)
-    return "specjax_qdot_f32: expected x[...,K], w[ng,K/32,384|576], y[...,N]";
+    return "specjax_qdot_f32: expected x[...,K], w[ng,K/32,384|320|576], y[...,N]";
   const long k = sj_ffi::last(xd), ng = wd[0], n = sj_ffi::last(yd);
-  if (k % kBlock != 0 || wd[1] != k / kBlock || (wd[2] != kRecord && wd[2] != kRecord8) ||
+  if (k % kBlock != 0 || wd[1] != k / kBlock ||
+      (wd[2] != kRecord && wd[2] != kRecordH && wd[2] != kRecord8) ||
       n > ng * kGroup ||
       n <= (ng - 1) * kGroup)
     return "specjax_qdot_f32: bad packed layout";
@@ -612,7 +662,7 @@ SJ_EXPORT void specjax_qdot_quantize(const float* x, long m, long k, int8_t* xq,
 }
 
 // y = the product on host pointers, outside XLA (benchmarks without a jit in between).
-// record: 384 (Q4_1) or 576 (Q8_0).
+// record: 384 or 320 (Q4_1) or 576 (Q8_0).
 SJ_EXPORT void specjax_qdot_f32(const float* x, const uint8_t* w, float* y, long m, long k,
                                 long n, long record) {
   qdot_dense(x, w, y, m, k, n, record);

@@ -6,7 +6,8 @@ Q4_1 x Q8_1 and Q8_0 x Q8_0 arithmetic) through jax.ffi, beside its pure-JAX ref
 (Q8_0: q[b,i,n] in -128..127 and no m.)
 
 Why. A decode step reads every weight once, so its time is the weights' bytes; a quantized
-self-draft reads a Q4_1 copy (0.75 bytes a weight as packed here, against 4 for fp32) and
+self-draft reads a Q4_1 copy (0.75 bytes a weight as packed here, 0.625 where the scales are fp16
+as a GGUF file's are, against 4 for fp32) and
 multiplies it by int8 activations with the CPU's integer dot (AVX-512 VNNI's vpdpbusd), never
 turning a weight back into a float.
 
@@ -29,7 +30,12 @@ in its low nibble and q[16 + 4c + t] in its high one (chunk c): one 64-byte load
 16 outputs x 4 k (qdot.cc says more). `pack(q, d)` (no m: Q8_0, q int in -128..127) returns
 [ceil(N/16), K/32, 576]: d[16], then 8 chunks of 64 bytes whose byte 4j + t holds q[4c + t] of
 column j plus 128 (vpdpbusd's unsigned operand; the kernel takes 128 * sum(xq) back off, exactly).
-A packed weight's last dimension (384 or 576) says which it is.
+Where every d and m is exactly an fp16 value (as a GGUF file's Q4_1 and Q4_0 scales are), the Q4_1
+record keeps them as fp16 (`half=None`, the default, chooses so; `half=True` requires it):
+[..., 320], d[16] and m[16] as little-endian fp16, then the same 4 chunks. The kernel widens them
+exactly, so the result has the same bits as the 384-byte record's, from 17% fewer bytes (0.625 a
+weight, the GGUF block's own size). A packed weight's last dimension (384, 320 or 576) says which
+it is.
 
 When the kernel runs. `dense(x, packed, n, k)` calls it iff M = prod(x.shape[:-1]) >= 1,
 SPECJAX_KERNELS is not off and the library is built and loaded on a CPU with
@@ -55,6 +61,7 @@ MAX_ROWS = 64   # rows per pass over the weight; the kernel takes larger M in pa
 GROUP = 16      # output columns per packed group
 BLOCK = 32      # k per block
 RECORD = 384    # bytes per (group, block): d[16], m[16] float32, 256 bytes of nibbles (Q4_1)
+RECORD_HALF = 320  # the same with d and m as fp16
 RECORD8 = 576   # bytes per (group, block): d[16] float32, 512 bytes of q + 128 (Q8_0)
 
 
@@ -70,22 +77,31 @@ def check_shape(n, k) -> None:
                      "(the Q4_1 blocks run along it)")
 
 
-def packed_shape(n: int, k: int, bits: int = 4) -> tuple[int, int, int]:
-  """[ceil(N/16), K/32, 384] (bits 4, Q4_1) or [..., 576] (bits 8, Q8_0): the packed layout."""
+def packed_shape(n: int, k: int, bits: int = 4, half: bool = False) -> tuple[int, int, int]:
+  """[ceil(N/16), K/32, 384] (bits 4, Q4_1; 320 with half scales) or [..., 576] (bits 8, Q8_0):
+  the packed layout."""
   check_shape(n, k)
-  return -(-int(n) // GROUP), int(k) // BLOCK, RECORD if bits == 4 else RECORD8
+  record = (RECORD_HALF if half else RECORD) if bits == 4 else RECORD8
+  return -(-int(n) // GROUP), int(k) // BLOCK, record
+
+
+def _exact_in_fp16(a: np.ndarray) -> bool:
+  """Whether every value of float32 a is an fp16 value (NaNs compared by their bits)."""
+  with np.errstate(over="ignore"):  # a value past fp16's range becomes inf: not exact
+    return bool(np.array_equal(a.astype(np.float16).astype(np.float32), a, equal_nan=True))
 
 
 # ----------------------------------------------------------------------------- packing
 
 
-def pack(q, d, m=None) -> np.ndarray:
-  """Q4_1 blocks -> the kernel's layout [ceil(N/16), K/32, 384] uint8; without m, Q8_0 blocks ->
-  [ceil(N/16), K/32, 576].
+def pack(q, d, m=None, *, half: bool | None = None) -> np.ndarray:
+  """Q4_1 blocks -> the kernel's layout [ceil(N/16), K/32, 384 or 320] uint8; without m, Q8_0
+  blocks -> [ceil(N/16), K/32, 576].
 
   q: integers [K/32, 32, N] in 0..15 (Q4_1) or -128..127 (Q8_0) (block b's 32 quants of each
   output, k = 32 b + i); d, m: floats [K/32, N] (each block's scale and min per output), taken as
-  float32.
+  float32. half (Q4_1): store d and m as fp16 (320-byte records); None: where every one of them is
+  an fp16 value, so the record holds the same numbers either way.
   """
   q, d = np.asarray(q), np.asarray(d)
   lo, hi = (0, 15) if m is not None else (-128, 127)
@@ -102,12 +118,24 @@ def pack(q, d, m=None) -> np.ndarray:
       raise ValueError(f"{name}: expected shape {(nblk, n)} (K/32, N) to match q, got {a.shape}")
     if not np.issubdtype(a.dtype, np.floating):
       raise ValueError(f"{name}: expected a float array, got dtype {a.dtype}")
+  if half is not None and not isinstance(half, bool):
+    raise ValueError(f"half={half!r}: expected True, False or None")
+  if half and m is None:
+    raise ValueError("half=True: only Q4_1 records (with m) keep their scales as fp16")
   ng = -(-n // GROUP)
   pad = ng * GROUP - n
+  if m is not None:
+    d32, m32 = np.asarray(d, np.float32), np.asarray(m, np.float32)
+    exact = _exact_in_fp16(d32) and _exact_in_fp16(m32)
+    if half and not exact:
+      raise ValueError("half=True: d and m must be fp16 values (a GGUF block's scales are); these "
+                       "would round")
+    half = exact if half is None else half
 
-  def field(a):  # [nblk, N] -> [ng, nblk, 64] bytes of float32 (little-endian)
-    a = np.pad(a.astype("<f4"), ((0, 0), (0, pad))).reshape(nblk, ng, GROUP).transpose(1, 0, 2)
-    return np.ascontiguousarray(a).view(np.uint8).reshape(ng, nblk, 4 * GROUP)
+  def field(a, dt="<f4"):  # [nblk, N] -> [ng, nblk, 16 * size] bytes (little-endian)
+    a = np.pad(np.asarray(a, np.float32).astype(dt), ((0, 0), (0, pad)))
+    a = a.reshape(nblk, ng, GROUP).transpose(1, 0, 2)
+    return np.ascontiguousarray(a).view(np.uint8).reshape(ng, nblk, -1)
 
   if m is None:  # Q8_0: q + 128, k = 4 c + t
     qp = np.pad((q.astype(np.int16) + 128).astype(np.uint8), ((0, 0), (0, 0), (0, pad)),
@@ -118,7 +146,8 @@ def pack(q, d, m=None) -> np.ndarray:
   qp = qp.reshape(nblk, 2, 4, 4, ng, GROUP)                         # k = 16 h + 4 c + t
   qp = qp.transpose(4, 0, 1, 2, 5, 3)                               # [ng, nblk, h, c, j, t]
   nib = (qp[:, :, 0] | (qp[:, :, 1] << 4)).reshape(ng, nblk, 256)
-  return np.ascontiguousarray(np.concatenate([field(d), field(m), nib], axis=-1))
+  dt = "<f2" if half else "<f4"
+  return np.ascontiguousarray(np.concatenate([field(d, dt), field(m, dt), nib], axis=-1))
 
 
 def bits_of(packed) -> int:
@@ -131,33 +160,35 @@ def unpack(packed, n: int, k: int):
   0..15 for Q4_1, int8 with m None for Q8_0."""
   p = jnp.asarray(packed)
   _check_packed(p, n, k)
-  ng, nblk, _ = p.shape
+  ng, nblk, record = p.shape
+  size, dt = (2, jnp.float16) if record == RECORD_HALF else (4, jnp.float32)
 
-  def field(o):
-    f = jax.lax.bitcast_convert_type(p[..., o:o + 64].reshape(ng, nblk, GROUP, 4), jnp.float32)
-    return f.transpose(1, 0, 2).reshape(nblk, ng * GROUP)[:, :n]
+  def field(i):  # the i-th scale field (d, m), widened to float32 exactly
+    o = i * GROUP * size
+    f = jax.lax.bitcast_convert_type(p[..., o:o + GROUP * size].reshape(ng, nblk, GROUP, size), dt)
+    return f.astype(jnp.float32).transpose(1, 0, 2).reshape(nblk, ng * GROUP)[:, :n]
 
   if bits_of(p) == 8:
     b = (p[..., 64:].reshape(ng, nblk, 8, GROUP, 4).astype(jnp.int16) - 128).astype(jnp.int8)
     q = b.transpose(1, 2, 4, 0, 3).reshape(nblk, BLOCK, ng * GROUP)[..., :n]
     return q, field(0), None
-  b = p[..., 128:].reshape(ng, nblk, 4, GROUP, 4)                   # [ng, nblk, c, j, t]
+  b = p[..., 2 * GROUP * size:].reshape(ng, nblk, 4, GROUP, 4)      # [ng, nblk, c, j, t]
   q = jnp.stack([b & 15, b >> 4], axis=2)                           # [ng, nblk, h, c, j, t]
   q = q.transpose(1, 2, 3, 5, 0, 4).reshape(nblk, BLOCK, ng * GROUP)[..., :n]
-  return q, field(0), field(64)
+  return q, field(0), field(1)
 
 
 def _check_packed(p, n, k):
-  shapes = [packed_shape(n, k, bits) for bits in (4, 8)]
+  shapes = [packed_shape(n, k, bits, half) for bits, half in ((4, False), (4, True), (8, False))]
   if tuple(p.shape) not in shapes or p.dtype != jnp.uint8:
-    raise ValueError(f"packed: expected uint8 {shapes[0]} (Q4_1) or {shapes[1]} (Q8_0) for n={n}, "
-                     f"k={k}; got {p.dtype} {tuple(p.shape)}")
+    raise ValueError(f"packed: expected uint8 {shapes[0]} or {shapes[1]} (Q4_1) or {shapes[2]} "
+                     f"(Q8_0) for n={n}, k={k}; got {p.dtype} {tuple(p.shape)}")
 
 
 # ----------------------------------------------------------------------------- loading
 
 def _detect_isa(lib) -> int:
-  """The best path this CPU supports (0 scalar, 1 avx2+fma, 2 avx512 f/bw/vl/vnni). Tests replace
+  """The best path this CPU supports (0 scalar, 1 avx2+fma+f16c, 2 avx512 f/bw/vl/vnni). Tests replace
   this hook to simulate a CPU without vector instructions."""
   return lib.specjax_qdot_detected_isa()
 

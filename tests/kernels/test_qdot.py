@@ -2,9 +2,10 @@
 numpy implementation of its math, on every instruction-set path this CPU has, its JAX reference
 (the fallback), the packed layouts, and its argument errors.
 
-Random Q4_1 blocks (q in 0..15, d and m of both signs) and Q8_0 blocks (q over all of -128..127,
-d of both signs), standard-normal activations with zero rows and zero blocks, odd N (a partial
-last group of 16 outputs), K an odd number of blocks.
+Random Q4_1 blocks (q in 0..15, d and m of both signs; float32 scales in 384-byte records, or fp16
+scales, some subnormal, in 320-byte ones) and Q8_0 blocks (q over all of -128..127, d of both
+signs), standard-normal activations with zero rows and zero blocks, odd N (a partial last group of
+16 outputs), K an odd number of blocks.
 """
 
 from __future__ import annotations
@@ -23,14 +24,29 @@ needs_kernel = pytest.mark.skipif(not qdot.available(),
 
 
 isa_path = isa_fixture(qdot)
-BITS = (4, 8)
+# 4: Q4_1 with float32 scales (384-byte records); "4h": Q4_1 with fp16 scales (320); 8: Q8_0
+BITS = (4, "4h", 8)
 
 
-def random_blocks(rng, n: int, k: int, bits: int = 4):
-  """(q, d, m): Q4_1 blocks (random_q41), or Q8_0 blocks with m None: q int8 [K/32, 32, N] over
-  the whole int8 range (-128 and 127 in every block), d of both signs."""
+def fp16_scales(rng, d, m):
+  """d and m rounded to fp16 values, a few of each made fp16 subnormals (below 2**-14)."""
+  d, m = d.astype(np.float16), m.astype(np.float16)
+  for a in (d, m):
+    pick = rng.random(a.shape) < 0.05
+    a[pick] = (rng.integers(1, 1024, pick.sum()) * rng.choice([-1, 1], pick.sum()) *
+               2.0 ** -24).astype(np.float16)
+  return d.astype(np.float32), m.astype(np.float32)
+
+
+def random_blocks(rng, n: int, k: int, bits=4):
+  """(q, d, m): Q4_1 blocks (random_q41; bits "4h": their scales fp16 values), or Q8_0 blocks with
+  m None: q int8 [K/32, 32, N] over the whole int8 range (-128 and 127 in every block), d of both
+  signs."""
   if bits == 4:
     return random_q41(rng, n, k)
+  if bits == "4h":
+    q, d, m = random_q41(rng, n, k)
+    return (q, *fp16_scales(rng, d, m))
   q, d, _ = random_q41(rng, n, k)
   q = rng.integers(-128, 128, q.shape).astype(np.int8)
   q[:, 0], q[:, 1] = -128, 127
@@ -87,6 +103,7 @@ def test_parity_with_numpy(isa_path, bits):
     q, d, m = random_blocks(rng, n, k, bits)
     x = random_x(rng, rows, k)
     packed = jnp.asarray(qdot.pack(q, d, m))
+    assert packed.shape[-1] == {4: 384, "4h": 320, 8: 576}[bits]
     y = f(x, packed, n, k)
     assert y.shape == (rows, n) and y.dtype == jnp.float32
     assert_close(y, x, q, d, m)
@@ -175,6 +192,23 @@ def test_rows_do_not_depend_on_the_batch(bits):
   np.testing.assert_array_equal(np.asarray(qdot.dense(x[5:6], packed, n, k)), full[5:6])
 
 
+@needs_kernel
+@pytest.mark.parametrize("isa_path", isa_paths(qdot), indirect=True)
+def test_fp16_scales_give_the_float32_records_bits(isa_path):
+  """The same blocks packed with fp16 scales (320-byte records) and with float32 ones (384): the
+  same bits on every path, subnormal fp16 scales included, for 1 to 64 rows."""
+  rng = np.random.default_rng(9)
+  n, k = 53, 192
+  q, d, m = random_blocks(rng, n, k, "4h")
+  half, full = qdot.pack(q, d, m), qdot.pack(q, d, m, half=False)
+  assert half.shape == (4, 6, 320) and full.shape == (4, 6, 384)
+  x = random_x(rng, 64, k)
+  for rows in (1, 5, 16, 64):
+    y = np.asarray(qdot.dense(x[:rows], jnp.asarray(half), n, k))
+    np.testing.assert_array_equal(y, np.asarray(qdot.dense(x[:rows], jnp.asarray(full), n, k)))
+  assert_close(y, x, q, d, m)
+
+
 def test_pack_unpack_round_trip():
   """unpack(pack(q, d, m)) gives q, d and m back exactly (a partial last group included)."""
   rng = np.random.default_rng(3)
@@ -190,6 +224,41 @@ def test_pack_unpack_round_trip():
   rec = packed[0, 1]
   assert rec[128 + 64 * 2 + 4 * 5 + 3] == q[1, 4 * 2 + 3, 5] | (q[1, 16 + 4 * 2 + 3, 5] << 4)
   np.testing.assert_array_equal(rec[:64].view(np.float32), d[1, :16])
+
+
+def test_pack_unpack_round_trip_fp16_scales():
+  """Q4_1 blocks whose scales are fp16 values pack to 320-byte records (d, m as fp16, then the
+  same nibbles) unless half=False; unpack gives them back exactly. half=True on scales that
+  would round, or on Q8_0, is a named error."""
+  rng = np.random.default_rng(3)
+  n, k = 37, 96
+  q, d, m = random_blocks(rng, n, k, "4h")
+  packed = qdot.pack(q, d, m)
+  assert packed.shape == qdot.packed_shape(n, k, half=True) == (3, 3, 320)
+  assert qdot.bits_of(packed) == 4
+  np.testing.assert_array_equal(packed, qdot.pack(q, d, m, half=True))
+  full = qdot.pack(q, d, m, half=False)
+  np.testing.assert_array_equal(packed[..., 64:], full[..., 128:])  # the same nibbles
+  for p in (packed, full):
+    uq, ud, um = qdot.unpack(p, n, k)
+    np.testing.assert_array_equal(np.asarray(uq), q)
+    np.testing.assert_array_equal(np.asarray(ud), d)
+    np.testing.assert_array_equal(np.asarray(um), m)
+  rec = packed[0, 1]
+  np.testing.assert_array_equal(rec[:32].view(np.float16), d[1, :16])
+  np.testing.assert_array_equal(rec[32:64].view(np.float16), m[1, :16])
+  d2 = d.copy()
+  d2[2, 5] = np.float32(0.1)  # not an fp16 value
+  assert qdot.pack(q, d2, m).shape[-1] == 384
+  big = m.copy()
+  big[0, 0] = 1e6  # past fp16's range
+  assert qdot.pack(q, d, big).shape[-1] == 384
+  with pytest.raises(ValueError, match="half=True: d and m must be fp16 values"):
+    qdot.pack(q, d2, m, half=True)
+  with pytest.raises(ValueError, match="half=True: only Q4_1"):
+    qdot.pack(q.astype(np.int8), d, half=True)
+  with pytest.raises(ValueError, match="half=1"):
+    qdot.pack(q, d, m, half=1)
 
 
 def test_pack_unpack_round_trip_q8():
@@ -290,6 +359,8 @@ def test_bad_input_raises_before_compiling():
   with pytest.raises(ValueError, match="d: expected a float array"):
     qdot.pack(q, d.astype(np.int32), d)
   packed = jnp.asarray(qdot.pack(q, d, d))
+  assert packed.shape == (1, 2, 320)  # zeros are fp16 values
+  packed = jnp.asarray(qdot.pack(q, d, d, half=False))
   assert packed.shape == (1, 2, 384)
   with pytest.raises(ValueError, match="k=48: .*multiple of 32"):
     qdot.dense(jnp.zeros((1, 48)), packed, 16, 48)
@@ -299,8 +370,8 @@ def test_bad_input_raises_before_compiling():
     qdot.dense(jnp.zeros((1, 32)), packed, 16, 64)
   with pytest.raises(ValueError, match="x2: expected a float array"):
     qdot.dense(jnp.zeros((1, 64), jnp.int32), packed, 16, 64)
-  with pytest.raises(ValueError, match=r"packed: expected uint8 \(1, 2, 384\) \(Q4_1\) or "
-                     r"\(1, 2, 576\)"):
+  with pytest.raises(ValueError, match=r"packed: expected uint8 \(1, 2, 384\) or \(1, 2, 320\) "
+                     r"\(Q4_1\) or \(1, 2, 576\)"):
     qdot.dense(jnp.zeros((1, 64)), packed[:, :1], 16, 64)
   with pytest.raises(ValueError, match="packed: expected uint8"):
     qdot.dense(jnp.zeros((1, 64)), packed.astype(jnp.int8), 16, 64)
