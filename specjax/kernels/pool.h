@@ -1,13 +1,16 @@
 // A small persistent thread pool that shares one call's chunks between the caller and its workers.
 //
-// The same design as the pool inside matmul.cc, made generic (a chunk function and a context) so
-// that a second kernel library does not grow a second copy of the logic: persistent workers
-// (created on the first threaded call) claim chunks through an atomic counter with the calling
-// thread, so a worker that is slow to wake (or a core busy with another process) costs balance,
-// never correctness; the caller only waits for chunks a worker has already claimed. A second
-// concurrent caller finds the pool busy and runs its call alone. Workers spin briefly between
-// calls (a forward issues its products microseconds apart), then sleep on a futex. Nothing is
-// allocated per call. Include it from one translation unit of a library (it defines its globals).
+// Generic (a chunk function and a context), so every kernel library shares the logic: persistent
+// workers (created on the first threaded call) and the calling thread each own a contiguous run of
+// the call's chunks and take them in order from its front, so each thread streams one contiguous
+// stretch of a weight (a hardware prefetcher follows it; chunks handed out in turn from one counter
+// made every thread's stream jump at every chunk, and contended one cache line: 7% of a W4A8
+// forward). A thread that runs out takes chunks from the back of another's run, so a worker that is
+// slow to wake (or a core busy with another process) costs balance, never correctness; the caller
+// only waits for chunks a worker has already claimed. A second concurrent caller finds the pool
+// busy and runs its call alone. Workers spin briefly between calls (a forward issues its products
+// microseconds apart), then sleep on a futex. Nothing is allocated per call. Include it from one
+// translation unit of a library (it defines its globals).
 
 #pragma once
 
@@ -40,10 +43,31 @@ inline long futex(std::atomic<uint32_t>* addr, int op, uint32_t val) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, nullptr, nullptr, 0);
 }
 
+constexpr int kMaxThreads = 64;
+
+// One thread's run of chunks [lo, hi) as one word (lo in the low 32 bits): its owner takes lo,
+// others take hi - 1, each by compare-and-swap, so every chunk is taken exactly once.
+struct alignas(64) Run {
+  std::atomic<uint64_t> v{0};
+
+  static uint64_t of(uint32_t lo, uint32_t hi) { return lo | (uint64_t(hi) << 32); }
+
+  // The chunk taken from the front (own) or the back, or -1 if the run is empty.
+  long take(bool front) {
+    uint64_t cur = v.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t lo = uint32_t(cur), hi = uint32_t(cur >> 32);
+      if (lo >= hi) return -1;
+      const uint64_t want = front ? of(lo + 1, hi) : of(lo, hi - 1);
+      if (v.compare_exchange_weak(cur, want, std::memory_order_relaxed)) return front ? lo : hi - 1;
+    }
+  }
+};
+
 struct Pool {
   std::atomic<uint32_t> gen{0};     // bumped to publish a job (futex word)
   std::atomic<uint32_t> closed{0};  // = gen once the caller has stopped taking chunks
-  std::atomic<long> next{0};        // next chunk to claim
+  Run runs[kMaxThreads];            // each thread's chunks (thread 0: the caller)
   std::atomic<int> active{0};       // workers inside a job
   std::atomic<int> sleepers{0};
   std::atomic<bool> busy{false};
@@ -51,23 +75,21 @@ struct Pool {
   std::atomic<long> spin_us{200};
   ChunkFn* fn = nullptr;
   const void* ctx = nullptr;
-  long nchunks = 0;
 
-  void claim_all() {
-    for (;;) {
-      const long c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= nchunks) return;
-      fn(ctx, c);
-    }
+  // Thread `self` runs its own chunks in order, then the others' from their backs.
+  void claim_all(int self) {
+    for (long c; (c = runs[self].take(true)) >= 0;) fn(ctx, c);
+    for (int i = 1; i < threads; ++i)
+      for (long c; (c = runs[(self + i) % threads].take(false)) >= 0;) fn(ctx, c);
   }
 
-  void worker() {
+  void worker(int self) {
     uint32_t seen = gen.load();
     for (;;) {
       wait_for_job(seen);
       active.fetch_add(1, std::memory_order_seq_cst);
       const uint32_t g = gen.load(std::memory_order_seq_cst);
-      if (closed.load(std::memory_order_seq_cst) != g) claim_all();
+      if (closed.load(std::memory_order_seq_cst) != g) claim_all(self);
       seen = g;
       active.fetch_sub(1, std::memory_order_seq_cst);
     }
@@ -90,18 +112,20 @@ struct Pool {
 
   // Runs chunks 0..n-1 of fn(ctx, .), on the workers too unless the pool is busy or single.
   void run(ChunkFn* f, const void* c, long n) {
-    if (threads <= 1 || n <= 1 || busy.exchange(true, std::memory_order_acquire)) {
+    if (threads <= 1 || n <= 1 || n > INT32_MAX ||
+        busy.exchange(true, std::memory_order_acquire)) {
       for (long i = 0; i < n; ++i) f(c, i);
       return;
     }
     fn = f;
     ctx = c;
-    nchunks = n;
-    next.store(0, std::memory_order_relaxed);
+    for (int t = 0; t < threads; ++t)
+      runs[t].v.store(Run::of(uint32_t(n * t / threads), uint32_t(n * (t + 1) / threads)),
+                      std::memory_order_relaxed);
     const uint32_t g = gen.load(std::memory_order_relaxed) + 1;
     gen.store(g, std::memory_order_seq_cst);
     if (sleepers.load(std::memory_order_seq_cst) > 0) futex(&gen, FUTEX_WAKE_PRIVATE, INT_MAX);
-    claim_all();
+    claim_all(0);
     closed.store(g, std::memory_order_seq_cst);
     while (active.load(std::memory_order_seq_cst) != 0) cpu_relax();
     busy.store(false, std::memory_order_release);
@@ -113,7 +137,7 @@ struct Pool {
 inline int default_threads() {
   if (const char* s = std::getenv("SPECJAX_KERNEL_THREADS")) {
     int n = std::atoi(s);
-    if (n >= 1) return std::min(n, 64);
+    if (n >= 1) return std::min(n, kMaxThreads);
   }
   cpu_set_t set;
   int n = 1;
@@ -128,7 +152,7 @@ inline Pool& pool() {
   std::call_once(g_pool_once, [] {
     g_pool.threads = default_threads();
     if (const char* s = std::getenv("SPECJAX_KERNEL_SPIN_US")) g_pool.spin_us = std::atol(s);
-    for (int i = 1; i < g_pool.threads; ++i) std::thread([] { g_pool.worker(); }).detach();
+    for (int i = 1; i < g_pool.threads; ++i) std::thread([i] { g_pool.worker(i); }).detach();
   });
   return g_pool;
 }

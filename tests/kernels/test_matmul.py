@@ -499,22 +499,24 @@ THREADED = ["test_matmul.py::test_parity_random_shapes",
 @needs_kernel
 def test_threads_split_the_work_not_the_numbers():
   """The kernels' parity and row-independence tests (threaded sizes included) in a child process
-  whose kernel pool has two threads. `make test` runs each worker's kernels on one thread
-  (conftest), so this is where their threaded paths are tested there."""
+  whose kernel pool has three threads: more than two cores, so threads wait for a core, run out
+  of their own chunks at different times and take others' (pool.h), and the chunks do not split
+  evenly. `make test` runs each worker's kernels on one thread (conftest), so this is where their
+  threaded paths are tested there."""
   import subprocess
   import sys
 
   here = os.path.dirname(os.path.abspath(__file__))
   env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-  env["SPECJAX_KERNEL_THREADS"] = "2"
-  # Each library has its own pool: every one of them must see two threads.
+  env["SPECJAX_KERNEL_THREADS"] = "3"
+  # Each library has its own pool: every one of them must see three threads.
   check = ("from specjax import kernels; from specjax.kernels import attention, blocks, qdot; "
            "print(kernels.load().specjax_kernel_threads(), blocks.load().specjax_blocks_threads(), "
            "qdot.load().specjax_qdot_threads(), "
            "attention.LIBRARY.load().specjax_attention_threads())")
   r = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
                      timeout=300)
-  assert r.stdout.split() == ["2", "2", "2", "2"], r.stdout + r.stderr[-2000:]
+  assert r.stdout.split() == ["3", "3", "3", "3"], r.stdout + r.stderr[-2000:]
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                       *[os.path.join(here, t) for t in THREADED]],
                      env=env, cwd=os.path.dirname(os.path.dirname(here)), capture_output=True,
