@@ -16,7 +16,8 @@
     library.py  one C++ library as Python sees it: build, load, ISA choice, FFI registration
     build.py    compiles the C++ sources with the system compiler into a per-user cache, once
     isa.h, handler.h, pool.h  what the four C++ sources share: the instruction-set parts and
-                their dispatch, the FFI handler shape and ctypes exports, the thread pool
+                their dispatch, the FFI handler shape and ctypes exports, the thread pool;
+                fp16.h the scalar paths' exact fp16 -> fp32 (blocks.cc, qdot.cc)
 
 Packing a model's dense weights for these kernels (which weights, where the copies live, when
 load_model packs) is specjax/packing.py; model.py calls only `dense` (blocks.dense: a packed

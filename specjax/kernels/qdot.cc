@@ -14,9 +14,9 @@
 // the same bits and a row's result does not depend on which other rows share the call.
 //
 // Why: a decode step reads every weight once, so its cost is the bytes. A packed Q4_1 record is
-// 0.75 bytes per weight where the fp32 copy is 4, and the integer dot (vpdpbusd: 64 u8 x s8
-// products summed in fours into 16 int32 lanes per instruction) costs less than dequantising to
-// fp32 and multiplying.
+// 0.75 bytes per weight (0.625 with fp16 scales, below) where the fp32 copy is 4, and the integer
+// dot (vpdpbusd: 64 u8 x s8 products summed in fours into 16 int32 lanes per instruction) costs
+// less than dequantising to fp32 and multiplying.
 //
 // Packed layout (specjax/kernels/qdot.py packs it): the N outputs are taken 16 at a time (a group,
 // zero-padded past N) and group g's block b is one record of 384 bytes:
