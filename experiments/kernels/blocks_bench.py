@@ -33,28 +33,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from specjax import kernels  # noqa: E402
 from specjax.kernels import blocks  # noqa: E402
 
+from qdot_bench import timed  # noqa: E402 (this folder's benchmarks time products alike)
+
 # (name, K, N): SmolLM2-135M's per-layer products and its head
 SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
           ("head", 576, 49152)]
-
-
-def timed(fn, args, reps: int, calls: int) -> float:
-  """Median seconds per product over reps runs of a compiled loop of `calls` products."""
-  def loop(x, *rest):
-    def body(i, carry):
-      h, _ = carry
-      y = fn(x + h * 1e-30, *rest)
-      return y[0, 0], y
-    return jax.lax.fori_loop(0, calls, body, (jnp.float32(0), fn(x, *rest)))[1]
-
-  f = jax.jit(loop)
-  f(*args).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(*args).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return float(np.median(times)) / calls
 
 
 def random_raw(rng, n, k, qtype):

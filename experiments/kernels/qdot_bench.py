@@ -16,7 +16,9 @@ Every call above reads the same weight, which a last-level cache holds after the
 step reads each weight once from memory (SmolLM2-135M's are ~100 MB). `--stream MB` times qdot
 alone on weights read from memory: each shape's loop cycles through distinct copies of its
 packed weight, at least MB of them (default 0: off; pass more than the last-level cache), and
-the time is per product. The shapes: SmolLM2-135M has E = 576, 9 query heads, 3 KV heads of 64, F = 1536
+the time is per product.
+
+The shapes: SmolLM2-135M has E = 576, 9 query heads, 3 KV heads of 64, F = 1536
 and a 49152-token vocabulary, so the fused QKV is 576 x 960, the attention output 576 x 576, the
 fused gate/up 576 x 3072, the down projection 1536 x 576 and the head 576 x 49152.
 """
@@ -64,14 +66,18 @@ def timed_stream(n, k, rows, rng, reps: int, calls: int, mbytes: int) -> tuple[f
     return jax.lax.fori_loop(0, calls, body,
                              (jnp.float32(0), jnp.zeros((rows, n), jnp.float32)))[1]
 
-  f = jax.jit(sweep)
-  f(x, ws).block_until_ready()
+  return median_seconds(jax.jit(sweep), (x, ws), reps) / (calls * copies), one.nbytes
+
+
+def median_seconds(f, args, reps: int) -> float:
+  """Median wall seconds of f(*args) over reps runs, after one run to compile."""
+  f(*args).block_until_ready()
   times = []
   for _ in range(reps):
     t = time.perf_counter()
-    f(x, ws).block_until_ready()
+    f(*args).block_until_ready()
     times.append(time.perf_counter() - t)
-  return float(np.median(times)) / (calls * copies), one.nbytes
+  return float(np.median(times))
 
 
 def timed(fn, args, reps: int, calls: int) -> float:
@@ -83,14 +89,7 @@ def timed(fn, args, reps: int, calls: int) -> float:
       return y[0, 0], y
     return jax.lax.fori_loop(0, calls, body, (jnp.float32(0), fn(x, *rest)))[1]
 
-  f = jax.jit(loop)
-  f(*args).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(*args).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return float(np.median(times)) / calls
+  return median_seconds(jax.jit(loop), args, reps) / calls
 
 
 def random_q41(rng, n, k):
