@@ -58,6 +58,30 @@ def write_layer(layer: dict, k: jax.Array, v: jax.Array, start: jax.Array) -> di
   }
 
 
+@flax.struct.dataclass
+class NewEntries:
+  """A forward's new entries, not yet written (`Decoder(..., write_cache=False)`): per layer run
+  {"k": [B,T,K,D], "v": [B,T,K,D]}, token t's for slot start + t."""
+  layers: tuple
+
+  def pad(self, t: int) -> "NewEntries":
+    """The entries padded with zeros to T = t tokens: the slots past a short forward's own are
+    garbage slots (past `lengths`) either way, so branches of different widths return one
+    shape."""
+    def one(a):
+      return jnp.pad(a, ((0, 0), (0, t - a.shape[1]), (0, 0), (0, 0)))
+    return NewEntries(layers=tuple({"k": one(x["k"]), "v": one(x["v"])} for x in self.layers))
+
+
+def write_new(cache: KVCache, new: NewEntries) -> KVCache:
+  """The cache with `new` written at slots [lengths, lengths + T) of its first layers (`lengths`
+  unchanged, as a forward leaves it)."""
+  layers = list(cache.layers)
+  for i, x in enumerate(new.layers):
+    layers[i] = write_layer(layers[i], x["k"], x["v"], cache.lengths)
+  return cache.replace(layers=tuple(layers))
+
+
 def advance(cache: KVCache, n: jax.Array) -> KVCache:
   """Keeps the first n[b] freshly written entries of each row (n [B])."""
   return cache.replace(lengths=cache.lengths + n.astype(jnp.int32))

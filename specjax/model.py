@@ -185,11 +185,14 @@ class Attention(nnx.Module):
     if cfg.out_bias:
       self.bo = nnx.Param(jnp.zeros((e,), dtype))
 
-  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None):
+  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None,
+               write: bool = True):
     """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,K,S,D]}; start [B];
     mask [B,T,S]; positions [B,T] (for the sliding band; None: no band) -> (y [B,T,E],
     layer_cache). empty_cache (static): the caller guarantees start == 0 (a prefill), so only
-    the T new entries are attended (mask[:, :, :T])."""
+    the T new entries are attended (mask[:, :, :T]). write (static) False: the cache is only
+    read, and the second result is the T new entries {k,v: [B,T,K,D]} instead (`kv.write_new`
+    writes them later)."""
     cfg = self.cfg
     b, t, _ = x.shape
     g = cfg.group_size
@@ -221,8 +224,11 @@ class Attention(nnx.Module):
     # it copied every layer's K and V twice per decode step so that the read saw the old values
     # (measured: 120 full-cache copies per step). The write position is therefore made to depend
     # on the attention output, by adding (o > inf), which is 0 for every value, NaN included.
-    start = start + (o[:, 0, 0, 0, 0] > jnp.inf).astype(start.dtype)
-    layer_cache = kv.write_layer(layer_cache, k, v, start)
+    if write:
+      start = start + (o[:, 0, 0, 0, 0] > jnp.inf).astype(start.dtype)
+      layer_cache = kv.write_layer(layer_cache, k, v, start)
+    else:
+      layer_cache = {"k": k.astype(layer_cache["k"].dtype), "v": v.astype(layer_cache["v"].dtype)}
     # Head h = k * G + g (HF's order). One plain [B*T, H*D] x [H*D, E] matmul: contracting (h, d)
     # as an einsum made XLA transpose the weight on every step.
     o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
@@ -273,9 +279,10 @@ class Block(nnx.Module):
     if cfg.post_norms:  # Gemma 2 / 3: each sublayer's output is normed before the residual add
       self.post_attn_norm, self.post_mlp_norm = Norm(cfg, dtype), Norm(cfg, dtype)
 
-  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None):
+  def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None,
+               write: bool = True):
     y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask, empty_cache,
-                               positions)
+                               positions, write)
     if hasattr(self, "post_attn_norm"):
       y = self.post_attn_norm(y)
     x = x + y
@@ -296,7 +303,7 @@ def layer_runner(x):
     return lambda block, *args: block(*args)
   # A fresh partial, not _apply_block itself: jax keys its trace cache on the function object,
   # so two jits of one function share traces, and this one must be this forward's own.
-  run = jax.jit(partial(_apply_block), static_argnums=(0, 7))
+  run = jax.jit(partial(_apply_block), static_argnums=(0, 7, 9))
 
   def call(block, *args):
     graphdef, state = nnx.split(block)
@@ -305,8 +312,10 @@ def layer_runner(x):
   return call
 
 
-def _apply_block(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions):
-  return nnx.merge(graphdef, state)(x, rope, layer_cache, start, mask, empty_cache, positions)
+def _apply_block(graphdef, state, x, rope, layer_cache, start, mask, empty_cache, positions,
+                 write=True):
+  return nnx.merge(graphdef, state)(x, rope, layer_cache, start, mask, empty_cache, positions,
+                                    write)
 
 
 class Decoder(nnx.Module):
@@ -355,7 +364,7 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens, positions, cache: kv.KVCache, mask, *, num_layers: int | None = None,
                logits_at: jax.Array | None = None, empty_cache: bool = False, taps: tuple = (),
-               raw_taps: bool = False):
+               raw_taps: bool = False, write_cache: bool = True):
     """tokens, positions [B,T] int32; mask [B,T,S] bool: which cache slots each token may attend
     (causal, tree or lookahead); each layer's sliding window is applied here, from positions.
 
@@ -367,6 +376,11 @@ class Decoder(nnx.Module):
     features, drafters/eagle.py), or as it is with raw_taps (EAGLE-3's fc reads the raw states
     entering layers i, j, ...). Returns (logits [B,T or N,V] float32, hidden [B,T,E] after the
     final norm (with taps: [B,T,(n+1)E], the n taps then that), cache).
+
+    write_cache False: the cache is only read, and the third result is the T new entries of each
+    layer run (kv.NewEntries), which `kv.write_new` writes later. A verification inside a
+    lax.cond returns them from its branch and writes them after it: a branch that wrote the
+    cache made XLA copy every layer's K and V into and out of the branch on every step.
     """
     n = self.cfg.num_layers if num_layers is None else num_layers
     check_inputs(self.cfg, tokens, positions, cache, mask, n)
@@ -377,7 +391,7 @@ class Decoder(nnx.Module):
     for i in range(n):
       rope = ropes[self.layer_rope[i] if self.cfg.position == "rope" else 0]
       x, layers[i] = run(self.layers[i], x, rope, layers[i], cache.lengths, mask, empty_cache,
-                         positions)
+                         positions, write_cache)
       if i + 1 in taps:
         tapped.append(x if raw_taps else rms_unit(x, self.cfg.norm_eps).astype(x.dtype))
     if len(tapped) != len(taps):
@@ -388,6 +402,8 @@ class Decoder(nnx.Module):
       sel = jnp.take_along_axis(hidden, logits_at[..., None], axis=1)  # [B,N,E]
     if tapped:
       hidden = jnp.concatenate(tapped + [hidden], axis=-1)
+    if not write_cache:
+      return self.head(sel), hidden, kv.NewEntries(layers=tuple(layers[:n]))
     return self.head(sel), hidden, cache.replace(layers=tuple(layers))
 
 

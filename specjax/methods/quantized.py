@@ -254,15 +254,16 @@ class QuantizedDraft(_Speculative):
     start = at - 1
     cache = kv.rollback(c["cache"], start)
 
-    def run(width):
+    def run(width):  # the branches read the cache; their new entries are written after
       def forward(cache):
         x = jnp.concatenate([last, jnp.maximum(copy[:, :width - 1], 0)], axis=1)
         pos = start[:, None] + jnp.arange(width)[None, :]
-        logits, _, cache = module(x, pos, cache, prog.causal_mask(start, width))
-        return jnp.pad(logits, ((0, 0), (0, k + 1 - width), (0, 0))), cache
+        logits, _, new = module(x, pos, cache, prog.causal_mask(start, width), write_cache=False)
+        return jnp.pad(logits, ((0, 0), (0, k + 1 - width), (0, 0))), new.pad(k + 1)
       return forward
 
-    logits, cache = jax.lax.cond(jnp.any(live & (n_copy > 0)), run(k + 1), run(1), cache)
+    logits, new = jax.lax.cond(jnp.any(live & (n_copy > 0)), run(k + 1), run(1), cache)
+    cache = kv.write_new(cache, new)
     acc, nxt = acceptance.verify_chain(key, copy, None, logits, state.sp)  # the draft's own rule
     nxt = nxt.astype(jnp.int32)
     acc = jnp.where(n_copy > 0, acc, 0)

@@ -21,6 +21,11 @@ Nobody drafted: with `skip_empty` [B] (rows that drafted nothing), a step in whi
 row drafted nothing runs a one-token forward instead of the whole block (`single`; a lax.cond, so
 the program stays one while_loop). A chain's verification width may also follow the round (a
 traced `width`: one compiled forward per width, lax.switch), for drafters that stop early.
+The branches only read the cache: each returns its forward's new entries (padded to the widest
+branch's tokens), written after the branch (`kv.write_new`). A branch that wrote the cache itself
+made XLA copy every layer's K and V into and out of the branch on every step (two whole-cache
+copies a round: 6% of a prompt-lookup run's cycles on the W4A8 target at a 176-slot cache, and
+more with a longer one).
 
 Below them, the accepted-depth counts the tree and feature-drafter methods keep (`depth_counts`,
 `count`, `depth_stats`).
@@ -93,20 +98,23 @@ def one_hot_rule(key, draft, logits, sp):
   return acceptance.verify_chain(key, draft, None, logits, sp)
 
 
-def _causal_forward(prog: Program, params, cache, tokens):
-  """tokens [B,T] at the cache's next T positions, causally -> (logits [B,T,V], hidden, cache)."""
+def _causal_forward(prog: Program, params, cache, tokens, write: bool = True):
+  """tokens [B,T] at the cache's next T positions, causally -> (logits [B,T,V], hidden, cache;
+  with write=False, the new entries (kv.NewEntries) instead of the cache)."""
   t = tokens.shape[1]
   pos = cache.lengths[:, None] + jnp.arange(t)[None, :]
-  return prog.forward(params, tokens, pos, cache, prog.causal_mask(cache.lengths, t))
+  return prog.forward(params, tokens, pos, cache, prog.causal_mask(cache.lengths, t),
+                      write_cache=write)
 
 
-def single(prog: Program, params, state: DecodeState, key):
+def single(prog: Program, params, state: DecodeState, key, width: int):
   """The step when nobody drafted: the pending token alone, the chain rule over no drafts.
-  Returns (n [B] = 0, next [B] the target's token, the cache with x0 written)."""
+  Returns (n [B] = 0, next [B] the target's token, x0's new entries padded to `width` tokens
+  (kv.NewEntries: a branch's result, written after the lax.cond, module docstring))."""
   b = state.seq.shape[0]
-  logits, _, cache = _causal_forward(prog, params, state.cache, state.last_token[:, None])
+  logits, _, new = _causal_forward(prog, params, state.cache, state.last_token[:, None], False)
   _, nxt = acceptance.verify_chain(key, jnp.zeros((b, 0), jnp.int32), None, logits, state.sp)
-  return jnp.zeros((b,), jnp.int32), nxt, cache
+  return jnp.zeros((b,), jnp.int32), nxt, new.pad(width)
 
 
 def chain(prog: Program, params, state: DecodeState, key, draft, *, rule=one_hot_rule,
@@ -124,24 +132,26 @@ def chain(prog: Program, params, state: DecodeState, key, draft, *, rule=one_hot
   g = draft.shape[1]
   tokens = jnp.concatenate([state.last_token[:, None], jnp.maximum(draft, 0)], axis=1)  # [B,G+1]
   if width is not None:
-    def verify(w):  # -> logits [B,G+1,V] (zero past w tokens) and the cache
+    def verify(w):  # -> logits [B,G+1,V] (zero past w tokens) and the new entries (G+1 tokens)
       def run(cache):
-        logits, _, cache = _causal_forward(prog, params, cache, tokens[:, :w])
-        return jnp.pad(logits, ((0, 0), (0, g + 1 - w), (0, 0))), cache
+        logits, _, new = _causal_forward(prog, params, cache, tokens[:, :w], False)
+        return jnp.pad(logits, ((0, 0), (0, g + 1 - w), (0, 0))), new.pad(g + 1)
       return run
 
-    logits, cache = jax.lax.switch(width - 1, [verify(w + 1) for w in range(1, g + 1)],
-                                   state.cache)
+    logits, new = jax.lax.switch(width - 1, [verify(w + 1) for w in range(1, g + 1)],
+                                 state.cache)
+    cache = kv.write_new(state.cache, new)
     n, nxt = rule(key, draft, logits, state.sp)
     hidden = None
   elif skip_empty is not None:
     def full(cache):
-      logits, _, cache = _causal_forward(prog, params, cache, tokens)
-      return (*rule(key, draft, logits, state.sp), cache)
+      logits, _, new = _causal_forward(prog, params, cache, tokens, False)
+      return (*rule(key, draft, logits, state.sp), new)
 
-    n, nxt, cache = jax.lax.cond(jnp.any(active & ~skip_empty), full,
-                                 lambda c: single(prog, params, state.replace(cache=c), key),
-                                 state.cache)
+    n, nxt, new = jax.lax.cond(jnp.any(active & ~skip_empty), full,
+                               lambda c: single(prog, params, state.replace(cache=c), key, g + 1),
+                               state.cache)
+    cache = kv.write_new(state.cache, new)
     hidden = None
   else:
     logits, hidden, cache = _causal_forward(prog, params, state.cache, tokens)
@@ -174,10 +184,11 @@ def tree(prog: Program, params, state: DecodeState, key, draft, parents, depth, 
   tokens = jnp.concatenate([state.last_token[:, None], draft], axis=1)  # [B,N+1]
   anc = trees.ancestors_from_parents(parents, max_depth) if ancestor is None else ancestor
 
-  def whole(cache):
+  def whole(cache, write=True):  # with write=False, the new entries in the cache's place
     lengths = cache.lengths
     mask = kv.tree_mask(lengths, anc, cache.max_len, prog.config.sliding_window)
-    logits, hidden, cache = prog.forward(params, tokens, lengths[:, None] + depth, cache, mask)
+    logits, hidden, cache = prog.forward(params, tokens, lengths[:, None] + depth, cache, mask,
+                                         write_cache=write)
     best, n, nxt = acceptance.verify_tree(key, tokens, parents, anc, depth, logits, state.sp, rule,
                                           epsilon, delta)
     return best, n, nxt, cache, hidden
@@ -186,11 +197,12 @@ def tree(prog: Program, params, state: DecodeState, key, draft, parents, depth, 
     best, n, nxt, cache, hidden = whole(state.cache)
   else:
     def nobody(cache):
-      n, nxt, cache = single(prog, params, state.replace(cache=cache), key)
-      return jnp.zeros((b,), jnp.int32), n, nxt, cache
+      n, nxt, new = single(prog, params, state.replace(cache=cache), key, tokens.shape[1])
+      return jnp.zeros((b,), jnp.int32), n, nxt, new
 
-    best, n, nxt, cache = jax.lax.cond(jnp.any(active & ~skip_empty), lambda c: whole(c)[:4],
-                                       nobody, state.cache)
+    best, n, nxt, new = jax.lax.cond(jnp.any(active & ~skip_empty),
+                                     lambda c: whole(c, False)[:4], nobody, state.cache)
+    cache = kv.write_new(state.cache, new)
     hidden = None
   anc_b = jnp.broadcast_to(anc, (b,) + anc.shape[-2:])
   row = jnp.take_along_axis(anc_b, best[:, None, None], axis=1)[:, 0]  # [B,N+1]

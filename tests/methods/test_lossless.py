@@ -25,6 +25,7 @@ from tests.helpers.lossless import (_MEDUSA_TREE, GREEDY_METHODS, N_SAMPLES, SAM
                                     _medusa_random_heads, _random_draft, exact_two_token_dist,
                                     small_target, tv_check)
 from tests.helpers.models import assert_same_greedy, random_prompts, tiny_model
+from tests.helpers.programs import cache_copies_in_loop
 
 N_PROMPTS = 20
 MAX_NEW = 24
@@ -93,6 +94,8 @@ def test_greedy_identical_batch4(name, factory, target, prompts, reference):
     out = sj.generate(target, batch, method, max_new_tokens=MAX_NEW)
     assert_same_greedy(target, batch, reference[i:i + 4], out.tokens,
                        f"{name} batch of 4 differs from each row alone")
+  # No step copies a whole KV cache (tests/decode/test_cache_copies.py says why one would).
+  assert cache_copies_in_loop(method, target.config, 4) == 0
 
 
 # ----------------------------------------------------------------------------- sampling
