@@ -1,18 +1,21 @@
 """Hybrid trees and suffix decoding on SmolLM2-135M, this CPU, batch 1, greedy (issue 29).
 
     .venv/bin/python experiments/hybrid/run.py [--prompts N] [--max-new-tokens T] [--repeats R]
-                                               [--sets A,B] [--out results.json]
+                                               [--sets A,B] [--arithmetic float32|blocks|w4a8]
+                                               [--out results.json]
 
 In one process, per prompt set (copy-heavy: Spec-Bench summarization and RAG, and code edits
 built from HumanEval (`EDIT`); chat: MT-Bench) and per prompt, every method runs once to compile
 and warm up and then R times timed (the fastest kept), interleaved per prompt: autoregressive,
-prompt lookup, EAGLE (the shipped heads, tree from the cost curve), the registry's hybrid (prompt
-lookup + the EAGLE heads in one tree, copies scored by their measured acceptance), the same with
-copies always first (`hybrid-copies-first`, measured=False), prompt lookup + the Medusa heads
+prompt lookup, prompt lookup with adaptive copy lengths (`prompt-lookup-adaptive`:
+`sj.PromptLookup(adaptive=True)`, up to 10 tokens), EAGLE (the shipped heads, tree from the cost
+curve), the registry's hybrid (prompt lookup + the EAGLE heads in one tree, copies scored by
+their measured acceptance), the same with copies always first (`hybrid-copies-first`, measured=False), prompt lookup + the Medusa heads
 (`hybrid-medusa`) and the registry's hybrid with suffix decoding beside its two drafters in a
 tree of the same size (`hybrid-suffix`; the suffix store holds this call's prompt and output
 only, remember=False, so that a warm-up run cannot teach it the answer). --methods picks a
-subset (autoregressive always runs: it is the reference).
+subset (autoregressive always runs: it is the reference). --arithmetic picks the target's
+(`bench.ARITHMETICS`: float32 by default; w4a8 is the GGUF's blocks with int8 activations).
 
 Reports per set the median over prompts of the speedup over autoregressive (same prompt, same
 process), the same after the first token (each call's time less that of a one-token
@@ -37,8 +40,8 @@ from specjax import methods as sj_methods  # noqa: E402
 from specjax import prompts as sj_prompts  # noqa: E402
 
 SETS = ["spec_bench:summarization", "spec_bench:rag", "code_edit", "mt_bench"]
-METHODS = ["autoregressive", "prompt-lookup", "eagle", "hybrid", "hybrid-copies-first",
-           "hybrid-medusa", "hybrid-suffix"]
+METHODS = ["autoregressive", "prompt-lookup", "prompt-lookup-adaptive", "eagle", "hybrid",
+           "hybrid-copies-first", "hybrid-medusa", "hybrid-suffix"]
 HYBRIDS = ("hybrid", "hybrid-copies-first", "hybrid-medusa", "hybrid-suffix")
 # A code edit (issue 29's other copy-heavy kind; no such set ships with the shared prompts): a
 # HumanEval function with its reference body, and an instruction to return it with one change,
@@ -60,7 +63,9 @@ def build(model, names: list[str]) -> dict:
   """The methods `names` (of METHODS) for `model`, by name."""
   built = {}
   for m in names:
-    if m == "hybrid-copies-first":
+    if m == "prompt-lookup-adaptive":  # copy lengths that follow acceptance, up to 10 tokens
+      built[m] = sj.PromptLookup(adaptive=True)
+    elif m == "hybrid-copies-first":
       built[m] = sj_methods.build("hybrid", model, measured=False)
     elif m == "hybrid-medusa":
       built[m] = sj_methods.build("hybrid", model, heads=sj_methods.shipped("medusa", model))
@@ -75,7 +80,7 @@ def build(model, names: list[str]) -> dict:
 
 
 def run(args) -> dict:
-  model = sj.load_model("smollm2-135m")
+  model = sj.load_model("smollm2-135m", **bench.ARITHMETICS[args.arithmetic])
   names = ["autoregressive"] + [m for m in args.methods.split(",") if m != "autoregressive"]
   unknown = sorted(set(names) - set(METHODS))
   if unknown:
@@ -141,6 +146,8 @@ def main():
   ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
   ap.add_argument("--out", default="results.json", help="results file, beside this script")
   ap.add_argument("--max-new-tokens", type=int, default=128)
+  ap.add_argument("--arithmetic", default="float32", choices=sorted(bench.ARITHMETICS),
+                  help="the target's arithmetic (default float32)")
   ap.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt "
                   "(the fastest is kept)")
   args = ap.parse_args()

@@ -15,6 +15,13 @@ for every slot e, m[b, e] counts how many tokens ending at e equal the tokens en
 pending position; the best match maximises (min(m, ngram), e). Rows with no earlier occurrence of
 even their last token propose nothing; when no row proposes anything the step runs a one-token
 forward instead of k + 1 tokens (the chain step's `skip_empty`).
+
+adaptive=True: each row copies at most g[b] tokens, g following what the row's copies earn: it
+starts at 1, doubles (up to num_tokens) after a round that accepted the whole copy and drops to
+the accepted count + 1 after a rejection. The round verifies only as wide as its longest copy
+(the chain step's traced width, 0 when nobody copied). Text that copies its context (code edits,
+summaries) then verifies long copies, and text that does not stays at one cheap token, where a
+fixed num_tokens must choose one size for both.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
-from specjax.errors import check_int
+from specjax.errors import InputError, check_int
 from specjax.methods import sizing, verify
 
 
@@ -64,15 +71,19 @@ class LookupState:
   proposed: jax.Array  # [B] int32 draft tokens verified
   accepted: jax.Array  # [B] int32 draft tokens accepted
   matched_steps: jax.Array  # [B] int32 active steps that found an earlier occurrence
+  g: jax.Array  # [B] int32 the most tokens the row copies next (num_tokens unless adaptive)
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptLookup(verify.ChainSizes, Method):
   """Prompt lookup decoding. ngram: longest suffix to match (falls back to 1);
   num_tokens: most tokens copied per step (the verify forward runs num_tokens + 1 tokens; None:
-  as many as verify nearly free on the target's cost curve, methods/sizing.py; else 10)."""
+  as many as verify nearly free on the target's cost curve, methods/sizing.py; else 10);
+  adaptive: each row's copy length follows its acceptance, up to num_tokens (None: 10; the
+  module docstring)."""
   ngram: int = 3
   num_tokens: int | None = None
+  adaptive: bool = False
   name: str = dataclasses.field(default="prompt-lookup", init=False)
   lossless: bool = dataclasses.field(default=True, init=False)
   left_out: tuple = dataclasses.field(default=(), init=False, compare=False, repr=False)
@@ -81,8 +92,12 @@ class PromptLookup(verify.ChainSizes, Method):
     sizing.left_out(self, {"num_tokens": 10})
     check_int("ngram", self.ngram, 1)
     check_int("num_tokens", self.num_tokens, 1)
+    if not isinstance(self.adaptive, bool):
+      raise InputError(f"adaptive must be True or False, got {self.adaptive!r}")
 
   def prepare(self, model) -> "PromptLookup":
+    if self.adaptive:  # num_tokens is only the cap: the rows' g choose each round's width
+      return self
     return sizing.prepare(self, "prompt-lookup", model, self.ngram)
 
   @property
@@ -91,7 +106,8 @@ class PromptLookup(verify.ChainSizes, Method):
 
   def init(self, prog, arrays, state, hidden):
     z = jnp.zeros_like(state.seq_len)
-    return LookupState(proposed=z, accepted=z, matched_steps=z)
+    return LookupState(proposed=z, accepted=z, matched_steps=z,
+                       g=z + (1 if self.adaptive else self.num_tokens))
 
   def propose(self, state: DecodeState):
     """-> (draft [B,num_tokens] (-1 = none), n_draft [B], match [B]); see `ngram_search`."""
@@ -101,13 +117,26 @@ class PromptLookup(verify.ChainSizes, Method):
     key, sub = jax.random.split(state.key)
     with phase(DRAFT):
       draft, n_draft, match = self.propose(state)  # [B,k] [B] [B]
-    a = (~state.done).astype(jnp.int32)
-    state, n, _ = verify.chain(prog, params, state.replace(key=key), sub, draft,
-                               skip_empty=n_draft == 0)
+    active = ~state.done
+    a = active.astype(jnp.int32)
+    if self.adaptive:
+      n_draft = jnp.minimum(n_draft, state.method.g)
+      draft = jnp.where(jnp.arange(self.num_tokens)[None, :] < n_draft[:, None], draft, -1)
+      width = jnp.max(jnp.where(active, n_draft, 0))
+      state, n, _ = verify.chain(prog, params, state.replace(key=key), sub, draft, width=width,
+                                 min_width=0)
+    else:
+      state, n, _ = verify.chain(prog, params, state.replace(key=key), sub, draft,
+                                 skip_empty=n_draft == 0)
     ms = state.method
+    g = ms.g
+    if self.adaptive:  # doubles after a whole copy accepted, else the accepted count + 1
+      grown = jnp.where(n >= n_draft, jnp.minimum(2 * g, self.num_tokens), n + 1)
+      g = jnp.where(active & (n_draft > 0), grown, g)
     return state.replace(method=LookupState(proposed=ms.proposed + a * n_draft,
                                             accepted=ms.accepted + a * n,
-                                            matched_steps=ms.matched_steps + a * (match > 0)))
+                                            matched_steps=ms.matched_steps + a * (match > 0),
+                                            g=g))
 
   def stats(self, state) -> dict:
     ms = state.method

@@ -118,13 +118,14 @@ def single(prog: Program, params, state: DecodeState, key, width: int):
 
 
 def chain(prog: Program, params, state: DecodeState, key, draft, *, rule=one_hot_rule,
-          width=None, skip_empty=None):
+          width=None, min_width: int = 1, skip_empty=None):
   """Verify, accept, commit and emit a chain: draft [B,G] int32 (-1: not drafted).
 
   rule(key, draft [B,G], logits [B,G+1,V], sp) -> (n [B], next [B]): the acceptance rule
   (default `one_hot_rule`; a drafter with its own distributions q passes a rule that reads them).
-  width [] int32 in [1, G] (optional): verify only [x0, d_1 .. d_width] this round (one compiled
-  branch per width; the logits past it are zero, so the rule must reject drafts there).
+  width [] int32 in [min_width, G] (optional): verify only [x0, d_1 .. d_width] this round (one
+  compiled branch per width, 0: x0 alone; the logits past it are zero, so the rule must reject
+  drafts there).
   skip_empty [B] bool (optional): rows that drafted nothing (module docstring).
   Returns (state after emit (its key as given), n [B] drafts accepted, hidden [B,G+1,E] the
   target's hidden states over the block (None with width or skip_empty))."""
@@ -138,8 +139,8 @@ def chain(prog: Program, params, state: DecodeState, key, draft, *, rule=one_hot
         return jnp.pad(logits, ((0, 0), (0, g + 1 - w), (0, 0))), new.pad(g + 1)
       return run
 
-    logits, new = jax.lax.switch(width - 1, [verify(w + 1) for w in range(1, g + 1)],
-                                 state.cache)
+    logits, new = jax.lax.switch(width - min_width,
+                                 [verify(w + 1) for w in range(min_width, g + 1)], state.cache)
     cache = kv.write_new(state.cache, new)
     n, nxt = rule(key, draft, logits, state.sp)
     hidden = None

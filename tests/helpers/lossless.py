@@ -21,11 +21,15 @@ from tests.helpers.models import random_prompts, tiny_model
 GREEDY_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
     ("prompt-lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=4)),
+    ("prompt-lookup/adaptive", lambda target: sj.PromptLookup(ngram=2, num_tokens=4,
+                                                              adaptive=True)),
     ("lookahead", lambda target: sj.Lookahead(window=3, ngram=3, guess=2)),
 ]
 SAMPLING_METHODS = [
     ("autoregressive", lambda target: sj.Autoregressive()),
     ("prompt-lookup", lambda target: sj.PromptLookup(ngram=2, num_tokens=3)),
+    ("prompt-lookup/adaptive", lambda target: sj.PromptLookup(ngram=2, num_tokens=3,
+                                                              adaptive=True)),
     ("lookahead", lambda target: sj.Lookahead(window=3, ngram=3, guess=2)),
 ]
 

@@ -64,6 +64,37 @@ def test_bad_arguments(kw, arg):
     sj.PromptLookup(**kw)
 
 
+def test_bad_adaptive():
+  with pytest.raises(sj.InputError, match="adaptive must be True or False"):
+    sj.PromptLookup(adaptive=1)
+
+
+def test_adaptive_copies_long_where_copies_pay_and_short_where_not():
+  """adaptive=True: where every copy is right (text repeating itself) the rows' copy length
+  grows from one token and tau is the fixed-length copy's; where most copies are wrong (a random
+  model) it stays short, so far fewer copied tokens are verified. Tokens as autoregressive's
+  both ways, batch 1 and 2; the adaptive copy is never re-sized by the cost curve."""
+  model = memoryless_model()
+  y = sj.generate(model, [[3]], max_new_tokens=40).tokens[0]
+  prompts = [y + [y[0]], [5, 9] + y + [y[0]]]
+  ref = sj.generate(model, prompts, sj.Autoregressive(), max_new_tokens=32)
+  fixed = sj.generate(model, prompts, sj.PromptLookup(ngram=2, num_tokens=6), max_new_tokens=32)
+  method = sj.PromptLookup(ngram=2, num_tokens=6, adaptive=True)
+  assert method.prepare(model) is method
+  out = sj.generate(model, prompts, method, max_new_tokens=32)
+  assert out.tokens == ref.tokens == fixed.tokens
+  assert out.stats["acceptance_rate"] == 1.0
+  assert sum(out.stats["accept_hist"][3:]) > 0  # copies grew from 1 to 2 tokens and more
+  assert out.stats["mean_accepted"] >= 0.85 * fixed.stats["mean_accepted"]
+  assert sj.generate(model, prompts[:1], method, max_new_tokens=32).tokens == ref.tokens[:1]
+
+  model = tiny_model()
+  prompts = random_prompts(4, model.config.vocab_size, seed=2, lo=3, hi=16)
+  ref = sj.generate(model, prompts, sj.Autoregressive(), max_new_tokens=24)
+  fixed = sj.generate(model, prompts, sj.PromptLookup(ngram=2, num_tokens=6), max_new_tokens=24)
+  out = sj.generate(model, prompts, method, max_new_tokens=24)
+  assert out.tokens == ref.tokens == fixed.tokens
+  assert out.stats["draft_tokens"] < 0.5 * fixed.stats["draft_tokens"]
 
 
 def test_copies_repeating_text():
