@@ -94,12 +94,14 @@ def _events(trace_dir: str) -> list[dict]:
     return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
 
 
-def _program_text(method) -> str:
-  """The compiled text of the last program generate compiled for `method`."""
+def compiled_program(method):
+  """(the Program, its compiled executable) of the last program generate compiled for
+  `method`."""
   for key, compiled in reversed(list(decode.compile_cache.programs.items())):
     if key[0].method == method:
-      return compiled.as_text()
+      return key[0], compiled
   raise RuntimeError(f"no compiled program for {method!r}")
+
 
 
 def breakdown(model, prompts, method, **generate_kw) -> dict:
@@ -113,7 +115,7 @@ def breakdown(model, prompts, method, **generate_kw) -> dict:
     with jax.profiler.trace(d, create_perfetto_trace=True):
       out = api.generate(model, prompts, method, **generate_kw)
     events = _events(d)
-  phases = phase_map(_program_text(method))
+  phases = phase_map(compiled_program(method)[1].as_text())
   time_us, count = collections.Counter(), collections.Counter()
   for e in events:
     p = phases.get(e["name"])

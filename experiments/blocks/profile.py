@@ -56,7 +56,7 @@ def main():
     with jax.profiler.trace(d, create_perfetto_trace=True):
       sj.generate(model, list(ps)[:1], method, **kw)
     events = bd._events(d)
-  hlo = bd._program_text(method)
+  hlo = bd.compiled_program(method)[1].as_text()
   names, phases = op_names(hlo), bd.phase_map(hlo)
   by_op, by_kind, count = collections.Counter(), collections.Counter(), collections.Counter()
   for e in events:

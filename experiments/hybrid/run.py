@@ -10,12 +10,13 @@ and warm up and then R times timed (the fastest kept), interleaved per prompt: a
 prompt lookup, prompt lookup with adaptive copy lengths (`prompt-lookup-adaptive`:
 `sj.PromptLookup(adaptive=True)`, up to 10 tokens), EAGLE (the shipped heads, tree from the cost
 curve), the registry's hybrid (prompt lookup + the EAGLE heads in one tree, copies scored by
-their measured acceptance), the same with copies always first (`hybrid-copies-first`, measured=False), prompt lookup + the Medusa heads
-(`hybrid-medusa`) and the registry's hybrid with suffix decoding beside its two drafters in a
-tree of the same size (`hybrid-suffix`; the suffix store holds this call's prompt and output
-only, remember=False, so that a warm-up run cannot teach it the answer). --methods picks a
-subset (autoregressive always runs: it is the reference). --arithmetic picks the target's
-(`bench.ARITHMETICS`: float32 by default; w4a8 is the GGUF's blocks with int8 activations).
+their measured acceptance), the same with copies always first (`hybrid-copies-first`,
+measured=False), prompt lookup + the Medusa heads (`hybrid-medusa`) and the registry's hybrid
+with suffix decoding beside its two drafters in a tree of the same size (`hybrid-suffix`; the
+suffix store holds this call's prompt and output only, remember=False, so that a warm-up run
+cannot teach it the answer). --methods picks a subset (autoregressive always runs: it is the
+reference). --arithmetic picks the target's (`bench.ARITHMETICS`: float32 by default; w4a8 is the
+GGUF's blocks with int8 activations).
 
 Reports per set the median over prompts of the speedup over autoregressive (same prompt, same
 process), the same after the first token (each call's time less that of a one-token

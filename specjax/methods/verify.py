@@ -107,14 +107,14 @@ def _causal_forward(prog: Program, params, cache, tokens, write: bool = True):
                       write_cache=write)
 
 
-def single(prog: Program, params, state: DecodeState, key, width: int):
+def single(prog: Program, params, state: DecodeState, key, pad_to: int):
   """The step when nobody drafted: the pending token alone, the chain rule over no drafts.
-  Returns (n [B] = 0, next [B] the target's token, x0's new entries padded to `width` tokens
+  Returns (n [B] = 0, next [B] the target's token, x0's new entries padded to `pad_to` tokens
   (kv.NewEntries: a branch's result, written after the lax.cond, module docstring))."""
   b = state.seq.shape[0]
   logits, _, new = _causal_forward(prog, params, state.cache, state.last_token[:, None], False)
   _, nxt = acceptance.verify_chain(key, jnp.zeros((b, 0), jnp.int32), None, logits, state.sp)
-  return jnp.zeros((b,), jnp.int32), nxt, new.pad(width)
+  return jnp.zeros((b,), jnp.int32), nxt, new.pad(pad_to)
 
 
 def chain(prog: Program, params, state: DecodeState, key, draft, *, rule=one_hot_rule,

@@ -46,28 +46,26 @@ def test_forward_that_only_reads_returns_what_it_would_write(packed, num_layers)
   later = kv.write_new(cache, new.pad(t + 3))  # padding writes garbage slots past lengths only
   for a, b, c in zip(later.layers, written.layers, cache.layers):
     for name in ("k", "v"):
-      got, want = np.asarray(a[name]), np.asarray(b[name])
+      got, want, old = (np.asarray(x[name]) for x in (a, b, c))
       for row, n in enumerate([5, 9]):
         np.testing.assert_array_equal(got[row, :, :n + t], want[row, :, :n + t])
-        np.testing.assert_array_equal(got[row, :, n + t + 3:], np.asarray(c[name])[row, :, n + t + 3:])
+        np.testing.assert_array_equal(got[row, :, n + t + 3:], old[row, :, n + t + 3:])
 
 
-def _methods():
-  draft = tiny_model(seed=1)
-  return {
-      "prompt-lookup": sj.PromptLookup(ngram=2, num_tokens=3),
-      "suffix": sj.SuffixDecoding(num_nodes=6, max_depth=3),
-      "draft-width": sj.DraftModel(draft, gamma=3, adaptive=True),
-      "quantized-lookup": sj.QuantizedDraft(bits=8, gamma=3, adaptive=True, lookup=2),
-  }
+BRANCHING = {
+    "prompt-lookup": lambda: sj.PromptLookup(ngram=2, num_tokens=3),
+    "suffix": lambda: sj.SuffixDecoding(num_nodes=6, max_depth=3),
+    "draft-width": lambda: sj.DraftModel(tiny_model(seed=1), gamma=3, adaptive=True),
+    "quantized-lookup": lambda: sj.QuantizedDraft(bits=8, gamma=3, adaptive=True, lookup=2),
+}
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "suffix", "draft-width", "quantized-lookup"])
+@pytest.mark.parametrize("name", sorted(BRANCHING))
 def test_branching_verification_copies_no_cache(name):
   """The compiled decode loop of every method whose verification (or multi-level draft) branches
   holds no copy of a cache-shaped buffer, and decodes as autoregressive decoding does."""
   model = tiny_model(seed=0)
-  method = _methods()[name]
+  method = BRANCHING[name]()
   prompts = random_prompts(2, model.config.vocab_size, seed=4)
   out = sj.generate(model, prompts, method, max_new_tokens=12)
   ar = sj.generate(model, prompts, sj.Autoregressive(), max_new_tokens=12)

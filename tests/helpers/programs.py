@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from specjax import decode
+from specjax import breakdown
 
 
 def cache_copies_in_loop(method, config, batch: int) -> int:
@@ -13,12 +13,8 @@ def cache_copies_in_loop(method, config, batch: int) -> int:
   `method`, outside its entry computation: in the decode loop and its branches, where a copy is
   paid on every step. (A copy inside a fused computation is a step of a fused kernel's
   arithmetic, not a buffer's copy.)"""
-  for key, compiled in reversed(list(decode.compile_cache.programs.items())):
-    if key[0].method == method:
-      prog, hlo = key[0], compiled.as_text()
-      break
-  else:
-    raise AssertionError(f"no compiled program for {method!r}")
+  prog, compiled = breakdown.compiled_program(method)
+  hlo = compiled.as_text()
   shape = re.escape(f"f32[{batch},{config.num_kv_heads},{prog.max_len},{config.head_dim}]")
   n, skip = 0, False  # skip: in the entry computation or a fusion's
   for line in hlo.splitlines():
