@@ -54,6 +54,21 @@ def _packed(module, name):
   return None if v is None else v.get_value()
 
 
+def normed_dense(norm, x, w, packed):
+  """dense(norm(x), w, packed) (norm None: no norm), with the norm inside the product's kernel
+  call where the weight is in blocks on the integer-dot kernel (a W4A8 target, a quantized
+  self-draft's copy) and the norm is an RMSNorm over float32 rows: one operation where XLA ran
+  six (the norm's squares, tree and scaling, ~0.5 ms of a W4A8 one-token forward of SmolLM2).
+  The kernel's norm rounds each step once (kernels/qdot.py, norm_reference), so a row's
+  activations are the same whatever rows share the call."""
+  if (norm is not None and norm.kind != "layer" and x.dtype == jnp.float32
+      and callable(getattr(packed, "product", None))
+      and getattr(packed, "packed", None) is not None):
+    y = packed.product(x, norm=(norm.scale[...], norm.eps))
+    return y.astype(x.dtype).reshape(*x.shape[:-1], *w.shape[1:])
+  return dense(x if norm is None else norm(x), w, packed)
+
+
 def rope_inv_freq(cfg: ModelConfig, layer: int | None = None) -> np.ndarray:
   """[D/2] inverse frequencies of layer `layer` (None: the global layers' rope; see
   ModelConfig.rope), with linear or llama3 scaling applied (as HF computes them)."""
@@ -186,8 +201,8 @@ class Attention(nnx.Module):
       self.bo = nnx.Param(jnp.zeros((e,), dtype))
 
   def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None,
-               write: bool = True):
-    """x [B,T,E]; rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,K,S,D]}; start [B];
+               write: bool = True, norm=None):
+    """x [B,T,E] (normed by `norm` first where given: `normed_dense`); rope (cos, sin) [B,T,D/2] or None; layer_cache {k,v: [B,K,S,D]}; start [B];
     mask [B,T,S]; positions [B,T] (for the sliding band; None: no band) -> (y [B,T,E],
     layer_cache). empty_cache (static): the caller guarantees start == 0 (a prefill), so only
     the T new entries are attended (mask[:, :, :T]). write (static) False: the cache is only
@@ -196,7 +211,7 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     g = cfg.group_size
-    qkv = dense(x, self.wqkv[...], _packed(self, "wqkv"))  # [B,T,K,G+2,D]
+    qkv = normed_dense(norm, x, self.wqkv[...], _packed(self, "wqkv"))  # [B,T,K,G+2,D]
     if cfg.qkv_bias:
       qkv = qkv + self.bqkv[...]
     q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [B,T,K,G,D] [B,T,K,D] x2
@@ -249,8 +264,8 @@ class MLP(nnx.Module):
       self.b_in = nnx.Param(jnp.zeros((m, cfg.intermediate_size), dtype))
       self.b_out = nnx.Param(jnp.zeros((cfg.hidden_size,), dtype))
 
-  def __call__(self, x):  # [B,T,E]
-    h = dense(x, self.w_in[...], _packed(self, "w_in"))  # [B,T,M,F]
+  def __call__(self, x, norm=None):  # [B,T,E] (normed by `norm` first where given)
+    h = normed_dense(norm, x, self.w_in[...], _packed(self, "w_in"))  # [B,T,M,F]
     if self.cfg.out_bias:
       h = h + self.b_in[...]
     # In float32, rounded once to h's dtype where h is not float32 (a drafter's bf16 input):
@@ -281,12 +296,12 @@ class Block(nnx.Module):
 
   def __call__(self, x, rope, layer_cache, start, mask, empty_cache: bool = False, positions=None,
                write: bool = True):
-    y, layer_cache = self.attn(self.attn_norm(x), rope, layer_cache, start, mask, empty_cache,
-                               positions, write)
+    y, layer_cache = self.attn(x, rope, layer_cache, start, mask, empty_cache, positions, write,
+                               norm=self.attn_norm)
     if hasattr(self, "post_attn_norm"):
       y = self.post_attn_norm(y)
     x = x + y
-    y = self.mlp(self.mlp_norm(x))
+    y = self.mlp(x, norm=self.mlp_norm)
     if hasattr(self, "post_mlp_norm"):
       y = self.post_mlp_norm(y)
     return x + y, layer_cache

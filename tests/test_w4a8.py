@@ -13,6 +13,7 @@ import pytest
 from gguf import GGUFReader, quants
 
 import specjax as sj
+from specjax import cache as kv
 from specjax.errors import InputError
 from specjax.kernels import quant
 from specjax.packing import PREFIX
@@ -90,6 +91,28 @@ def test_close_to_the_float_activations(gguf_file, w4a8):
   la, lb = logits(b, toks), logits(w4a8, toks)
   assert np.abs(la - lb).max() <= 0.15 * np.abs(la).max()
   assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.8
+
+
+def test_a_layers_norms_run_inside_its_products(gguf_file, w4a8, monkeypatch):
+  """Each layer's two RMSNorms run inside the integer-dot kernel's call of the product after
+  them (model.normed_dense): one operation each in the compiled forward, and the same function
+  as the norm in XLA before the product (up to float rounding: XLA's rsqrt is approximate)."""
+  from specjax import model as model_lib
+  from specjax.kernels import qdot
+  if not qdot.available():
+    pytest.skip("the integer-dot kernel is unavailable here (see its warning)")
+  toks = jnp.asarray(np.random.default_rng(3).integers(0, 128, (1, 12)))
+  c = w4a8.init_cache(1, 128)
+  pos = jnp.arange(12)[None]
+  text = jax.jit(w4a8.apply).lower(w4a8.params, toks, pos, c,
+                                   kv.causal_mask(c.lengths, 12, 128, 0)).compile().as_text()
+  assert text.count(f'custom_call_target="{qdot.TARGET_NORM}"') == 2 * w4a8.config.num_layers
+  fused = logits(w4a8, toks)
+  monkeypatch.setattr(model_lib, "normed_dense", lambda norm, x, w, packed: model_lib.dense(
+      x if norm is None else norm(x), w, packed))
+  apart = logits(w4a8, toks)
+  np.testing.assert_allclose(fused, apart, rtol=0, atol=2e-3 * np.abs(apart).max())
+  assert (fused.argmax(-1) == apart.argmax(-1)).all()
 
 
 METHODS = {

@@ -60,12 +60,14 @@ class Library:
   instead: what runs instead (for the one warning a failed load gives); detect(lib) -> the best
   ISA code (a hook the module resolves late, so tests can simulate another CPU); setup(lib):
   further ctypes declarations; switchable: whether SPECJAX_KERNELS=0 makes `available` False (the
-  blocks module's does not: its products check the switch themselves, as before)."""
+  blocks module's does not: its products check the switch themselves, as before); more: further
+  (handler symbol, target) pairs the library registers beside the first."""
 
   def __init__(self, name: str, prefix: str, handler: str, target: str, *, lacking: str,
                instead: str, detect: Callable, setup: Callable | None = None,
-               switchable: bool = True):
+               switchable: bool = True, more: tuple = ()):
     self.name, self.prefix, self.handler, self.target = name, prefix, handler, target
+    self.more = tuple(more)
     self.lacking, self.instead, self.detect, self.setup = lacking, instead, detect, setup
     self.switchable = switchable
     self._lock = threading.Lock()
@@ -108,8 +110,9 @@ class Library:
         raise RuntimeError(self.lacking)
       self._fn(lib, "set_isa")(best)
     if not self.state["registered"]:  # once per process, even if a test makes us load again
-      jax.ffi.register_ffi_target(self.target, jax.ffi.pycapsule(getattr(lib, self.handler)),
-                                  platform="cpu")
+      for handler, target in ((self.handler, self.target), *self.more):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, handler)),
+                                    platform="cpu")
       self.state["registered"] = True
     return lib
 

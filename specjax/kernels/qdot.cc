@@ -109,6 +109,27 @@ inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, floa
   }
 }
 
+// The RMSNorm a layer applies before its product, done here on the product's rows (`x` is then
+// the residual stream, not the normed activations): out[i] = scale[i] * (x[i] * inv) for i < n,
+// inv = 1 / sqrt(mean + eps), mean = (sum of x[i] * x[i]) * float(1 / n), the sum a pairwise
+// tree over the squares zero-padded to a power of two w (level h = w/2, w/4, .., 1: sq[i] +=
+// sq[i + h]). Every operation is one IEEE operation (sqrt and the division correctly rounded,
+// no fused multiply-add: the file is compiled with -ffp-contract=off), so every path, and any
+// vector width the compiler picks for these loops, gives the same bits, and a row's norm
+// depends on that row alone. sq: w floats of scratch.
+inline void norm_row_impl(const float* x, long n, const float* scale, float eps, float* out,
+                          float* sq) {
+  long w = 1;
+  while (w < n) w <<= 1;
+  for (long i = 0; i < n; ++i) sq[i] = x[i] * x[i];
+  for (long i = n; i < w; ++i) sq[i] = 0.0f;
+  for (long h = w / 2; h >= 1; h /= 2)
+    for (long i = 0; i < h; ++i) sq[i] = sq[i] + sq[i + h];
+  const float mean = sq[0] * static_cast<float>(1.0 / double(n));
+  const float inv = 1.0f / std::sqrt(mean + eps);
+  for (long i = 0; i < n; ++i) out[i] = scale[i] * (x[i] * inv);
+}
+
 }  // namespace
 
 // out[r][0..15] (row stride ldo) = rows r < `rows` of the quantized activations (xq row stride ldq,
@@ -121,6 +142,9 @@ typedef void Group8Fn(const int8_t* xq, long ldq, const float* dx, const int32_t
                       const uint8_t* w, long nblk, long rows, float* out, long ldo);
 // One row of k activations -> xq[k], dx[k/32], dxs[k/32], sx[k/32].
 typedef void QuantFn(const float* x, long k, int8_t* xq, float* dx, float* dxs, int32_t* sx);
+// One row's RMSNorm (norm_row_impl): x[n], scale[n] -> out[n]; sq: scratch of the power of two
+// at or above n floats.
+typedef void NormFn(const float* x, long n, const float* scale, float eps, float* out, float* sq);
 
 #if SJ_PART == SJ_AVX512 || SJ_PART == SJ_AVX2
 #include <immintrin.h>
@@ -423,6 +447,11 @@ void quant_row(const float* x, long k, int8_t* xq, float* dx, float* dxs, int32_
 extern "C" GroupFn SJ_PATH(sj_qdot_group);
 extern "C" Group8Fn SJ_PATH(sj_qdot_group8);
 extern "C" QuantFn SJ_PATH(sj_qdot_quant);
+extern "C" NormFn SJ_PATH(sj_qdot_norm);
+void SJ_PATH(sj_qdot_norm)(const float* x, long n, const float* scale, float eps, float* out,
+                           float* sq) {
+  norm_row_impl(x, n, scale, eps, out, sq);
+}
 void SJ_PATH(sj_qdot_group)(const int8_t* xq, long ldq, const float* dx, const float* dxs,
                             long ldd, const uint8_t* w, long nblk, long rows, float* out,
                             long ldo, long record) {
@@ -444,6 +473,12 @@ void SJ_PATH(sj_qdot_quant)(const float* x, long k, int8_t* xq, float* dx, float
 extern "C" GroupFn sj_qdot_group_scalar;
 extern "C" Group8Fn sj_qdot_group8_scalar;
 extern "C" QuantFn sj_qdot_quant_scalar;
+extern "C" NormFn sj_qdot_norm_scalar;
+
+void sj_qdot_norm_scalar(const float* x, long n, const float* scale, float eps, float* out,
+                         float* sq) {
+  norm_row_impl(x, n, scale, eps, out, sq);
+}
 
 void sj_qdot_group_scalar(const int8_t* xq, long ldq, const float* dx, const float* dxs, long ldd,
                           const uint8_t* w, long nblk, long rows, float* out, long ldo,
@@ -518,6 +553,7 @@ void sj_qdot_quant_scalar(const float* x, long k, int8_t* xq, float* dx, float* 
 SJ_PATHS(GroupFn, sj_qdot_group);
 SJ_PATHS(Group8Fn, sj_qdot_group8);
 SJ_PATHS(QuantFn, sj_qdot_quant);
+SJ_PATHS(NormFn, sj_qdot_norm);
 
 namespace {
 
@@ -532,10 +568,12 @@ struct Path {
   GroupFn* group;
   Group8Fn* group8;
   QuantFn* quant;
+  NormFn* norm;
 };
 
 Path path() {
-  return {SJ_PICK(sj_qdot_group), SJ_PICK(sj_qdot_group8), SJ_PICK(sj_qdot_quant)};
+  return {SJ_PICK(sj_qdot_group), SJ_PICK(sj_qdot_group8), SJ_PICK(sj_qdot_quant),
+          SJ_PICK(sj_qdot_norm)};
 }
 
 // ----------------------------------------------------------------------------- one call
@@ -583,11 +621,21 @@ struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> dx, dxs;
   std::vector<int32_t> sx;
+  std::vector<float> xn, sq;  // a normed row, the norm's tree
+};
+
+// The RMSNorm before a product (none where scale is null): scale [nn] (nn <= k, the norm's width;
+// the activations' k is nn rounded up to a block, the rest zeros), eps.
+struct Norm {
+  const float* scale;
+  long nn;
+  float eps;
 };
 
 // m <= kMaxM rows; record: the packed weight's bytes per group-block, kRecord or kRecordH (Q4_1)
-// or kRecord8 (Q8_0).
-void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
+// or kRecord8 (Q8_0). With a norm, x's rows are normed (norm_row_impl) before they are quantized.
+void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record,
+               Norm nrm) {
   static thread_local Scratch s;
   const long ng = (n + kGroup - 1) / kGroup, nblk = k / kBlock;
   if (long(s.xq.size()) < m * k) s.xq.resize(m * k);
@@ -597,9 +645,22 @@ void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long 
     s.sx.resize(m * nblk);
   }
   const Path f = path();
-  for (long r = 0; r < m; ++r)
-    f.quant(x + r * k, k, s.xq.data() + r * k, s.dx.data() + r * nblk, s.dxs.data() + r * nblk,
+  if (nrm.scale != nullptr) {
+    long wide = 1;
+    while (wide < nrm.nn) wide <<= 1;
+    if (long(s.xn.size()) < k) s.xn.resize(k);
+    if (long(s.sq.size()) < wide) s.sq.resize(wide);
+  }
+  for (long r = 0; r < m; ++r) {
+    const float* xr = x + r * k;
+    if (nrm.scale != nullptr) {
+      f.norm(xr, nrm.nn, nrm.scale, nrm.eps, s.xn.data(), s.sq.data());
+      std::fill(s.xn.begin() + nrm.nn, s.xn.begin() + k, 0.0f);
+      xr = s.xn.data();
+    }
+    f.quant(xr, k, s.xq.data() + r * k, s.dx.data() + r * nblk, s.dxs.data() + r * nblk,
             s.sx.data() + r * nblk);
+  }
   const Job j{s.xq.data(), s.dx.data(), s.dxs.data(), s.sx.data(), w, y, m, k, n, ng, nblk,
               record, f};
   sj_pool::split(ng, ng * nblk * record * ((m + 7) / 8), kThreadedBytes,
@@ -608,9 +669,10 @@ void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long 
 
 // Any number of rows, kMaxM at a time (a prefill's rows, a large batch): each pass reads the
 // weight once; a row's result does not depend on which pass it falls in.
-void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record) {
+void qdot_dense(const float* x, const uint8_t* w, float* y, long m, long k, long n, long record,
+                Norm nrm = {nullptr, 0, 0.0f}) {
   for (long r = 0; r < m; r += kMaxM)
-    qdot_rows(x + r * k, w, y + r * n, std::min(kMaxM, m - r), k, n, record);
+    qdot_rows(x + r * k, w, y + r * n, std::min(kMaxM, m - r), k, n, record, nrm);
 }
 
 // ----------------------------------------------------------------------------- XLA FFI
@@ -642,9 +704,32 @@ ffi::Error QdotF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
   });
 }
 
+// The product of the RMS-normed rows of x (scale [nn], k = nn rounded up to a block).
+ffi::Error QdotNormF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
+                       ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y, float eps) {
+  std::string err = check(x.dimensions(), w.dimensions(), y->dimensions());
+  if (!err.empty()) return sj_ffi::invalid(err);
+  const long m = sj_ffi::rows(x.dimensions(), y->dimensions()), k = sj_ffi::last(x.dimensions()),
+             n = sj_ffi::last(y->dimensions());
+  const long nn = scale.dimensions().size() == 1 ? scale.dimensions()[0] : -1;
+  if (nn < 1 || nn > k || (nn + kBlock - 1) / kBlock * kBlock != k)
+    return sj_ffi::invalid("specjax_qdot_norm_f32: expected scale[N] with K = N rounded up to 32");
+  return sj_ffi::product(y->typed_data(), m, k, n, [&] {
+    qdot_dense(x.typed_data(), w.typed_data(), y->typed_data(), m, k, n, w.dimensions()[2],
+               Norm{scale.typed_data(), nn, eps});
+  });
+}
+
 }  // namespace
 
 SJ_PRODUCT_HANDLER(SpecjaxQdotF32, QdotF32, ffi::F32, ffi::U8);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQdotNormF32, QdotNormF32,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("eps"));
 
 // ----------------------------------------------------------------------------- ctypes API
 
@@ -659,6 +744,16 @@ SJ_EXPORT void specjax_qdot_quantize(const float* x, long m, long k, int8_t* xq,
   std::vector<int32_t> sx(k / kBlock);
   for (long r = 0; r < m; ++r)
     f.quant(x + r * k, k, xq + r * k, dx + r * (k / kBlock), dxs + r * (k / kBlock), sx.data());
+}
+
+// The RMSNorm alone (tests): x[m][n], scale[n] -> out[m][n], on the path in use.
+SJ_EXPORT void specjax_qdot_norm_rows(const float* x, long m, long n, const float* scale,
+                                      float eps, float* out) {
+  const Path f = path();
+  long wide = 1;
+  while (wide < n) wide <<= 1;
+  std::vector<float> sq(wide);
+  for (long r = 0; r < m; ++r) f.norm(x + r * n, n, scale, eps, out + r * n, sq.data());
 }
 
 // y = the product on host pointers, outside XLA (benchmarks without a jit in between).

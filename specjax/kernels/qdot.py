@@ -57,6 +57,7 @@ from specjax.kernels.library import (ISAS, KernelFallbackWarning, Library,  # no
                                      on_cpu, rows_of, switched_off)
 
 TARGET = "specjax_qdot_f32"
+TARGET_NORM = "specjax_qdot_norm_f32"  # the same product of RMS-normed rows (`dense(norm=...)`)
 MAX_ROWS = 64   # rows per pass over the weight; the kernel takes larger M in passes of this many
 GROUP = 16      # output columns per packed group
 BLOCK = 32      # k per block
@@ -197,13 +198,16 @@ def _declare(lib) -> None:
   lib.specjax_qdot_quantize.restype = None
   lib.specjax_qdot_quantize.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+  lib.specjax_qdot_norm_rows.restype = None
+  lib.specjax_qdot_norm_rows.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                                         ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p]
 
 
 LIBRARY = Library("qdot", "specjax_qdot", "SpecjaxQdotF32", TARGET,
                   instead="using its JAX reference instead",
                   lacking="this CPU has neither AVX-512 VNNI nor AVX2+FMA: the portable kernel "
                   "would be slower than the reference in XLA", detect=lambda lib: _detect_isa(lib),
-                  setup=_declare)
+                  setup=_declare, more=(("SpecjaxQdotNormF32", TARGET_NORM),))
 
 # The module's loading and ISA control are its Library's (library.py).
 load, available, isa, set_isa, threads = LIBRARY.api()
@@ -224,7 +228,39 @@ def quantize_rows(x) -> tuple[np.ndarray, np.ndarray]:
   return xq, dx
 
 
+def norm_rows(x, scale, eps: float) -> np.ndarray:
+  """The kernel's RMSNorm alone, on the path in use (tests): x float32 [M, N], scale [N] ->
+  [M, N] (see `norm_reference` for the arithmetic)."""
+  lib = LIBRARY.require()
+  x = np.ascontiguousarray(x, np.float32)
+  scale = np.ascontiguousarray(scale, np.float32)
+  if x.ndim != 2 or scale.shape != x.shape[1:]:
+    raise ValueError(f"x [M, N] and scale [N] expected, got {x.shape} and {scale.shape}")
+  out = np.zeros_like(x)
+  lib.specjax_qdot_norm_rows(x.ctypes.data, x.shape[0], x.shape[1], scale.ctypes.data,
+                             float(eps), out.ctypes.data)
+  return out
+
+
 # ----------------------------------------------------------------------------- the op
+
+
+def norm_reference(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """The RMSNorm `dense(norm=...)` applies to x's rows [..., N] before the product, in XLA (the
+  fallback): scale * (x * (1 / sqrt(mean(x * x) + eps))), the mean's sum a pairwise tree over the
+  squares zero-padded to a power of two, times float32(1 / N). The kernel (qdot.cc,
+  norm_row_impl) rounds each of these operations once, with a correctly rounded sqrt and
+  division; XLA may fuse a square into the tree's first addition and computes 1 / sqrt as an
+  approximate rsqrt, so the two agree up to float rounding, as the products do."""
+  x = x.astype(jnp.float32)
+  n = x.shape[-1]
+  width = 1 << max(0, n - 1).bit_length()
+  sq = jnp.pad(x * x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+  while sq.shape[-1] > 1:
+    half = sq.shape[-1] // 2
+    sq = sq[..., :half] + sq[..., half:]
+  mean = sq * jnp.float32(1.0 / n)
+  return scale.astype(jnp.float32) * (x * (jnp.float32(1) / jnp.sqrt(mean + jnp.float32(eps))))
 
 
 def quantize_activations(x: jax.Array):
@@ -267,15 +303,23 @@ def reference(x2, packed, n: int, k: int) -> jax.Array:
   return jax.lax.scan(step, y0, (q, d, mn, xq, dx.T, dxs.T))[0]
 
 
-def _ffi(x, packed, n: int):
+def _ffi(x, packed, n: int, norm=None):
   """x [..., K] (two dimensions or more) -> [..., N]: no reshape around the call (handler.h)."""
-  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32),
-                          vmap_method="sequential")(x, packed)
+  out = jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32)
+  if norm is None:
+    return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x, packed)
+  scale, eps = norm
+  return jax.ffi.ffi_call(TARGET_NORM, out, vmap_method="sequential")(
+      x, scale.astype(jnp.float32), packed, eps=np.float32(eps))
 
 
-def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
+def dense(x2: jax.Array, packed: jax.Array, n: int, k: int, norm=None) -> jax.Array:
   """x2 [..., K] (float; computed in float32) times the packed Q4_1 weight [K, N] -> [..., N]
   float32, with x2's rows quantized to int8 per 32-block (the math above).
+
+  norm: None, or (scale [Nn], eps) with K = Nn rounded up to a block: x2's rows (their first Nn
+  values; the rest zeros) are RMS-normed first (`norm_reference`'s arithmetic), inside the
+  kernel's call: a layer's norm and its product in one operation instead of six.
 
   The kernel for M = prod(x2.shape[:-1]) >= 1 when available (MAX_ROWS rows per pass over the
   weight), else `reference` in XLA; the two agree up to float summation order. Not
@@ -296,11 +340,20 @@ def dense(x2: jax.Array, packed: jax.Array, n: int, k: int) -> jax.Array:
   x = rows_of(jnp.asarray(x2).astype(jnp.float32))
   out = (*shape[:-1], n)
 
+  if norm is not None:
+    nn = int(np.shape(norm[0])[0]) if np.ndim(norm[0]) == 1 else -1
+    if nn < 1 or -(-nn // BLOCK) * BLOCK != k:
+      raise ValueError(f"norm: expected a scale [N] with k={k} N rounded up to {BLOCK}, got "
+                       f"shape {tuple(np.shape(norm[0]))}")
+
   def ref(a, p):
+    if norm is not None:
+      a = jnp.pad(norm_reference(a[..., :nn], norm[0], norm[1]),
+                  [(0, 0)] * (a.ndim - 1) + [(0, k - nn)])
     return reference(a.reshape(m, k), p, n, k).reshape(*a.shape[:-1], n)
 
   if m < 1 or not available():
     y = ref(x, packed)
   else:
-    y = on_cpu(lambda a, p: _ffi(a, p, n), ref, x, packed)
+    y = on_cpu(lambda a, p: _ffi(a, p, n, norm), ref, x, packed)
   return y.reshape(out)

@@ -67,9 +67,9 @@ class QWeight:
   def n(self) -> int:
     return self.q.shape[-1]
 
-  def product(self, x: jax.Array) -> jax.Array:
-    """x [..., K] -> [..., N] float32 (`qdense`)."""
-    return qdense(x, self)
+  def product(self, x: jax.Array, norm=None) -> jax.Array:
+    """x [..., K] -> [..., N] float32 (`qdense`; norm: its RMSNorm before the product)."""
+    return qdense(x, self, norm)
 
 
 def _padded(k: int) -> int:
@@ -189,8 +189,10 @@ def _reference(x2: jax.Array, qw: QWeight) -> jax.Array:
   return fixed_sum(y, axis=0)  # blocks in a fixed order: a row's sum is the same whatever M is
 
 
-def qdense(x: jax.Array, qw: QWeight) -> jax.Array:
+def qdense(x: jax.Array, qw: QWeight, norm=None) -> jax.Array:
   """x [..., K] (any float; computed in float32) times the quantized weight -> [..., N] float32.
+  norm: None, or (scale [K], eps): x's rows are RMS-normed first (qdot.norm_reference), inside
+  the kernel's call where it runs.
 
   On the integer-dot kernel where qw carries its packed copy and the kernel is available (any
   M = prod(x.shape[:-1]): the kernel takes a prefill's rows in passes of qdot.MAX_ROWS), else
@@ -204,7 +206,10 @@ def qdense(x: jax.Array, qw: QWeight) -> jax.Array:
   if qdot is not None and rows >= 1:
     # x keeps its leading dimensions into the kernel (no reshape around it: kernels/handler.h).
     pad = [(0, 0)] * (x.ndim - 1) + [(0, kp - qw.k)]
-    return qdot.dense(jnp.pad(x.astype(jnp.float32), pad), qw.packed, qw.n, kp)
+    return qdot.dense(jnp.pad(x.astype(jnp.float32), pad), qw.packed, qw.n, kp, norm)
+  if norm is not None:
+    from specjax.kernels.qdot import norm_reference
+    x = norm_reference(x, *norm)
   x2 = jnp.pad(x.reshape(rows, qw.k).astype(jnp.float32), ((0, 0), (0, kp - qw.k)))
   return _reference(x2, qw).reshape(*lead, qw.n)
 

@@ -397,3 +397,66 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
   finally:
     monkeypatch.undo()
     qdot.LIBRARY.reset()
+
+
+def numpy_norm(x, scale, eps):
+  """The fused RMSNorm's arithmetic in numpy float32 (qdot.norm_reference's docstring): each
+  operation rounded once, the squares' sum a pairwise tree over a power-of-two width."""
+  x = np.asarray(x, np.float32)
+  n = x.shape[-1]
+  sq = np.pad(x * x, ((0, 0), (0, (1 << max(0, n - 1).bit_length()) - n)))
+  while sq.shape[-1] > 1:
+    half = sq.shape[-1] // 2
+    sq = (sq[:, :half] + sq[:, half:]).astype(np.float32)
+  mean = (sq[:, 0] * np.float32(1.0 / n)).astype(np.float32)
+  inv = (np.float32(1) / np.sqrt((mean + np.float32(eps)).astype(np.float32))).astype(np.float32)
+  return (np.asarray(scale, np.float32) * (x * inv[:, None])).astype(np.float32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa_path", isa_paths(qdot), indirect=True)
+def test_fused_norm_is_the_numpy_arithmetic(isa_path):
+  """The kernel's RMSNorm alone gives numpy's float32 bits (widths below, at and past a power of
+  two, below one block, a zero row); a product with the norm fused gives the bits of the product
+  of numpy's normed rows, for 1 to 64 rows, whichever rows share the call."""
+  rng = np.random.default_rng(11)
+  for n in (1, 7, 32, 64, 100, 576, 640):
+    x = (rng.standard_normal((5, n)) * rng.uniform(0.01, 30, (5, 1))).astype(np.float32)
+    x[2] = 0
+    scale = rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_array_equal(qdot.norm_rows(x, scale, 1e-6), numpy_norm(x, scale, 1e-6))
+  for bits in BITS:
+    for nn in (224, 200):  # the norm's width the activations' K, or less (K = 224 the blocks)
+      q, d, m = random_blocks(rng, 77, 224, bits)
+      packed = jnp.asarray(qdot.pack(q, d, m))
+      x = np.zeros((64, 224), np.float32)
+      x[:, :nn] = rng.standard_normal((64, nn)) * 4
+      scale = rng.standard_normal(nn).astype(np.float32)
+      want = np.zeros_like(x)
+      want[:, :nn] = numpy_norm(x[:, :nn], scale, 1e-5)
+      want = np.asarray(qdot.dense(want, packed, 77, 224))
+      g = jax.jit(lambda x, p, s: qdot.dense(x, p, 77, 224, norm=(s, 1e-5)))
+      for rows in (1, 3, 16, 64):
+        np.testing.assert_array_equal(np.asarray(g(x[:rows], packed, scale)), want[:rows])
+
+
+@needs_kernel
+def test_fused_norm_fallback_and_bad_scale(monkeypatch):
+  """Switched off, the norm runs in XLA (norm_reference) before the reference product: the same
+  up to float rounding; a scale that does not fit K is refused before compiling."""
+  rng = np.random.default_rng(12)
+  q, d, m = random_blocks(rng, 40, 96, 4)
+  packed = jnp.asarray(qdot.pack(q, d, m))
+  x = np.zeros((3, 96), np.float32)
+  x[:, :90] = rng.standard_normal((3, 90))
+  scale = jnp.asarray(rng.standard_normal(90).astype(np.float32))
+  y = np.asarray(qdot.dense(x, packed, 40, 96, norm=(scale, 1e-5)))
+  normed = np.zeros_like(x)
+  normed[:, :90] = numpy_norm(x[:, :90], scale, 1e-5)
+  assert_close(y, normed, q, d, m)
+  monkeypatch.setenv("SPECJAX_KERNELS", "0")
+  off = np.asarray(qdot.dense(x, packed, 40, 96, norm=(scale, 1e-5)))
+  np.testing.assert_allclose(off, y, rtol=1e-4, atol=1e-4)
+  for bad in (jnp.ones(60), jnp.ones(97), jnp.ones((2, 48))):
+    with pytest.raises(ValueError, match="norm: expected a scale"):
+      qdot.dense(x, packed, 40, 96, norm=(bad, 1e-5))
