@@ -336,8 +336,32 @@ inline __m512 pair_of(const float* a, const float* b) {  // [a[0, 8), b[0, 8)]
       _mm256_loadu_ps(a))), _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
 }
 
-template <int R, class Key>
-void dots16(const float* const* q, Key key, const int32_t* js, long n, long d, float* const* out) {
+// v_hsum8 of the eight keys' chains dots16 holds in four zmm registers (a[w]: key 2w in lanes
+// 0-7, key 2w + 1 in lanes 8-15), with the same pairs added at each level as v_hsum's tree, so
+// the same bits: (l0 + l4, l1 + l5, l2 + l6, l3 + l7) per key, then (that0 + that2, that1 +
+// that3), then their sum; four keys a 16-lane register at the first level, eight at the others
+// (11 shuffles and additions for eight keys, against 27 through v_hsum8's 8-lane registers).
+inline void hsum8_pairs(const __m512* a, float* out) {
+  // level 1: [k0 | k1 | k2 | k3] (4 lanes each) from a[0], a[1]; [k4 | .. | k7] from a[2], a[3]
+  const __m512 s0 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s1 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  // level 2: 128-bit group i: [k_i: t0 + t2, t1 + t3, k_{i+4}: t0 + t2, t1 + t3]
+  const __m512 s2 = _mm512_add_ps(_mm512_shuffle_ps(s0, s1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(s0, s1, _MM_SHUFFLE(3, 2, 3, 2)));
+  // level 3: group i: [k_i, k_{i+4}, k_i, k_{i+4}]
+  const __m512 s3 = _mm512_add_ps(_mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 f = _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 4, 8, 12, 1, 5, 9, 13), s3);
+  _mm256_storeu_ps(out, _mm512_castps512_ps256(f));
+}
+
+template <int R, long DC, class Key>
+void dots16_d(const float* const* q, Key key, const int32_t* js, long n, long dd,
+              float* const* out) {
+  const long d = DC > 0 ? DC : dd;  // a compile-time d unrolls the chains' loop
   alignas(64) float qd[R][2 * kDots16MaxD];
   for (int r = 0; r < R; ++r)
     for (long e = 0; e < d; e += 8)
@@ -360,16 +384,19 @@ void dots16(const float* const* q, Key key, const int32_t* js, long n, long d, f
       }
     }
     for (int r = 0; r < R; ++r) {
-      V8 a[8];
-      for (int w = 0; w < 4; ++w) {
-        a[2 * w] = {_mm512_castps512_ps256(acc[r][w])};
-        a[2 * w + 1] = {_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][w]), 1))};
-      }
       alignas(32) float sums[8];
-      v_hsum8(a, sums);
+      hsum8_pairs(acc[r], sums);
       for (long u = 0; u < m; ++u) out[r][i + u] = sums[u];
     }
   }
+}
+
+template <int R, class Key>
+void dots16(const float* const* q, Key key, const int32_t* js, long n, long d, float* const* out) {
+  if (d == 64)
+    dots16_d<R, 64>(q, key, js, n, d, out);
+  else
+    dots16_d<R, 0>(q, key, js, n, d, out);
 }
 #endif
 
