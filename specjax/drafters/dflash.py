@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import kernels
 from specjax.errors import InputError, WeightsError, check_int
 from specjax.model import apply_rope, path_key, rms_unit
 
@@ -119,6 +120,52 @@ def _norm(x, w, eps):
   return (w * rms_unit(x, eps).astype(x.dtype)).astype(x.dtype)
 
 
+# A drafter's dense products, by flat parameter name (the layers' under "layers.i."): each weight
+# as the [K, N] matrix its product multiplies by.
+DENSE = ("fc", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def _dense(x, w, packed, name):
+  """x [..., K] @ w [K, *out]: on the CPU kernel where `packed` holds a copy of w (packed_copies),
+  else XLA's product."""
+  copy = None if packed is None else packed.get(name)
+  if copy is None:
+    return jnp.einsum("...k,kn->...n", x, w.reshape(w.shape[0], -1)).reshape(
+        *x.shape[:-1], *w.shape[1:])
+  return kernels.dense(x, w, copy)
+
+
+def packed_copies(params: dict, qtype: str | None) -> tuple[dict, dict]:
+  """(params, {flat name: kernel copy}) for a drafter beside a target whose products run on the
+  CPU kernel (packing.on_kernel), as EAGLE's modules get (drafters/layer.pack_module): each dense
+  weight packed for the kernel, or, with qtype (packing.drafter_qtype, beside a target on GGUF
+  blocks), rounded to blocks of that type, params then holding the blocks' values so that its
+  products past the kernel's rows (XLA) compute the same numbers. A weight whose K is not whole
+  blocks stays float32 (fp32 kernel layout)."""
+  from specjax.packing import block_copy
+  out, packed = dict(params), {}
+  for name, w in params.items():
+    if name.split(".")[-1] not in DENSE:
+      continue
+    shape = np.shape(w)  # wo [H,D,E] multiplies [..., H*D]; the others' K is their first axis
+    mat = np.asarray(w, np.float32).reshape((-1, shape[-1]) if name.endswith("wo")
+                                            else (shape[0], -1))  # [K, N]
+    copy = None if qtype is None else block_copy(mat.T, qtype)
+    if copy is None:
+      packed[name] = jnp.asarray(kernels.pack_weight(mat))
+      continue
+    values, packed[name] = copy
+    out[name] = jnp.asarray(np.asarray(values).T.reshape(np.shape(w)), jnp.asarray(w).dtype)
+  return out, packed
+
+
+def _layer_copies(packed, i: int):
+  if not packed:
+    return None
+  prefix = f"layers.{i}."
+  return {k[len(prefix):]: v for k, v in packed.items() if k.startswith(prefix)}
+
+
 class DFlashLayer(nnx.Module):
   """One drafter layer: attention over [context, block] with queries from the block, then MLP."""
 
@@ -135,21 +182,22 @@ class DFlashLayer(nnx.Module):
     self.w_up = _param(rng, (e, f), dtype, scale)
     self.w_down = _param(rng, (f, e), dtype, scale)
 
-  def kv(self, x, rope):
-    """x [B,T,E] (the context feature, or the normed block) -> k, v [B,T,K,D] (k normed, roped)."""
-    k = _norm(jnp.einsum("bte,ekd->btkd", x, self.wk[...]), self.k_norm[...], self.eps)
-    return apply_rope(k, *rope), jnp.einsum("bte,ekd->btkd", x, self.wv[...])
+  def kv(self, x, rope, packed=None):
+    """x [B,T,E] (the context feature, or the normed block) -> k, v [B,T,K,D] (k normed, roped).
+    packed: this layer's kernel copies ({} or None: XLA's products)."""
+    k = _norm(_dense(x, self.wk[...], packed, "wk"), self.k_norm[...], self.eps)
+    return apply_rope(k, *rope), _dense(x, self.wv[...], packed, "wv")
 
-  def __call__(self, x, rope, ctx_k, ctx_v, mask):
+  def __call__(self, x, rope, ctx_k, ctx_v, mask, packed=None):
     """x [B,N,E] the block; rope (cos, sin) [B,N,D/2]; ctx_k, ctx_v [B,K,S,D] the context's
     (a cache: slot s); mask [B,N,S+N] over the context slots, then the N block entries."""
     b, n, _ = x.shape
     kh, d = self.wk.shape[1], self.wk.shape[2]
     g = self.wq.shape[1] // kh
     hn = _norm(x, self.attn_norm[...], self.eps)
-    q = _norm(jnp.einsum("bne,ehd->bnhd", hn, self.wq[...]), self.q_norm[...], self.eps)
+    q = _norm(_dense(hn, self.wq[...], packed, "wq"), self.q_norm[...], self.eps)
     q = apply_rope(q, *rope).reshape(b, n, kh, g, d)  # head h = k * G + g
-    kb, vb = self.kv(hn, rope)  # [B,N,K,D]
+    kb, vb = self.kv(hn, rope, packed)  # [B,N,K,D]
     s = jnp.concatenate([jnp.einsum("bnkgd,bksd->bkgns", q, ctx_k.astype(q.dtype)),
                          jnp.einsum("bnkgd,bmkd->bkgnm", q, kb)], axis=-1)  # [B,K,G,N,S+N]
     s = jnp.where(mask[:, None, None], s.astype(jnp.float32) * d ** -0.5, -jnp.inf)
@@ -157,10 +205,12 @@ class DFlashLayer(nnx.Module):
     slots = ctx_k.shape[2]
     o = (jnp.einsum("bkgns,bksd->bnkgd", p[..., :slots], ctx_v.astype(x.dtype))
          + jnp.einsum("bkgnm,bmkd->bnkgd", p[..., slots:], vb)).reshape(b, n, kh * g, d)
-    x = x + jnp.einsum("bnhd,hde->bne", o, self.wo[...])
+    wo = self.wo[...]
+    x = x + _dense(o.reshape(b, n, kh * g * d), wo.reshape(-1, wo.shape[-1]), packed, "wo")
     y = _norm(x, self.mlp_norm[...], self.eps)
-    y = jax.nn.silu(y @ self.w_gate[...]) * (y @ self.w_up[...])
-    return x + y @ self.w_down[...]
+    y = (jax.nn.silu(_dense(y, self.w_gate[...], packed, "w_gate"))
+         * _dense(y, self.w_up[...], packed, "w_up"))
+    return x + _dense(y, self.w_down[...], packed, "w_down")
 
 
 class DFlashDrafter(nnx.Module):
@@ -185,20 +235,22 @@ class DFlashDrafter(nnx.Module):
     ang = positions[..., None].astype(jnp.float32) * jnp.asarray(inv, jnp.float32)
     return jnp.cos(ang), jnp.sin(ang)
 
-  def context_kv(self, feats, positions):
+  def context_kv(self, feats, positions, packed=None):
     """feats [B,C,nE] the target's tapped states at positions [B,C] -> per layer (k, v)
-    [B,C,K,D]."""
-    c = _norm(jnp.dot(feats.astype(self.fc.dtype), self.fc[...]), self.hidden_norm[...], self.eps)
+    [B,C,K,D]. packed: packed_copies' kernel copies (None: XLA's products)."""
+    c = _norm(_dense(feats.astype(self.fc.dtype), self.fc[...], packed, "fc"),
+              self.hidden_norm[...], self.eps)
     rope = self.rope(positions)
-    return [layer.kv(c, rope) for layer in self.layers]
+    return [layer.kv(c, rope, _layer_copies(packed, i)) for i, layer in enumerate(self.layers)]
 
-  def __call__(self, emb, positions, ctx, mask):
+  def __call__(self, emb, positions, ctx, mask, packed=None):
     """emb [B,N,E] the block's embeddings at positions [B,N]; ctx per layer (k, v) [B,K,S,D];
-    mask [B,N,S+N]. Returns the normed output [B,N,E] (what the target's LM head reads)."""
+    mask [B,N,S+N]; packed as context_kv's. Returns the normed output [B,N,E] (what the target's
+    LM head reads)."""
     rope = self.rope(positions)
     x = emb.astype(self.fc.dtype)
-    for layer, (k, v) in zip(self.layers, ctx):
-      x = layer(x, rope, k, v, mask)
+    for i, (layer, (k, v)) in enumerate(zip(self.layers, ctx)):
+      x = layer(x, rope, k, v, mask, _layer_copies(packed, i))
     return _norm(x, self.norm[...], self.eps)
 
 

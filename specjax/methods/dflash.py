@@ -40,13 +40,13 @@ import jax.numpy as jnp
 from specjax import acceptance, sampling
 from specjax import cache as kv
 from specjax.decode import DRAFT, DecodeState, Method, Program, phase
-from specjax.drafters.dflash import drafter
+from specjax.drafters.dflash import drafter, packed_copies
 from specjax.errors import InputError, check_int
 from specjax.heads import check_fits
 from specjax.methods import sizing, verify
 from specjax.methods.features import (check_heads, check_vocab, embed, over_vocab,
                                       target_logits, to_tokens)
-from specjax.packing import subset_head
+from specjax.packing import drafter_qtype, on_kernel, subset_head
 from specjax.sampling import top_k_ids
 from specjax.tree import as_tree
 
@@ -123,6 +123,9 @@ class DFlash(Method):
 
   def arrays(self, model):
     out = {"p": dict(self.heads.params), "embed": model.params["embed"][...]}
+    # The drafter's products on the kernel, as the target's (EAGLE's modules alike).
+    if on_kernel(model) and jnp.dtype(out["p"]["fc"].dtype) == jnp.float32:
+      out["p"], out["packed"] = packed_copies(out["p"], drafter_qtype(model))
     if self.vocab is not None:
       out.update(subset_head(model, self.vocab))  # vocab [Vs], head [Vs,E]
     return out
@@ -132,7 +135,7 @@ class DFlash(Method):
     positions [B,T] written at slots start [B]."""
     c = self.heads.config
     feats = hidden[..., :len(c.target_layer_ids) * c.hidden_size]
-    new = drafter(c, arrays["p"]).context_kv(feats, positions)
+    new = drafter(c, arrays["p"]).context_kv(feats, positions, arrays.get("packed"))
     return ctx.replace(layers=tuple(kv.write_layer(layer, k, v, start)
                                     for layer, (k, v) in zip(ctx.layers, new)))
 
@@ -161,7 +164,8 @@ class DFlash(Method):
     mask = jnp.concatenate([jnp.broadcast_to(see_ctx, (b, bs, ctx.max_len)),
                             jnp.ones((b, bs, bs), bool)], axis=-1)
     layers = [(layer["k"], layer["v"]) for layer in ctx.layers]
-    h = drafter(c, arrays["p"])(embed(arrays["embed"], toks), pos, layers, mask)
+    h = drafter(c, arrays["p"])(embed(arrays["embed"], toks), pos, layers, mask,
+                                arrays.get("packed"))
     return target_logits(prog, params, arrays, h[:, 1:]), pos  # [B,G,V or Vs]
 
   def step(self, prog: Program, params, arrays, state: DecodeState) -> DecodeState:

@@ -95,3 +95,30 @@ def test_medusa_subset_and_a_draft_model_on_blocks_stay_lossless(target, monkeyp
   out = sj.generate(target, prompts(), sj.DraftModel(draft, gamma=3, vocab=SUBSET),
                     max_new_tokens=16)
   assert out.tokens == ref
+
+
+def test_a_dflash_drafter_runs_on_blocks_and_stays_lossless(target, monkeypatch):
+  """DFlash's drafter (fc and each layer's seven products) runs on the kernel beside a packed
+  target: Q8_0 blocks of its own beside a target on blocks (float32 kernel copies with the
+  environment's 0), its float weights then the blocks' values; greedy decoding stays
+  autoregressive decoding's, chain and tree."""
+  monkeypatch.delenv(packing.DRAFTER_ENV, raising=False)
+  heads = sj.init_heads(target, "dflash", mask_token_id=127, block_size=4, seed=4, scale=0.3)
+  method = sj.DFlash(heads, block_size=4)
+  arrays = method.arrays(target)
+  names = [n for n in heads.params if n.split(".")[-1] in
+           ("fc", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
+  assert sorted(arrays["packed"]) == sorted(names) and len(names) == 1 + 7 * len(
+      [n for n in names if n.endswith(".wq")])
+  assert all(p.dtype == np.uint8 for p in arrays["packed"].values())
+  w = np.asarray(heads.params["layers.0.w_up"])
+  rounded = np.asarray(arrays["p"]["layers.0.w_up"])
+  assert not np.array_equal(rounded, w) and np.abs(rounded - w).max() <= np.abs(w).max() / 100
+  ref = sj.generate(target, prompts(), max_new_tokens=16).tokens
+  assert sj.generate(target, prompts(), method, max_new_tokens=16).tokens == ref
+  tree = sj.DFlash(heads, tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+  assert sj.generate(target, prompts(), tree, max_new_tokens=16).tokens == ref
+  monkeypatch.setenv(packing.DRAFTER_ENV, "0")
+  floats = sj.DFlash(heads, block_size=4).arrays(target)
+  assert all(p.dtype == np.float32 for p in floats["packed"].values())
+  np.testing.assert_array_equal(np.asarray(floats["p"]["layers.0.w_up"]), w)
