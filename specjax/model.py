@@ -61,12 +61,12 @@ def normed_dense(norm, x, w, packed):
   six (the norm's squares, tree and scaling, ~0.5 ms of a W4A8 one-token forward of SmolLM2).
   The kernel's norm rounds each step once (kernels/qdot.py, norm_reference), so a row's
   activations are the same whatever rows share the call."""
-  if (norm is not None and norm.kind != "layer" and x.dtype == jnp.float32
+  if (isinstance(norm, Norm) and norm.kind != "layer" and x.dtype == jnp.float32
       and callable(getattr(packed, "product", None))
       and getattr(packed, "packed", None) is not None):
     y = packed.product(x, norm=(norm.scale[...], norm.eps))
     return y.astype(x.dtype).reshape(*x.shape[:-1], *w.shape[1:])
-  return dense(x if norm is None else norm(x), w, packed)
+  return dense(x if norm is None else norm(x), w, packed)  # (norm: a Norm, or any function)
 
 
 def rope_inv_freq(cfg: ModelConfig, layer: int | None = None) -> np.ndarray:

@@ -97,13 +97,19 @@ class EagleLayer(FeatureLayer):
     fused = bool(heads_config.taps)
     self.fuse_w = nnx.Param(mod["fuse_w"]) if fused else None
     self.fuse_b = nnx.Param(mod["fuse_b"]) if fused else None
+    packed = mod.get("packed", {})
+    self.fuse_packed = Packed(packed["fuse_w"]) if fused and "fuse_w" in packed else None
 
   def fuse(self, feats):
     """feats [...,(n+1)E] (the taps, then the final feature; Decoder(..., taps=)) -> the fused
-    feature [...,E]; feats unchanged for heads without taps."""
+    feature [...,E]; feats unchanged for heads without taps. On the kernel where pack_module
+    packed fuse_w (the accepted tokens' features, a few rows a round)."""
     if self.fuse_w is None:
       return feats
     w = self.fuse_w[...]
+    if self.fuse_packed is not None:
+      return (dense(feats.astype(w.dtype), w, self.fuse_packed[...])
+              + self.fuse_b[...]).astype(feats.dtype)
     return (jnp.dot(feats.astype(w.dtype), w) + self.fuse_b[...]).astype(feats.dtype)
 
 

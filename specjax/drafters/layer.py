@@ -125,14 +125,15 @@ def pack_module(mod: dict, qtype: str | None = None) -> dict:
   of that type, the module's float32 weight replaced by the blocks' values (its XLA products,
   past the kernel's rows, compute the same numbers) and the blocks as its packed copy."""
   e = mod["fc_w"].shape[-1]
+  sites = _DENSE + ((("fuse_w",), lambda w, e: w),) if "fuse_w" in mod else _DENSE  # EAGLE's taps
   if qtype is None:
     packed = {".".join(path): jnp.asarray(kernels.pack_weight(np.asarray(f(_at(mod, path), e))))
-              for path, f in _DENSE}
+              for path, f in sites}
     return dict(mod, packed=packed)
   from specjax.packing import block_copy
 
   out, packed = _copy_nested(mod), {}
-  for path, f in _DENSE:
+  for path, f in sites:
     w = _at(mod, path)
     mat = np.asarray(f(w, e), np.float32)  # [K, N]
     copy = block_copy(mat.T, qtype)
