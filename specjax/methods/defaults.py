@@ -204,14 +204,15 @@ def dflash_block(target, heads, cost) -> Choice:
   j's held-out top-1 given the offsets before it right). Tree (where the heads also record
   top-5 per offset): choose_budget's N on the per-rank accuracies (tree.per_rank_accuracy) with
   the same overhead, and the block its depth needs. f = reads(the drafter's layers + fc nE x E +
-  head): one drafter forward per block, whatever its size or tree."""
+  head over the heads' vocabulary subset where they record one): one drafter forward per block,
+  whatever its size or tree."""
   c = heads.config
   held = _held(heads.meta)
   acc = [held[f"top1_{i}"] for i in range(c.block_size - 1) if f"top1_{i}" in held]
   if not acc:
     return Choice({})
   e = target.config.hidden_size
-  f = reads(target, c.num_layers, len(c.target_layer_ids) * e * e, c.vocab_size)
+  f = reads(target, c.num_layers, len(c.target_layer_ids) * e * e, c.vocab_subset or c.vocab_size)
   r = trees.choose_chain(cost, acc, max_gamma=min(len(acc), MAX_GAMMA), step_overhead=f)
   chain = Choice({"block_size": r["gamma"] + 1, "tree": None}, r["speedup"], r["tau"],
                  tuple(r["table"]), "dflash held-out top-1 per block offset", True)
