@@ -196,6 +196,18 @@ def block_copy(rows, qtype: str):
   return values, jnp.asarray(kernels.pack_blocks(raw, n, k, qtype))
 
 
+def kernel_copy(mat, qtype: str | None):
+  """A drafter's dense weight mat [K, N] float32 -> (values, copy): its copy for the kernel, as
+  GGUF blocks of `qtype` (drafter_qtype; block_copy) where given and K is whole blocks, else in
+  the float32 kernel's layout; values [K, N] the weight's values once rounded to those blocks,
+  for the drafter's own float weight (None: unchanged)."""
+  copy = None if qtype is None else block_copy(np.asarray(mat).T, qtype)
+  if copy is None:
+    return None, jnp.asarray(kernels.pack_weight(np.asarray(mat)))
+  values, packed = copy
+  return np.asarray(values).T, packed
+
+
 BYTES_PER_WEIGHT = {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32}
 
 

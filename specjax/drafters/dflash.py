@@ -126,13 +126,9 @@ DENSE = ("fc", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def _dense(x, w, packed, name):
-  """x [..., K] @ w [K, *out]: on the CPU kernel where `packed` holds a copy of w (packed_copies),
-  else XLA's product."""
-  copy = None if packed is None else packed.get(name)
-  if copy is None:
-    return jnp.einsum("...k,kn->...n", x, w.reshape(w.shape[0], -1)).reshape(
-        *x.shape[:-1], *w.shape[1:])
-  return kernels.dense(x, w, copy)
+  """x [..., K] @ w [K, *out] (`kernels.dense`): on the CPU kernel where `packed` holds a copy
+  of w (packed_copies), else XLA's product."""
+  return kernels.dense(x, w, None if packed is None else packed.get(name))
 
 
 def packed_copies(params: dict, qtype: str | None) -> tuple[dict, dict]:
@@ -142,7 +138,7 @@ def packed_copies(params: dict, qtype: str | None) -> tuple[dict, dict]:
   blocks), rounded to blocks of that type, params then holding the blocks' values so that its
   products past the kernel's rows (XLA) compute the same numbers. A weight whose K is not whole
   blocks stays float32 (fp32 kernel layout)."""
-  from specjax.packing import block_copy
+  from specjax.packing import kernel_copy
   out, packed = dict(params), {}
   for name, w in params.items():
     if name.split(".")[-1] not in DENSE:
@@ -150,12 +146,9 @@ def packed_copies(params: dict, qtype: str | None) -> tuple[dict, dict]:
     shape = np.shape(w)  # wo [H,D,E] multiplies [..., H*D]; the others' K is their first axis
     mat = np.asarray(w, np.float32).reshape((-1, shape[-1]) if name.endswith("wo")
                                             else (shape[0], -1))  # [K, N]
-    copy = None if qtype is None else block_copy(mat.T, qtype)
-    if copy is None:
-      packed[name] = jnp.asarray(kernels.pack_weight(mat))
-      continue
-    values, packed[name] = copy
-    out[name] = jnp.asarray(np.asarray(values).T.reshape(np.shape(w)), jnp.asarray(w).dtype)
+    values, packed[name] = kernel_copy(mat, qtype)
+    if values is not None:
+      out[name] = jnp.asarray(values.reshape(shape), jnp.asarray(w).dtype)
   return out, packed
 
 

@@ -107,10 +107,8 @@ class EagleLayer(FeatureLayer):
     if self.fuse_w is None:
       return feats
     w = self.fuse_w[...]
-    if self.fuse_packed is not None:
-      return (dense(feats.astype(w.dtype), w, self.fuse_packed[...])
-              + self.fuse_b[...]).astype(feats.dtype)
-    return (jnp.dot(feats.astype(w.dtype), w) + self.fuse_b[...]).astype(feats.dtype)
+    packed = None if self.fuse_packed is None else self.fuse_packed[...]
+    return (dense(feats.astype(w.dtype), w, packed) + self.fuse_b[...]).astype(feats.dtype)
 
 
 def check_taps(taps, num_layers: int | None = None) -> tuple:

@@ -16,10 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax import kernels
 from specjax.errors import InputError
 from specjax.model import Block, path_key, rms_unit, rope_inv_freq
-from specjax.packing import LAYER_SITES, PREFIX, Packed
+from specjax.packing import LAYER_SITES, PREFIX, Packed, kernel_copy
 
 
 @functools.lru_cache(maxsize=32)
@@ -126,22 +125,12 @@ def pack_module(mod: dict, qtype: str | None = None) -> dict:
   past the kernel's rows, compute the same numbers) and the blocks as its packed copy."""
   e = mod["fc_w"].shape[-1]
   sites = _DENSE + ((("fuse_w",), lambda w, e: w),) if "fuse_w" in mod else _DENSE  # EAGLE's taps
-  if qtype is None:
-    packed = {".".join(path): jnp.asarray(kernels.pack_weight(np.asarray(f(_at(mod, path), e))))
-              for path, f in sites}
-    return dict(mod, packed=packed)
-  from specjax.packing import block_copy
-
   out, packed = _copy_nested(mod), {}
   for path, f in sites:
     w = _at(mod, path)
-    mat = np.asarray(f(w, e), np.float32)  # [K, N]
-    copy = block_copy(mat.T, qtype)
-    if copy is None:  # not whole blocks along K: float32, as without qtype
-      packed[".".join(path)] = jnp.asarray(kernels.pack_weight(mat))
-      continue
-    values, packed[".".join(path)] = copy
-    _at(out, path[:-1])[path[-1]] = jnp.asarray(values.T.reshape(w.shape), w.dtype)
+    values, packed[".".join(path)] = kernel_copy(np.asarray(f(w, e), np.float32), qtype)
+    if values is not None:  # (blocks: the module's weight becomes their values)
+      _at(out, path[:-1])[path[-1]] = jnp.asarray(values.reshape(w.shape), w.dtype)
   return dict(out, packed=packed)
 
 

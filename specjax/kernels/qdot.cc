@@ -117,10 +117,16 @@ inline void quant_row_scalar(const float* x, long k, int8_t* xq, float* dx, floa
 // no fused multiply-add: the file is compiled with -ffp-contract=off), so every path, and any
 // vector width the compiler picks for these loops, gives the same bits, and a row's norm
 // depends on that row alone. sq: w floats of scratch.
-inline void norm_row_impl(const float* x, long n, const float* scale, float eps, float* out,
-                          float* sq) {
+// The norm's tree width: the power of two at or above n (the scratch norm_row_impl needs).
+inline long tree_width(long n) {
   long w = 1;
   while (w < n) w <<= 1;
+  return w;
+}
+
+inline void norm_row_impl(const float* x, long n, const float* scale, float eps, float* out,
+                          float* sq) {
+  const long w = tree_width(n);
   for (long i = 0; i < n; ++i) sq[i] = x[i] * x[i];
   for (long i = n; i < w; ++i) sq[i] = 0.0f;
   for (long h = w / 2; h >= 1; h /= 2)
@@ -646,10 +652,8 @@ void qdot_rows(const float* x, const uint8_t* w, float* y, long m, long k, long 
   }
   const Path f = path();
   if (nrm.scale != nullptr) {
-    long wide = 1;
-    while (wide < nrm.nn) wide <<= 1;
     if (long(s.xn.size()) < k) s.xn.resize(k);
-    if (long(s.sq.size()) < wide) s.sq.resize(wide);
+    if (long(s.sq.size()) < tree_width(nrm.nn)) s.sq.resize(tree_width(nrm.nn));
   }
   for (long r = 0; r < m; ++r) {
     const float* xr = x + r * k;
@@ -750,9 +754,7 @@ SJ_EXPORT void specjax_qdot_quantize(const float* x, long m, long k, int8_t* xq,
 SJ_EXPORT void specjax_qdot_norm_rows(const float* x, long m, long n, const float* scale,
                                       float eps, float* out) {
   const Path f = path();
-  long wide = 1;
-  while (wide < n) wide <<= 1;
-  std::vector<float> sq(wide);
+  std::vector<float> sq(tree_width(n));
   for (long r = 0; r < m; ++r) f.norm(x + r * n, n, scale, eps, out + r * n, sq.data());
 }
 
