@@ -9,7 +9,7 @@ from specjax.errors import (ConfigError, InputError, ModelNotFoundError, SpecJax
 from specjax.heads import init_heads, load_heads
 from specjax.invariance import BatchInvariance
 from specjax.methods import (MTP, Autoregressive, DFlash, DraftModel, Eagle, Hybrid, Lookahead, Medusa,
-                             PromptLookup, QuantizedDraft, SelfSpeculative, SuffixDecoding,
+                             ParallelDraft, PromptLookup, QuantizedDraft, SelfSpeculative, SuffixDecoding,
                              SuffixStore)
 from specjax.methods import names as _method_names
 from specjax.model import Model
@@ -21,7 +21,7 @@ __all__ = [
     "METHODS", "MTP", "Autoregressive", "BatchInvariance", "ConfigError", "DecodeState", "DFlash", "DraftModel",
     "Eagle",
     "GenerateOutput", "Hybrid", "InputError", "Lookahead", "Medusa", "Method", "Model",
-    "ModelConfig", "ModelNotFoundError", "PromptLookup", "QuantizedDraft", "SelfSpeculative",
+    "ModelConfig", "ModelNotFoundError", "ParallelDraft", "PromptLookup", "QuantizedDraft", "SelfSpeculative",
     "SpecJaxError", "SuffixDecoding", "SuffixStore", "WeightsError", "export_heads", "generate",
     "head_logits", "init_heads", "load_heads", "load_model",
 ]

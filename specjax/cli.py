@@ -19,7 +19,7 @@ def _method_options(name: str, args) -> dict:
   """The CLI's settings of method `name` (a registry name) as its factory's options: everything
   else about building a method (defaults, the shipped drafter for the model) is the registry's
   (specjax.methods)."""
-  if name == "draft":  # gamma / nodes 0: chosen from the cost curve (specjax/methods/defaults.py)
+  if name in ("draft", "pard"):  # gamma / nodes 0: chosen from the cost curve (methods/defaults.py)
     return {"draft": args.draft, "gamma": args.gamma or None}
   if name == "layer-skip":
     return {"exit_layer": args.exit_layer or None, "gamma": args.gamma or None}
@@ -51,7 +51,7 @@ def _add_method(p: argparse.ArgumentParser) -> None:
 
   p.add_argument("--method", default="autoregressive",
                  help=f"{' | '.join(methods.names())} | auto (or an alias: self-spec, pld, ...; "
-                 f"draft, medusa, eagle and mtp need a drafter: the one shipped for --model, or "
+                 f"draft, pard, medusa, eagle and mtp need a drafter: the one shipped for --model, or "
                  f"--draft / --heads; auto: the available method with the highest predicted "
                  f"tokens/s on this device)")
   _add_method_options(p)

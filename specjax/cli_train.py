@@ -43,7 +43,10 @@ def cmd_train_draft(args) -> None:
                     weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                     soft_top_k=args.soft_top_k, held_out=args.held_out,
                     ckpt_every=args.ckpt_every, eval_every=args.eval_every,
-                    max_minutes=args.max_minutes, seed=args.seed, init=args.init)
+                    max_minutes=args.max_minutes, seed=args.seed, init=args.init,
+                    parallel=None if args.what != "pard" else {
+                        "block_size": args.block_size, "mask_token": args.mask_token,
+                        "anchors": args.anchors})
 
 
 def _num_heads_arg(text):
@@ -210,6 +213,21 @@ def _add_train_commands(sub) -> None:
   td.add_argument("--init", default=None, help="start from this draft asset (.npz or a registered "
                   "name, e.g. smollm2-135m-draft) instead of the target's first layers")
   td.set_defaults(fn=cmd_train_draft)
+  tp = tsub.add_parser("pard", help="teach a draft to fill mask tokens, drafting a block in one "
+                       "forward (PARD; checkpoints in --out-dir; rerun to resume)")
+  _add_train_run(tp, {**_DRAFT_RUN, "--out-dir": dict(default="runs/pard", help="checkpoints, "
+                      "log.jsonl and train.png; rerunning resumes from here")})
+  tp.add_argument("--init", default=None, help="start from this draft asset (.npz or a registered "
+                  "name, e.g. smollm2-135m-draft) instead of the target's first layers")
+  tp.add_argument("--num-layers", type=int, default=None, help="the draft's layers (as for "
+                  "`train draft`)")
+  tp.add_argument("--block-size", type=int, default=8, help="tokens drafted per forward: the "
+                  "real one's next token and one per mask")
+  tp.add_argument("--mask-token", type=int, required=True, help="the masks' token id: one the "
+                  "corpus never holds (e.g. a special token)")
+  tp.add_argument("--anchors", type=int, default=0, help="blocks scored per window (0: one per "
+                  "block length)")
+  tp.set_defaults(fn=cmd_train_draft, soft_top_k=0)
   for kind, what in _HEADS_HELPS.items():
     tm = tsub.add_parser(kind, help=f"train {what} on a frozen target over a corpus (orbax "
                          f"checkpoints in --out-dir; rerun to resume)")

@@ -31,7 +31,8 @@ from specjax import distributed, sharding, validate
 from specjax.errors import InputError, ModelNotFoundError, WeightsError
 from specjax.model import Model, path_key
 
-KINDS = ("draft", "medusa", "eagle", "mtp", "medusa2", "dflash")
+KINDS = ("draft", "pard", "medusa", "eagle", "mtp", "medusa2", "dflash")
+DRAFT_KINDS = ("draft", "pard")  # draft models, in the draft asset format (a parallel one too)
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
 
@@ -51,6 +52,8 @@ class Drafter:
 
 DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
     Drafter("smollm2-135m-draft", "draft", "smollm2-135m", "smollm2-135m-draft.npz"),
+    # PARD: a draft model taught to fill mask tokens (methods/pard.py), in the same format.
+    Drafter("smollm2-135m-pard", "pard", "smollm2-135m", "smollm2-135m-pard.npz"),
     # Heads (Medusa / EAGLE / MTP / DFlash) are loaded by specjax.heads.load_heads; a missing
     # asset says how to train it.
     Drafter("smollm2-135m-medusa", "medusa", "smollm2-135m", "smollm2-135m-medusa.npz"),
@@ -179,7 +182,7 @@ def asset_path(path_or_name) -> str:
   name = os.fspath(path_or_name)
   if name in DRAFTERS:
     entry = DRAFTERS[name]
-    if entry.kind != "draft":
+    if entry.kind not in DRAFT_KINDS:
       raise InputError(f"{name!r} names shipped {entry.kind} heads, not a draft model: load them "
                        f"with sj.load_heads({name!r}, target)")
     return entry.path
@@ -203,7 +206,7 @@ def _header(z, path: str) -> dict:
   WeightsError saying what the file is."""
   header = json_header(z, path, DRAFT_ASSET)
   kind = header.get("kind")
-  if kind in KINDS and kind != "draft":
+  if kind in KINDS and kind not in DRAFT_KINDS:
     raise WeightsError(f"{path} holds {kind} heads (written by save_heads), not {DRAFT_ASSET}: "
                        f"load it with sj.load_heads({path!r}, target)")
   missing = [k for k in ("num_layers", "target") if k not in header]
@@ -238,4 +241,4 @@ def load_draft_asset(path: str, target: Model, name: str = "") -> Model:
 
 
 # kind -> reader(path, target, name=) -> drafter; each drafter kind adds its reader here.
-READERS = {"draft": load_draft_asset}
+READERS = {"draft": load_draft_asset, "pard": load_draft_asset}

@@ -75,7 +75,8 @@ def identify(name: str) -> ModelName:
   where = what_is(name)
   entry = shipped.DRAFTERS.get(name) if where == hub.SHIPPED else None
   if where == hub.SHIPPED:
-    kind = MODEL if entry is None else {"draft": DRAFT, "medusa2": MEDUSA2}.get(entry.kind, HEADS)
+    kind = MODEL if entry is None else {"draft": DRAFT, "pard": DRAFT,
+                                         "medusa2": MEDUSA2}.get(entry.kind, HEADS)
   elif where == hub.LOCAL:
     kind = DRAFT_ASSET if isinstance(name, str) and _draft_asset(name) else LOCAL
   else:
@@ -442,7 +443,7 @@ def _draft_on_target(it: ModelName, target, mesh, place):
 
   if it.kind not in (DRAFT, DRAFT_ASSET):
     raise InputError(f"load_model({it.name!r}, target=...): target= is for shipped drafts "
-                     f"({', '.join(n for n, d in shipped.DRAFTERS.items() if d.kind == 'draft')}) "
+                     f"({', '.join(n for n, d in shipped.DRAFTERS.items() if d.kind in shipped.DRAFT_KINDS)}) "
                      f"and draft asset files (.npz from `specjax train draft --export`)")
   if not isinstance(target, Model):
     raise InputError(f"load_model: target= must be a loaded specjax Model, got "

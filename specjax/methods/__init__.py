@@ -28,6 +28,7 @@ from specjax.methods.hybrid import Hybrid
 from specjax.methods.lookahead import Lookahead
 from specjax.methods.medusa import Medusa
 from specjax.methods.mtp import MTP
+from specjax.methods.pard import ParallelDraft
 from specjax.methods.prompt_lookup import PromptLookup
 from specjax.methods.quantized import QuantizedDraft
 from specjax.methods.suffix import SuffixDecoding, SuffixStore
@@ -144,19 +145,21 @@ def _needs_shipped(kind: str, option: str):
   return requires
 
 
-def _draft_model(draft, target):
-  """draft= -> a draft Model: None -> the shipped draft of target; a name or path -> loaded (a
-  shipped draft of this very target is built around it: no second copy); a Model as is."""
+def _draft_model(draft, target, kind: str = "draft"):
+  """draft= -> a draft Model: None -> the shipped draft of target (of `kind`: "draft", or "pard"
+  for a parallel one); a name or path -> loaded (a shipped draft of this very target is built
+  around it: no second copy); a Model as is."""
   from specjax import weights
 
   if draft is None:
-    draft = shipped("draft", target)
+    draft = shipped(kind, target)
     if draft is None:
-      raise InputError(_needs_shipped("draft", "draft")(target))
+      raise InputError(_needs_shipped(kind, "draft")(target))
   if not isinstance(draft, (str, os.PathLike)):
     return draft
   entry = assets.DRAFTERS.get(os.fspath(draft))
-  if entry is not None and entry.kind == "draft" and entry.target == getattr(target, "name", None):
+  if (entry is not None and entry.kind in assets.DRAFT_KINDS
+      and entry.target == getattr(target, "name", None)):
     return weights.load_model(draft, target=target)
   return weights.load_model(draft)
 
@@ -183,6 +186,10 @@ def _with_heads(cls, kind: str):
 
 def _draft(target, draft=None, **options):
   return DraftModel(_draft_model(draft, target), **options).prepare(target)
+
+
+def _pard(target, draft=None, **options):
+  return ParallelDraft(_draft_model(draft, target, "pard"), **options).prepare(target)
 
 
 def _prepared(cls):
@@ -216,6 +223,10 @@ register(Entry("lookahead", Lookahead, _prepared(Lookahead),
 register(Entry("draft", DraftModel, _draft,
                "a small draft model proposes gamma tokens (Leviathan et al. 2023)", trained=True,
                requires=_needs_shipped("draft", "draft"), aliases=("draft-model", "sps")))
+register(Entry("pard", ParallelDraft, _pard,
+               "a draft taught to fill mask tokens drafts the whole chain in one forward (PARD, "
+               "An et al. 2025)", trained=True, requires=_needs_shipped("pard", "draft"),
+               aliases=("parallel-draft",)))
 register(Entry("layer-skip", SelfSpeculative, _layer_skip,
                "the target's first layers draft for the whole target (self-speculation)",
                requires=lambda t: None if t.config.num_layers >= 2 else
@@ -243,6 +254,6 @@ register(Entry("dflash", DFlash, _with_heads(DFlash, "dflash"),
                trained=True, requires=_needs_shipped("dflash", "heads")))
 
 __all__ = ["Autoregressive", "DFlash", "DraftModel", "Eagle", "Entry", "Hybrid", "Lookahead", "MTP",
-           "Medusa", "PromptLookup", "QuantizedDraft", "REGISTRY", "SelfSpeculative",
+           "Medusa", "ParallelDraft", "PromptLookup", "QuantizedDraft", "REGISTRY", "SelfSpeculative",
            "SuffixDecoding", "SuffixStore", "available", "build", "canonical", "get", "names",
            "register", "resolve", "shipped"]

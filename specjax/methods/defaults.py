@@ -15,6 +15,7 @@ its training wrote into its file:
     eagle        heads.meta held_out top1, top1_2 .. top1_D: the head's top-1 at each unrolled depth
     mtp          heads.meta held_out top1_k: module k's top-1
     dflash       heads.meta held_out top1_k, top5_k: block offset k + 1 given offsets <= k agreed
+    pard         asset_header held_out top1_k: the parallel draft's offset k + 1, alike
     layer-skip   nothing is recorded: LAYER_SKIP_PRIOR (measured at exit L/4 on SmolLM2-135M)
     quantized    nothing is recorded: QUANTIZED_PRIOR by bit width (measured on SmolLM2-135M)
 
@@ -117,6 +118,12 @@ def draft_gamma(target, draft, cost) -> Choice:
   a = header.get("held_out_top1", _held(header).get("top1"))
   if a is None:
     return Choice({})
+  return _chain(cost, [a], draft_reads(target, draft), MAX_GAMMA, f"draft held-out top-1 {a:.3f}")
+
+
+def draft_reads(target, draft) -> float:
+  """A draft model's forward in target forwards: the bytes its layers and head (a subset's rows
+  where it has one) read over the target's."""
   from specjax.packing import dense_bytes, drafter_bytes
 
   vocab = getattr(draft, "vocab_subset", None)
@@ -124,9 +131,24 @@ def draft_gamma(target, draft, cost) -> Choice:
   dl, dh = dense_bytes(draft)  # a subset's rows: as a drafter beside the draft reads them
   rows, dh = (dc.vocab_size, dh) if vocab is None else (len(vocab), drafter_bytes(draft))
   tl, th = dense_bytes(target)
-  d = (dc.num_layers * _layer(dc) * dl + dc.hidden_size * rows * dh) / (
+  return (dc.num_layers * _layer(dc) * dl + dc.hidden_size * rows * dh) / (
       tc.num_layers * _layer(tc) * tl + tc.hidden_size * tc.vocab_size * th)
-  return _chain(cost, [a], d, MAX_GAMMA, f"draft held-out top-1 {a:.3f}")
+
+
+def pard_gamma(target, draft, cost) -> Choice:
+  """pard: gamma = argmax tau(g) / (c(g + 1) + d), tau(g) = 1 + sum_i prod_{j<=i} top1_j (offset
+  j's held-out top-1 given the offsets before it right, recorded by `specjax train pard`) and d
+  the draft's reads as for `draft_gamma`, once: one draft forward per chain."""
+  held = _held(getattr(draft, "asset_header", None))
+  block = int(((getattr(draft, "asset_header", None) or {}).get("parallel") or {}).get(
+      "block_size", 0))
+  acc = [held[f"top1_{i}"] for i in range(block) if f"top1_{i}" in held]
+  if not acc:
+    return Choice({})
+  r = trees.choose_chain(cost, acc, max_gamma=min(len(acc), MAX_GAMMA),
+                         step_overhead=draft_reads(target, draft))
+  return Choice({"gamma": r["gamma"]}, r["speedup"], r["tau"], tuple(r["table"]),
+                "pard held-out top-1 per block offset", True)
 
 
 def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:
@@ -284,6 +306,7 @@ def eagle_budget(target, heads, cost) -> Choice:
 # attribute of a built method that holds what the chooser reads).
 CHOOSERS = {
     "draft": (draft_gamma, ("gamma",), "draft"),
+    "pard": (pard_gamma, ("gamma",), "draft"),
     "layer-skip": (layer_skip_gamma, ("gamma",), "exit_layer"),
     "medusa": (medusa_tree, ("tree",), "heads"),
     "eagle": (eagle_budget, ("tree", "num_nodes", "depth", "top_k"), "heads"),

@@ -257,6 +257,7 @@ class DraftModel(_Speculative):
 
   name = "draft"
   refeed = 2
+  extra_room = 0  # draft cache slots past the sequence's (a parallel draft's window needs gamma)
 
   def __post_init__(self):
     sizing.left_out(self, {"gamma": 5})
@@ -297,6 +298,7 @@ class DraftModel(_Speculative):
 
     d = self.draft.config
     b, s = state.seq.shape
+    s += self.extra_room
     dcache = kv.init(d.num_layers, b, s, d.num_kv_heads, d.head_dim, self.draft.dtype)
     p = hidden.shape[1]
     prompt = state.seq[:, :p]

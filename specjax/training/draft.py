@@ -233,7 +233,8 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
                 warmup: int = 100, weight_decay: float = 0.0, grad_clip: float = 1.0,
                 soft_top_k: int = 0, held_out: float = 0.02, max_held_out_windows: int = 64,
                 ckpt_every: int = 100, eval_every: int = 100, max_minutes: float = 0.0,
-                seed: int = 0, init: str | None = None, progress: bool = True, log=print) -> Model:
+                seed: int = 0, init: str | None = None, parallel: dict | None = None,
+                progress: bool = True, log=print) -> Model:
   """Distils a `num_layers`-layer draft from `target` on `corpus`; resumable (rerun the same call).
 
   target: a loaded Model or a name for load_model. corpus: a corpus directory or a loaded Corpus
@@ -247,8 +248,12 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
   on top starting as the target's layer of that index with its attention output and MLP output
   projections zeroed, an identity on the residual stream, so the grown draft starts out computing
   exactly what the asset does (fine-tuning a shipped draft on a new corpus, or deepening it).
-  num_layers: the draft's layers (default 2 without init; with init, the asset's count). Returns the draft Model, with
-  `train_step` and `held_out_top1` (agreement with the target's greedy next token) set.
+  num_layers: the draft's layers (default 2 without init; with init, the asset's count).
+  parallel: a parallel draft (PARD, training/pard.py) instead of a plain one: {"block_size": k
+  tokens drafted per forward, "mask_token": the id its masks carry, "anchors": blocks scored per
+  window (0: one per k positions)}; its asset records the first two, and the held-out top1_k per
+  offset that sizes its chain. Returns the draft Model, with `train_step` and `held_out_top1`
+  (agreement with the target's greedy next token) set.
   """
   if num_layers is not None:
     check_int("num_layers", num_layers, 1)
@@ -260,33 +265,30 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
     validate.writable_file("export", export, ".npz")
   if init is not None:  # a missing, damaged or non-draft asset fails before anything loads
     read_draft_header(init)
+  if parallel is not None:
+    parallel = _check_parallel(parallel, soft_top_k, seq_len)
   with folders.removed_on_failure(out_dir, trainer.has_checkpoint):
     config, corpus, target, target_name = setup_run(
         target, corpus, held_out=held_out, vocab_size=vocab_size, out_dir=out_dir, steps=steps,
         lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, ckpt_every=ckpt_every,
         eval_every=eval_every, seed=seed, max_minutes=max_minutes, progress=progress)
-    cfg = target.config
-    if num_layers is not None and not num_layers <= cfg.num_layers:
-      raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's "
-                       f"layers)")
-    if soft_top_k > cfg.vocab_size:
-      raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary "
-                       f"({cfg.vocab_size})")
+    _check_on_target(target.config, num_layers, soft_top_k, parallel)
     tok, labels, vtok, vlabels = _draft_windows(corpus, seq_len, held_out, seed,
                                                 max_held_out_windows, log)
-    name = f"{target_name}-draft"
+    name = f"{target_name}-{'draft' if parallel is None else 'pard'}"
     draft, vocab, num_layers = _initial_draft(target, name, init, num_layers, labels, vocab_size,
                                               log)
     # Large frozen tensors go in as jit arguments, not closed-over constants.
     frozen = {"draft": draft.params, "target": target.params if soft_top_k else None}
-    loss_fn, eval_fn = _draft_losses(draft, target, jnp.asarray(vocab), soft_top_k)
+    loss_fn, eval_fn = _draft_losses(draft, target, jnp.asarray(vocab), soft_top_k, parallel)
     held = _held_out_batches(target, vtok, vlabels, batch_size, seq_len)
 
     batches = trainer.row_batches((tok, labels), batch_size, seed)
     res = trainer.train(own_params(draft), loss_fn, batches, config, held_out=held, eval_fn=eval_fn,
                         frozen=frozen, log=log,
                         title=f"{name}: {num_layers} layers, Vs={len(vocab)}"
-                        + (f", soft top-{soft_top_k}" if soft_top_k else ""))
+                        + (f", soft top-{soft_top_k}" if soft_top_k else "")
+                        + (f", blocks of {parallel['block_size']}" if parallel else ""))
     val = None if res.held_out is None else res.held_out["top1"]
     log(f"train: stopped at step {res.step}"
         + (f", held-out top1 {val:.4f}" if val is not None else ""))
@@ -294,15 +296,25 @@ def train_draft(target: str | Model = "smollm2-135m", corpus=None, *, out_dir: s
                               own={k: np.asarray(v) for k, v in res.params.items()})
     draft.train_step, draft.held_out_top1 = res.step, val
     if export:
-      meta = dict(corpus.meta)
-      export_draft(draft, export, target_name=target_name, meta={
-          "steps": res.step, "vocab_size": int(len(vocab)), "lr": lr, "batch_size": batch_size,
-          "seq_len": seq_len, "soft_top_k": soft_top_k, "labels": int(np.sum(labels >= 0)),
-          "init": init,
-          "held_out_top1": val, "held_out": None if res.held_out is None else res.held_out,
-          "corpus": {k: meta[k] for k in ("model", "vocab_size", "weights_sha256") if k in meta}})
-      log(f"export: wrote {export} ({os.path.getsize(export) / 2**20:.1f} MiB)")
+      _export(draft, export, target_name, corpus.meta, res, {
+          "vocab_size": int(len(vocab)), "lr": lr, "batch_size": batch_size, "seq_len": seq_len,
+          "soft_top_k": soft_top_k, "labels": int(np.sum(labels >= 0)), "init": init}, parallel,
+              log)
     return draft
+
+
+def _export(draft, path: str, target_name: str, corpus_meta: dict, res, run: dict,
+            parallel: dict | None, log) -> None:
+  """Writes the trained draft's asset: the run's settings, a parallel draft's block and mask
+  token, the held-out metrics and the corpus it learned from in its header."""
+  meta = dict(corpus_meta)
+  export_draft(draft, path, target_name=target_name, meta={
+      "steps": res.step, **run, **({} if parallel is None else {"parallel": {
+          "block_size": parallel["block_size"], "mask_token_id": parallel["mask_token"],
+          "anchors": parallel["anchors"]}}),
+      "held_out_top1": draft.held_out_top1, "held_out": res.held_out,
+      "corpus": {k: meta[k] for k in ("model", "vocab_size", "weights_sha256") if k in meta}})
+  log(f"export: wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
 
 
 def _draft_windows(corpus, seq_len: int, held_out: float, seed: int, max_held_out_windows: int,
@@ -348,10 +360,46 @@ def _initial_draft(target: Model, name: str, init, num_layers, labels, vocab_siz
   return draft, vocab, num_layers
 
 
-def _draft_losses(draft: Model, target: Model, vocab_j, soft_top_k: int):
+def _check_on_target(cfg, num_layers, soft_top_k: int, parallel) -> None:
+  """train_draft's checks that need the target's config (before any compile)."""
+  if num_layers is not None and not num_layers <= cfg.num_layers:
+    raise InputError(f"num_layers={num_layers} must be in [1, {cfg.num_layers}] (the target's "
+                     f"layers)")
+  if parallel is not None and not 0 <= parallel["mask_token"] < cfg.vocab_size:
+    raise InputError(f"mask_token={parallel['mask_token']} is not a token id of the target "
+                     f"(its vocabulary has {cfg.vocab_size})")
+  if soft_top_k > cfg.vocab_size:
+    raise InputError(f"soft_top_k={soft_top_k} exceeds the target's vocabulary "
+                     f"({cfg.vocab_size})")
+
+
+def _check_parallel(parallel: dict, soft_top_k: int, seq_len: int) -> dict:
+  """train_draft's `parallel` settings checked, with their defaults filled (before any load)."""
+  if not isinstance(parallel, dict) or set(parallel) - {"block_size", "mask_token", "anchors"}:
+    raise InputError(f"parallel={parallel!r} is invalid: a dict of block_size, mask_token and "
+                     f"anchors")
+  out = {"block_size": 8, "anchors": 0, **parallel}
+  check_int("block_size", out["block_size"], 2, 64)
+  check_int("anchors", out["anchors"], 0, seq_len - 1, f" (at most seq_len - 1 = {seq_len - 1})")
+  if out.get("mask_token") is None:
+    raise InputError("a parallel draft needs mask_token: an id the corpus never holds, which the "
+                     "draft learns as 'to be predicted' (e.g. a special token)")
+  check_int("mask_token", out["mask_token"], 0)
+  if soft_top_k:
+    raise InputError("soft_top_k is not available for a parallel draft: it trains on the corpus's "
+                     "tokens")
+  out["anchors"] = out["anchors"] or max(1, seq_len // out["block_size"])
+  return out
+
+
+def _draft_losses(draft: Model, target: Model, vocab_j, soft_top_k: int,
+                  parallel: dict | None = None):
   """(loss_fn, eval_fn) for the trainer, both f(own, batch, rng, frozen). Training: hard labels,
   or with soft_top_k the target's top-k computed on the batch. Held-out: agreement with the
-  target's greedy token (top1) and with the corpus token (top1_corpus)."""
+  target's greedy token (top1) and with the corpus token (top1_corpus). parallel: PARD's
+  losses instead (`_parallel_losses`)."""
+  if parallel is not None:
+    return _parallel_losses(draft, vocab_j, parallel)
 
   def loss_fn(own, batch, rng, frozen):
     del rng  # deterministic loss
@@ -369,6 +417,30 @@ def _draft_losses(draft: Model, target: Model, vocab_j, soft_top_k: int):
     _, mc = draft_loss(draft, own, vocab_j, tokens, lab, params=frozen["draft"])
     return loss, {"top1": m["top1"], "coverage": m["coverage"], "count": m["count"],
                   "top1_corpus": mc["top1"]}
+
+  return loss_fn, eval_fn
+
+
+def _parallel_losses(draft: Model, vocab_j, parallel: dict):
+  """A parallel draft's (loss_fn, eval_fn): training/pard.py's loss at `anchors` random labelled
+  positions per window (fixed ones held out, the trainer's evaluation key); held-out metrics
+  against the target's greedy tokens, per block offset."""
+  from specjax.training.dflash import sample_anchors
+  from specjax.training.pard import pard_loss
+
+  k, mask_token, num = parallel["block_size"], parallel["mask_token"], parallel["anchors"]
+
+  def loss_fn(own, batch, rng, frozen):
+    tokens, lab = batch
+    anchors, _ = sample_anchors(rng, lab >= 0, num)
+    return pard_loss(draft, own, vocab_j, tokens, lab, anchors, k, mask_token,
+                     params=frozen["draft"])
+
+  def eval_fn(own, batch, rng, frozen):
+    tokens, lab, greedy = batch
+    anchors, _ = sample_anchors(rng, greedy >= 0, num)
+    return pard_loss(draft, own, vocab_j, tokens, lab, anchors, k, mask_token,
+                     params=frozen["draft"], greedy=greedy)
 
   return loss_fn, eval_fn
 

@@ -68,6 +68,25 @@ SAMPLING_METHODS += [
 ]
 
 
+# ---- methods/pard.py: a parallel draft fills gamma - 1 masks in one forward. The target as its
+# own parallel draft gets q_1 right at every step, so the multi-token acceptance path runs.
+
+
+def _pard(draft, **options):
+  return lambda target: sj.ParallelDraft(draft(target), mask_token_id=target.config.vocab_size - 1,
+                                         **options)
+
+
+GREEDY_METHODS += [
+    ("pard/self", _pard(lambda target: target, gamma=4)),
+    ("pard/random", _pard(_random_draft, gamma=3)),
+    ("pard/subset-adaptive", _pard(_layer_draft, gamma=4, adaptive=True, threshold=0.3)),
+]
+SAMPLING_METHODS += [
+    ("pard/self", _pard(lambda target: target, gamma=2)),
+    ("pard/subset-threshold", _pard(_layer_draft, gamma=3, threshold=0.2)),
+]
+
 # ---- methods/quantized.py: the target drafts for itself with 4- / 8-bit weights and int8
 # activations, writing into the target's cache (shared) or keeping its own.
 

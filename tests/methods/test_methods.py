@@ -42,6 +42,8 @@ def test_every_registered_method_reports_its_registry_name():
       "eagle": dict(heads=sj.init_heads(target, "eagle"), depth=2, top_k=2, num_nodes=4),
       "mtp": dict(heads=sj.init_heads(target, "mtp", num_heads=2), gamma=2),
       "dflash": dict(heads=sj.init_heads(target, "dflash", mask_token_id=1), block_size=2),
+      "pard": dict(draft=tiny_model(seed=7, vocab_size=target.config.vocab_size), gamma=2,
+                   mask_token_id=1),
   }
   for name, entry in methods.REGISTRY.items():
     assert entry.build(target, **options.get(name, {})).name == name, name

@@ -156,6 +156,39 @@ def test_held_out_windows_never_overlap_training_windows():
   assert not np.array_equal(c.windows(16, "heldout", 0.25, 3)[0], c.windows(16, "heldout", 0.25, 4)[0])
 
 
+def test_train_a_parallel_draft_that_fills_masks(tmp_path, self_distillation):
+  """`train_draft(parallel=...)` (PARD): the masks learn the offsets after the next token, the
+  asset records its block, mask token and per-offset agreement, and ParallelDraft drafts with
+  it losslessly, accepting more than one token a step."""
+  target, c = self_distillation
+  v = target.config.vocab_size
+  par = {"block_size": 4, "mask_token": v - 1, "anchors": 8}
+  d = train.train_draft(target, c, out_dir=str(tmp_path / "run"), steps=80,
+                        export=str(tmp_path / "p.npz"), parallel=par, log=lambda *a: None,
+                        **{**_DRAFT_KW, "lr": 1e-2})
+  held = [r for r in trainer.read_log(str(tmp_path / "run")) if r["split"] == "heldout"]
+  first, last = held[0], held[-1]
+  assert last["top1_0"] > 0.7 and last["top1_1"] > first["top1_1"] + 0.3, (first, last)
+  back = sj.load_model(str(tmp_path / "p.npz"), target=target)
+  assert back.asset_header["parallel"] == {"block_size": 4, "mask_token_id": v - 1, "anchors": 8}
+  assert back.asset_header["held_out"]["top1_1"] == last["top1_1"]
+  method = sj.ParallelDraft(back)  # mask token and the block's bound from the asset
+  assert method.mask_token_id == v - 1 and method.prepare(target).gamma <= 4
+  prompts = random_prompts(3, v, seed=5)
+  ref = sj.generate(target, prompts, max_new_tokens=16).tokens
+  out = sj.generate(target, prompts, sj.ParallelDraft(back, gamma=3), max_new_tokens=16)
+  assert out.tokens == ref and out.stats["mean_accepted"] > 1.5, out.stats
+  assert d.name.endswith("-pard")
+  with pytest.raises(sj.InputError, match="needs mask_token"):
+    train.train_draft(target, c, out_dir=str(tmp_path / "x"), parallel={"block_size": 4})
+  with pytest.raises(sj.InputError, match="soft_top_k"):
+    train.train_draft(target, c, out_dir=str(tmp_path / "x"), soft_top_k=2, parallel=par)
+  with pytest.raises(sj.InputError, match="mask_token=61"):
+    train.train_draft(target, c, out_dir=str(tmp_path / "x"), parallel={**par, "mask_token": v},
+                      vocab_size=40)
+  assert not (tmp_path / "x").exists()
+
+
 def test_train_draft_bad_arguments(tmp_path, self_distillation):
   target, c = self_distillation
   ok = dict(out_dir=str(tmp_path / "r"), vocab_size=40, log=lambda *a: None, progress=False)
