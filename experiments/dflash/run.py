@@ -1,6 +1,6 @@
 """DFlash's acceptance against block size (Chen, Liang, Liu 2026, "DFlash: Block Diffusion for Flash
 Speculative Decoding"), with the trained drafter: what each block size buys in accepted tokens and
-in speed, beside EAGLE by name.
+in speed, beside EAGLE and PARD's parallel draft model by name.
 
     python experiments/dflash/run.py [--quick] [--heads NAME_OR_FILE] [--out DIR]
         [--arithmetic w4a8] [--subset-from smollm2-135m-eagle]
@@ -16,7 +16,8 @@ verify forward per step), greedy, batch 1, per prompt set (chat: MT-Bench; code:
   speedup     wall time of autoregressive over DFlash on the same prompt, the two run alternately
               (`bench.paired`: the fastest of --repeats each), median over the set's prompts;
 
-and EAGLE by name (its shipped heads, its cost-curve sizes) the same way on the same prompts.
+and beside them the methods of --beside by name (EAGLE and PARD's parallel draft model: their
+shipped drafters, their cost-curve sizes) the same way on the same prompts.
 Every greedy output is checked token-identical to autoregressive.
 Writes results.json / results.md / results.png (results_quick.* with --quick) to --out.
 """
@@ -96,7 +97,10 @@ def main(argv=None):
   ap.add_argument("--new", type=int, help="new tokens per prompt (no EOS stop)")
   ap.add_argument("--blocks", default=None, help="block sizes (default 2 .. the trained block)")
   ap.add_argument("--repeats", type=int, help="timed runs of each side per prompt, alternating")
-  ap.add_argument("--no-eagle", action="store_true", help="leave EAGLE by name out")
+  ap.add_argument("--beside", default="eagle,pard",
+                  help="methods by name measured beside DFlash where the target has their "
+                  "drafters (default eagle,pard: EAGLE, and PARD's parallel draft, target-"
+                  "independent; '' for none)")
   ap.add_argument("--subset-from", default=None,
                   help="heads (a shipped name or .npz) whose vocabulary subset a second row per "
                   "block drafts over (DFlash(vocab=...), rows dflash/B/subset)")
@@ -126,8 +130,9 @@ def main(argv=None):
                     for b in blocks})
   if args.heads is None:  # by name: the shipped drafter, sized from the cost curve
     methods["dflash"] = "dflash"
-  if not args.no_eagle and sj_methods.get("eagle").available(target):
-    methods["eagle"] = "eagle"
+  for name in filter(None, args.beside.split(",")):
+    if sj_methods.get(name).available(target):
+      methods[name] = name
   rows = measure(target, methods, ps, args)
   for r in rows:
     if r["method"].startswith("dflash/"):  # dflash/B, or dflash/B/subset (not plotted)
@@ -185,7 +190,7 @@ def markdown(data: dict) -> str:
 
 def plot(fig, data: dict) -> None:
   """Left: tau against block size, measured per set (markers) and predicted (line); right: the
-  speedup over autoregressive, with EAGLE's as a dashed line per set."""
+  speedup over autoregressive, with EAGLE's (dashed) and PARD's (dotted) as lines per set."""
   fig.set_size_inches(11, 4.5)
   ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
   rows = [r for r in data["rows"] if "block" in r]
@@ -198,9 +203,11 @@ def plot(fig, data: dict) -> None:
     rs = sorted((r for r in rows if r["set"] == s), key=lambda r: r["block"])
     ax1.plot([r["block"] for r in rs], [r["tau"] for r in rs], "o-", color=f"C{j}", label=s)
     ax2.plot([r["block"] for r in rs], [r["speedup"] for r in rs], "o-", color=f"C{j}", label=s)
-    eagle = [r for r in data["rows"] if r["method"] == "eagle" and r["set"] == s]
-    if eagle:
-      ax2.axhline(eagle[0]["speedup"], color=f"C{j}", ls="--", lw=1, label=f"EAGLE, {s}")
+    for name, ls in (("eagle", "--"), ("pard", ":")):
+      other = [r for r in data["rows"] if r["method"] == name and r["set"] == s]
+      if other:
+        ax2.axhline(other[0]["speedup"], color=f"C{j}", ls=ls, lw=1,
+                    label=f"{'EAGLE' if name == 'eagle' else 'PARD'}, {s}")
   ax1.set(xlabel="block size (pending token + drafted)", ylabel="tau (tokens per step)",
           title="accepted length vs block size")
   ax2.axhline(1.0, color="grey", lw=0.5)

@@ -146,7 +146,7 @@ def test_dflash_block_size(tiny_dir, prompt_file, tmp_path):
   mod = load_script("dflash")
   mod.main(["--quick", "--model", tiny_dir, "--heads", path, "--out", str(tmp_path), "--sets",
             prompt_file, "--prompts", "1", "--new", "12", "--repeats", "1", "--blocks", "2,4",
-            "--no-eagle"])
+            "--beside", ""])
   data, md = report(tmp_path)
   assert [(r["method"], r["block"]) for r in data["rows"]] == [("dflash/2", 2), ("dflash/4", 4)]
   assert all(r["identical"] and r["tau"] >= 1 for r in data["rows"])
