@@ -230,7 +230,7 @@ def random_draft(target, seed: int = 7, layers: int = 1):
 def method_options(name: str, target, seed: int = 4) -> dict:
   """Options that build the registered method `name` on `target` (specjax.methods.build) with
   small fixed settings and random drafters (Medusa heads at a spread that gets some candidates
-  accepted, EAGLE / MTP / DFlash heads, a one-layer random draft)."""
+  accepted, EAGLE / MTP / DFlash heads, a one-layer random draft, as PARD's parallel draft too)."""
   from specjax import methods
   from specjax.heads import init_heads
 
@@ -241,6 +241,8 @@ def method_options(name: str, target, seed: int = 4) -> dict:
       "suffix": lambda: dict(num_nodes=6, max_depth=4, occurrences=3, max_match=4),
       "lookahead": lambda: dict(window=3, ngram=3, guess=2),
       "draft": lambda: dict(draft=random_draft(target, seed + 3), gamma=3),
+      "pard": lambda: dict(draft=random_draft(target, seed + 3), gamma=3,
+                           mask_token_id=target.config.vocab_size - 1),
       "layer-skip": lambda: dict(exit_layer=1, gamma=3),
       "quantized": lambda: dict(bits=8, gamma=3),
       "medusa": lambda: dict(heads=medusa(), tree=[list(p) for p in MEDUSA_TREE]),
