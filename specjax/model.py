@@ -518,6 +518,13 @@ def head_rows(config: ModelConfig, params, ids) -> jax.Array:
   return head[ids]
 
 
+def subset_index(vocab: jax.Array, ids: jax.Array):
+  """Token ids [...] -> (their positions [...] in the sorted subset vocab [Vs], whether each is
+  there): the label index into logits over head_rows(..., vocab). Negative ids are never there."""
+  idx = jnp.clip(jnp.searchsorted(vocab, ids), 0, vocab.shape[0] - 1)
+  return idx, (ids >= 0) & (vocab[idx] == ids)
+
+
 def subset_logits(h: jax.Array, arrays: dict) -> jax.Array:
   """h [...,E] (final-normed) -> logits [...,Vs] float32 over a vocabulary subset. arrays:
   `packing.subset_head`'s {"head": rows [Vs,E]}, with "packed_head" when the target is packed."""

@@ -240,5 +240,12 @@ def load_draft_asset(path: str, target: Model, name: str = "") -> Model:
   return draft
 
 
+def parallel_settings(draft) -> dict:
+  """What a parallel draft's asset records (`specjax train pard`): {"block_size",
+  "mask_token_id", "anchors"}; {} for a draft without them (a plain draft, one built in code)."""
+  header = getattr(draft, "asset_header", None) or {}
+  return dict(header.get("parallel") or {})
+
+
 # kind -> reader(path, target, name=) -> drafter; each drafter kind adds its reader here.
 READERS = {"draft": load_draft_asset, "pard": load_draft_asset}

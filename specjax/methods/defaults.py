@@ -106,8 +106,10 @@ def _held(meta) -> dict:
   return (meta or {}).get("held_out") or {}
 
 
-def _chain(cost, acceptance, draft_cost, max_gamma, basis, recorded=True) -> Choice:
-  r = trees.choose_chain(cost, acceptance, draft_cost=draft_cost, max_gamma=max_gamma)
+def _chain(cost, acceptance, draft_cost, max_gamma, basis, recorded=True,
+           step_overhead: float = 0.0) -> Choice:
+  r = trees.choose_chain(cost, acceptance, draft_cost=draft_cost, max_gamma=max_gamma,
+                         step_overhead=step_overhead)
   return Choice({"gamma": r["gamma"]}, r["speedup"], r["tau"], tuple(r["table"]), basis, recorded)
 
 
@@ -139,16 +141,15 @@ def pard_gamma(target, draft, cost) -> Choice:
   """pard: gamma = argmax tau(g) / (c(g + 1) + d), tau(g) = 1 + sum_i prod_{j<=i} top1_j (offset
   j's held-out top-1 given the offsets before it right, recorded by `specjax train pard`) and d
   the draft's reads as for `draft_gamma`, once: one draft forward per chain."""
+  from specjax.shipped import parallel_settings
+
   held = _held(getattr(draft, "asset_header", None))
-  block = int(((getattr(draft, "asset_header", None) or {}).get("parallel") or {}).get(
-      "block_size", 0))
+  block = int(parallel_settings(draft).get("block_size", 0))
   acc = [held[f"top1_{i}"] for i in range(block) if f"top1_{i}" in held]
   if not acc:
     return Choice({})
-  r = trees.choose_chain(cost, acc, max_gamma=min(len(acc), MAX_GAMMA),
-                         step_overhead=draft_reads(target, draft))
-  return Choice({"gamma": r["gamma"]}, r["speedup"], r["tau"], tuple(r["table"]),
-                "pard held-out top-1 per block offset", True)
+  return _chain(cost, acc, 0.0, min(len(acc), MAX_GAMMA), "pard held-out top-1 per block offset",
+                step_overhead=draft_reads(target, draft))
 
 
 def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:

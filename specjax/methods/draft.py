@@ -312,7 +312,8 @@ class DraftModel(_Speculative):
 
   def timing_cache(self, target, batch: int, cache_len: int) -> kv.KVCache:
     d = self.draft.config
-    return kv.init(d.num_layers, batch, cache_len, d.num_kv_heads, d.head_dim, self.draft.dtype)
+    return kv.init(d.num_layers, batch, cache_len + self.extra_room, d.num_kv_heads, d.head_dim,
+                   self.draft.dtype)
 
   def _draft_cache(self, state):
     return state.method["cache"]

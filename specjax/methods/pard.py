@@ -36,13 +36,7 @@ from specjax.methods import sizing
 from specjax.methods.draft import DraftModel
 from specjax.methods.features import to_tokens
 from specjax.model import subset_logits
-
-
-def trained_block(draft) -> dict:
-  """The parallel settings a draft's asset records (`specjax train pard`): {"block_size",
-  "mask_token_id"}, or {} for a draft without them."""
-  header = getattr(draft, "asset_header", None) or {}
-  return dict(header.get("parallel") or {})
+from specjax.shipped import parallel_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +52,7 @@ class ParallelDraft(DraftModel):
 
   def __post_init__(self):
     super().__post_init__()
-    block = trained_block(self.draft)
+    block = parallel_settings(self.draft)
     if self.mask_token_id is None:
       if "mask_token_id" not in block:
         raise InputError("a parallel draft needs mask_token_id: this draft's asset records none "
@@ -87,10 +81,7 @@ class ParallelDraft(DraftModel):
     reaches slot 2 gamma - 1."""
     return self.gamma
 
-  def timing_cache(self, target, batch: int, cache_len: int) -> kv.KVCache:
-    return super().timing_cache(target, batch, cache_len + self.gamma)
-
-  def block_logits(self, params, arrays, dcache, seq, seq_len):
+  def block_logits(self, arrays, dcache, seq, seq_len):
     """One draft forward: the last gamma + 1 committed tokens of each row (fewer where the
     sequence is shorter: the window then starts at slot 0), then masks. Returns (logits [B,G,Vs]
     of q_1 .. q_gamma, dcache)."""
@@ -117,8 +108,7 @@ class ParallelDraft(DraftModel):
     """All gamma drafts from one forward; a row's chain ends at its budget (adaptive g) or at
     its first position (after the first) whose confidence is under `threshold`."""
     g = self.gamma
-    logits, dcache = self.block_logits(params, arrays, state.method["cache"], state.seq,
-                                       state.seq_len)
+    logits, dcache = self.block_logits(arrays, state.method["cache"], state.seq, state.seq_len)
     q = sampling.probs(logits, state.sp)  # [B,G,Vs] (one-hot for greedy rows)
     toks = to_tokens(arrays, sampling.sample(key, logits, state.sp, p=q))
     budget = jnp.where(self.adaptive, state.method["g"], g)  # [B]

@@ -35,7 +35,7 @@ import numpy as np
 
 from specjax import validate
 from specjax.errors import InputError, check_int
-from specjax.model import Model, forward_sequence, head_rows
+from specjax.model import Model, forward_sequence, head_rows, subset_index
 from specjax.shipped import (draft_from_target, export_draft, load_draft_asset,  # noqa: F401
                              own_params, read_draft_header, with_params)
 from specjax.training import folders, trainer
@@ -154,16 +154,12 @@ def draft_loss(draft: Model, own: dict, vocab, tokens, labels, topk_ids=None, to
   logits = (hidden @ head_rows(cfg, params, vocab).T).astype(jnp.float32)  # [B,T,Vs]
   logp = jax.nn.log_softmax(logits, axis=-1)
 
-  def in_subset(ids):  # position of each id in the (sorted) subset, and whether it is there
-    idx = jnp.clip(jnp.searchsorted(vocab, ids), 0, vocab.shape[0] - 1)
-    return idx, (ids >= 0) & (vocab[idx] == ids)
-
-  idx, m = in_subset(labels)
+  idx, m = subset_index(vocab, labels)
   has = labels >= 0
   if topk_ids is None:
     nll = -jnp.take_along_axis(logp, idx[..., None], axis=-1)[..., 0]
   else:
-    kidx, km = in_subset(topk_ids)
+    kidx, km = subset_index(vocab, topk_ids)
     w = jnp.where(km & has[..., None], jnp.exp(topk_logp.astype(jnp.float32)), 0.0)
     w = w / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1e-9)
     nll = -jnp.sum(w * jnp.take_along_axis(logp, kidx, axis=-1), axis=-1)

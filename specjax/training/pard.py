@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import cache as kv
+from specjax.model import head_rows, subset_index
 from specjax.shipped import with_params
 
 
@@ -67,8 +68,6 @@ def pard_loss(draft, own: dict, vocab, tokens, labels, anchors, block_size: int,
   tokens, which the per-offset metrics are measured against (default: labels).
   Returns (loss, metrics: top1 of the real positions (against greedy), top1_k per offset given the earlier ones
   right, coverage, count)."""
-  from specjax.model import head_rows
-
   params = with_params(draft, own, params)
   cfg = draft.config
   b, t = tokens.shape
@@ -81,11 +80,7 @@ def pard_loss(draft, own: dict, vocab, tokens, labels, anchors, block_size: int,
   blocks = block_labels(labels, anchors, block_size)  # [B,A,k]
   ext_labels = jnp.concatenate([labels, blocks[:, :, 1:].reshape(b, a * g)], axis=1)
 
-  def in_subset(ids):  # position of each id in the (sorted) subset, and whether it is there
-    idx = jnp.clip(jnp.searchsorted(vocab, ids), 0, vocab.shape[0] - 1)
-    return idx, (ids >= 0) & (vocab[idx] == ids)
-
-  idx, m = in_subset(ext_labels)
+  idx, m = subset_index(vocab, ext_labels)
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), idx[..., None], axis=-1)[..., 0]
   count = jnp.maximum(jnp.sum(m), 1)
   loss = -jnp.sum(jnp.where(m, lp, 0.0)) / count
@@ -94,9 +89,9 @@ def pard_loss(draft, own: dict, vocab, tokens, labels, anchors, block_size: int,
   at_anchor = jnp.take_along_axis(best[:, :t], anchors, axis=1)[:, :, None]  # [B,A,1]
   guesses = jnp.concatenate([at_anchor, best[:, t:].reshape(b, a, g)], axis=2)  # [B,A,k]
   want = blocks if greedy is None else block_labels(greedy, anchors, block_size)
-  widx, wm = in_subset(want)
+  widx, wm = subset_index(vocab, want)
   right = (guesses == widx) & wm
-  gidx, real = (idx[:, :t], m[:, :t]) if greedy is None else in_subset(greedy)
+  gidx, real = (idx[:, :t], m[:, :t]) if greedy is None else subset_index(vocab, greedy)
   metrics = {"loss": loss, "count": count.astype(jnp.float32),
              "top1": jnp.sum((best[:, :t] == gidx) & real) / jnp.maximum(jnp.sum(real), 1),
              "coverage": jnp.sum(m) / jnp.maximum(jnp.sum(ext_labels >= 0), 1)}

@@ -53,7 +53,7 @@ def test_each_round_rewrites_what_the_last_round_left(pair):
   dcache = kv.init(c.num_layers, b, s + method.extra_room, c.num_kv_heads, c.head_dim)
   _, _, dcache = forward_sequence(c, draft.module(draft.params), np.asarray(mixed, np.int32),
                                   cache=dcache)
-  logits, _ = method.block_logits(None, method.arrays(target), dcache, seq, seq_len)
+  logits, _ = method.block_logits(method.arrays(target), dcache, seq, seq_len)
   assert logits.shape == (b, GAMMA, v)
   for r in range(b):
     n = int(seq_len[r])
