@@ -20,6 +20,8 @@ Random weights in the shapes of real models (nothing big travels; no network, no
                         bandwidth over the bytes a token must read (weights, plus the KV cache
                         at the mean context); a second roofline counts the whole static cache,
                         which the model's attention reads through its mask
+    profile             one autoregressive generation under jax's profiler: kernel time per token
+                        against wall time per token, and the kernels that take it
     ar_vs_transformers  the same weights in transformers (Llama-family shapes) with
                         `generate(cache_implementation="static")`, same dtype, same prompt and
                         length, on the same device; skipped, with the reason, where torch
@@ -28,7 +30,7 @@ Random weights in the shapes of real models (nothing big travels; no network, no
                         SmolLM2 shape in bf16, against an autoregressive step; tau there comes
                         from random drafters and means nothing, so `tau_cpu` is read from the
                         CPU Spec-Bench run with the shipped drafters
-                        (experiments/spec_bench/results_quick.json), labelled as such
+                        (experiments/spec_bench/chat_code/results.json), labelled as such
 
 Writes results.json (after every section, so a run cut short keeps what it measured) and
 results.md into --out (results_quick.* with --quick). --budget: seconds after which the remaining
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -64,7 +67,8 @@ import specjax as sj  # noqa: E402
 from specjax import arch, bench, calibrate, exactness  # noqa: E402
 from specjax import methods as registry  # noqa: E402
 
-SECTIONS = ("device", "lossless", "cost_curve", "ar_vs_roofline", "ar_vs_transformers", "methods")
+SECTIONS = ("device", "lossless", "cost_curve", "ar_vs_roofline", "profile", "ar_vs_transformers",
+            "methods")
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 QUICK_SIZES = (1, 4, 16)
 
@@ -98,7 +102,7 @@ QUICK_SHAPES = {
                         layer_types=["sliding_attention", "full_attention"],
                         query_pre_attn_scalar=16),
 }
-SPEC_BENCH = os.path.join(ROOT, "experiments", "spec_bench", "results_quick.json")
+SPEC_BENCH = os.path.join(ROOT, "experiments", "spec_bench", "chat_code", "results.json")
 
 
 @dataclasses.dataclass
@@ -143,31 +147,44 @@ def config(shape: str, hf: dict) -> sj.ModelConfig:
 
 
 def random_model(cfg: sj.ModelConfig, dtype=jnp.bfloat16, seed: int = 0, scale: float = 0.02):
-  """sj.Model.random's weights (its draws; the scaling may round differently in the last bit),
-  made by one jitted program: drawing them one array at a time compiled a program per shape
-  (12 s for a two-layer model on a 2-core CPU), and on a GPU the 8B shape's draws run as one
-  program with no host round trips."""
+  """A model with sj.Model.random's kind of weights (N(0, scale) matrices, unit norm scales, zero
+  biases; not its exact draws), made with one compiled draw per distinct weight shape.
+
+  Drawing the whole model in one jitted program (as nnx builds it) gives XLA one random-number
+  kernel per weight array to compile: about 290 for the 8B shape, which took 85 s on an H200
+  (2026-11-30), longer than timing it. Here the draws for every array of one shape and dtype share
+  a program (a handful per model), so building costs a few compiles and the draws themselves."""
   from flax import nnx
 
-  from specjax.model import Decoder
+  from specjax.model import Decoder, path_key
 
   cfg.validate()
-  make = lambda: Decoder(cfg, dtype=dtype, rngs=nnx.Rngs(seed))  # noqa: E731
-  graphdef = nnx.split(nnx.eval_shape(make))[0]
+  graphdef, abstract = nnx.split(nnx.eval_shape(
+      lambda: Decoder(cfg, dtype=dtype, rngs=nnx.Rngs(seed))))
+  base = jax.random.key(seed)
+  leaves, tree = jax.tree_util.tree_flatten_with_path(abstract)
+  values = []
+  for i, (path, leaf) in enumerate(leaves):
+    name = str(path_key(path)[-1])
+    if leaf.ndim == 1 and name == "scale":
+      values.append(jnp.ones(leaf.shape, leaf.dtype))
+    elif name == "bias" or name.startswith("b_") or name in ("bqkv", "bo"):
+      values.append(jnp.zeros(leaf.shape, leaf.dtype))
+    else:
+      values.append(_draw(jax.random.fold_in(base, i), leaf.shape, jnp.dtype(leaf.dtype), scale))
+  return sj.Model(cfg, graphdef, jax.tree_util.tree_unflatten(tree, values), name="random",
+                  dtype=dtype)
 
-  @jax.jit
-  def init():
-    params = nnx.split(make())[1]
-    if scale != 0.02:
-      params = jax.tree_util.tree_map(lambda x: x * (scale / 0.02), params)
-    return params
 
-  return sj.Model(cfg, graphdef, init(), name="random", dtype=dtype)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _draw(key, shape, dtype, scale):
+  """scale * N(0, 1) of one shape and dtype: compiled once per (shape, dtype, scale)."""
+  return scale * jax.random.normal(key, shape, dtype)
 
 
 def tiny_target(dtype, seed: int = 0):
-  """The lossless suite's tiny target (tests/helpers/models.py's tiny_model; logits spread wide),
-  its weights cast to dtype."""
+  """The lossless suite's tiny target (tests/helpers/models.py's tiny_model's shape and weight
+  scale, so its logits spread wide; drawn by random_model), its weights cast to dtype."""
   cfg = sj.ModelConfig(arch="llama", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
                        num_kv_heads=2, head_dim=8, intermediate_size=48,
                        max_position_embeddings=512, rope_theta=10000.0)
@@ -203,7 +220,7 @@ def section_device(run: Run) -> dict:
   dev = jax.devices()[0]
   info = {"platform": dev.platform, "device_kind": dev.device_kind, "count": jax.device_count(),
           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-          "machine": bench.machine_info()}
+          "machine": bench.machine_info(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
   with contextlib.suppress(Exception):
     stats = dev.memory_stats() or {}
     info["memory_gib"] = round(stats.get("bytes_limit", 0) / 2 ** 30, 1) or None
@@ -309,6 +326,9 @@ def shape_sections(run: Run, wanted: list[str]) -> None:
       res["ar_vs_roofline"][shape], ours = _roofline(run, model, ids, bw)
       res["ar_vs_roofline"][shape]["build_s"] = built
       run.save()
+    if "profile" in wanted and not run.over():
+      res["profile"][shape] = _profile(run, model, ids)
+      run.save()
     if "ar_vs_transformers" in wanted and not run.over():
       res["ar_vs_transformers"][shape] = _vs_transformers(run, shape, hf, model, ids, ours)
     for s in wanted:
@@ -346,6 +366,58 @@ def _roofline(run: Run, model, ids, bw) -> tuple[dict, list | None]:
             "fraction_of_static_roofline": round(tok_s / (bw / static), 3)}, out.tokens[0]
   except Exception as e:  # noqa: BLE001
     return {"status": "ERROR", **error(e)}, None
+
+
+def _profile(run: Run, model, ids) -> dict:
+  """One autoregressive generation (compiled by ar_vs_roofline where it ran) under jax's
+  profiler: the kernels' time per token beside the wall time per token, and the kernels that
+  take it. What the device does in a step that the weights' read time does not explain."""
+  import glob
+  import tempfile
+
+  try:
+    method = sj.Autoregressive()
+    sj.generate(model, ids, method, max_new_tokens=run.new, stop_at_eos=False)
+    with tempfile.TemporaryDirectory() as d:
+      with jax.profiler.trace(d):
+        out = sj.generate(model, ids, method, max_new_tokens=run.new, stop_at_eos=False)
+      files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+      if not files:
+        return {"status": "ERROR", "error": "the profiler wrote no .xplane.pb"}
+      times, lines = kernel_times(jax.profiler.ProfileData.from_file(files[0]))
+    if not times:
+      return {"status": "ERROR", "error": "no kernel events found", "lines": lines}
+    new = run.new
+    total = sum(sum(v) for v in times.values()) / 1e6
+    wall = 1000 * out.stats["wall_time_s"]
+    top = sorted(times.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {"status": "ok", "source": lines, "tokens": new,
+            "wall_ms_per_token": round(wall / new, 4),
+            "kernel_ms_per_token": round(total / new, 4),
+            "busy_fraction": round(total / wall, 3),
+            "kernels_per_token": round(sum(len(v) for v in times.values()) / new, 1),
+            "top": [{"kernel": k[:90], "ms_per_token": round(sum(v) / 1e6 / new, 4),
+                     "per_token": round(len(v) / new, 2), "mean_us": round(np.mean(v) / 1e3, 2)}
+                    for k, v in top]}
+  except Exception as e:  # noqa: BLE001
+    return {"status": "ERROR", **error(e)}
+
+
+def kernel_times(data) -> tuple[dict[str, list[float]], list[str]]:
+  """Durations (ns) per kernel name in a jax profile, and the lines they came from: on an
+  accelerator its device planes' stream lines (the kernels and copies as the device ran them);
+  with none (a CPU), the host's XLA client threads (their ops as the host ran them)."""
+  picked = [(p.name, ln) for p in data.planes if p.name.startswith("/device:")
+            for ln in p.lines if ln.name.startswith("Stream")]
+  if not picked:
+    picked = [(p.name, ln) for p in data.planes if p.name == "/host:CPU"
+              for ln in p.lines if ln.name.startswith("tf_XLAPjRt")]
+  times: dict[str, list[float]] = {}
+  for _, ln in picked:
+    for ev in ln.events:
+      if not ev.name.startswith(("ThreadpoolListener", "ThunkExecutor")):  # CPU: enclosing spans
+        times.setdefault(ev.name, []).append(float(ev.duration_ns))
+  return times, [f"{plane}: {ln.name}" for plane, ln in picked]
 
 
 def hf_state_dict(model, torch, device) -> dict:
@@ -453,15 +525,16 @@ def _vs_transformers(run: Run, shape: str, hf: dict, model, ids, ours) -> dict:
 
 
 def cpu_tau() -> dict[str, float]:
-  """Mean tau over Spec-Bench's categories per method, from the CPU run with the shipped
-  drafters on SmolLM2-135M (experiments/spec_bench/results_quick.json), where that file is."""
+  """Each method's tau over all prompts of the CPU Spec-Bench run with the shipped drafters on
+  SmolLM2-135M (experiments/spec_bench/chat_code/results.json: MT-Bench and HumanEval, float32),
+  where that file is."""
   try:
     with open(SPEC_BENCH) as f:
       summary = json.load(f)["summary"]
   except (OSError, ValueError, KeyError):
     return {}
-  return {m: round(float(np.mean([c["tau"] for c in cats.values()])), 2)
-          for m, cats in summary.items() if cats}
+  return {m: round(float(cats["overall"]["tau"]), 2) for m, cats in summary.items()
+          if isinstance(cats, dict) and "tau" in cats.get("overall", {})}
 
 
 def section_methods(run: Run) -> dict:
@@ -555,6 +628,9 @@ def render(res: dict) -> str:
         ("fraction_of_roofline", "of roofline", ".2f"),
         ("fraction_of_static_roofline", "of static-cache roofline", ".2f")]))
     lines.append("")
+  pr = res.get("profile")
+  if pr:
+    lines += profile_markdown(pr)
   tf = res.get("ar_vs_transformers")
   if tf:
     rows = [dict(v, shape=s) for s, v in tf.items()]
@@ -579,6 +655,27 @@ def render(res: dict) -> str:
   if errors:
     lines += ["## errors", ""] + errors
   return "\n".join(lines)
+
+
+def profile_markdown(pr: dict) -> list[str]:
+  rows = [dict(v, shape=s) for s, v in pr.items() if isinstance(v, dict)]
+  out = ["## profile", "", "One autoregressive generation under jax's profiler (bf16, batch 1, "
+         "the ar_vs_roofline prompt and length): kernel time per token against wall time per "
+         "token (both under the profiler).", ""]
+  out.append(bench.markdown_table(rows, [
+      ("shape", "shape", "s"), ("status", "status", "s"),
+      ("wall_ms_per_token", "wall ms/token", ".3f"),
+      ("kernel_ms_per_token", "kernel ms/token", ".3f"), ("busy_fraction", "busy", ".2f"),
+      ("kernels_per_token", "kernels/token", ".1f")]))
+  out.append("")
+  for r in rows:
+    if r.get("top"):
+      out += [f"{r['shape']}: the kernels with the most time", ""]
+      out.append(bench.markdown_table(r["top"], [
+          ("kernel", "kernel", "s"), ("ms_per_token", "ms/token", ".4f"),
+          ("per_token", "runs/token", ".2f"), ("mean_us", "mean us", ".1f")]))
+      out.append("")
+  return out
 
 
 def _entries(sec):
@@ -713,8 +810,8 @@ def main(argv=None) -> dict:
             deadline=t_start + budget if budget else None,
             results={"quick": args.quick, "command": bench.command_line(argv and
                                                                         [__file__, *argv])})
-  order = ["device", "lossless", "cost_curve", "ar_vs_roofline", "ar_vs_transformers", "methods"]
-  per_shape = [s for s in order if s in sections and s.startswith(("cost", "ar_"))]
+  order = list(SECTIONS)
+  per_shape = [s for s in order if s in sections and s.startswith(("cost", "ar_", "profile"))]
   for sec in [s for s in order if s in sections]:
     if sec in per_shape:
       if sec == per_shape[0]:

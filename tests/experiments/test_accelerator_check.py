@@ -44,6 +44,8 @@ def test_quick_run_writes_every_section(tmp_path):
     assert set(curve["c"]) == {str(t) for t in mod.QUICK_SIZES}
     roof = res["ar_vs_roofline"][shape]
     assert roof["status"] == "ok" and roof["tokens_per_s"] > 0 and roof["fraction_of_roofline"] > 0
+    prof = res["profile"][shape]
+    assert prof["status"] == "ok" and prof["top"] and prof["kernel_ms_per_token"] > 0, prof
     # The same random weights in transformers decode the same greedy tokens (torch on the CPU).
     tf = res["ar_vs_transformers"][shape]
     if tf["status"].startswith("skipped: torch"):
@@ -87,3 +89,28 @@ def test_merge_fills_what_one_run_skipped(tmp_path):
   md = (out / "results.md").read_text()
   assert "- `run b` (20.0 s)" in md and "side by side" in md
   assert json.loads((out / "results.json").read_text()) == merged
+
+
+def test_random_weights_are_drawn_like_model_random():
+  """random_model (one compiled draw per weight shape, so building the 8B shape on a device costs
+  a few compiles) gives sj.Model.random's kind of weights: the same arrays, the same constants
+  (unit norm scales, zero biases) and N(0, 0.02) everywhere else."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import specjax as sj
+
+  mod = load_script()
+  for shape, hf in mod.QUICK_SHAPES.items():
+    cfg = mod.config(shape, hf)
+    ours = jax.tree_util.tree_flatten_with_path(mod.random_model(cfg).params)[0]
+    ref = jax.tree_util.tree_flatten_with_path(sj.Model.random(cfg, dtype=jnp.bfloat16).params)[0]
+    assert [p for p, _ in ours] == [p for p, _ in ref], shape
+    for (path, a), (_, b) in zip(ours, ref):
+      assert a.shape == b.shape and a.dtype == b.dtype, (shape, path)
+      a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+      if np.all(b == b.flat[0]):
+        np.testing.assert_array_equal(a, b, err_msg=f"{shape} {path}")
+      else:
+        assert 0.015 < a.std() < 0.025 and abs(a.mean()) < 0.005, (shape, path, a.std())
