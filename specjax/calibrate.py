@@ -138,7 +138,7 @@ def measure_seconds_quietly(model, sizes=SIZES, *, cache_len: int = CACHE_LEN,
   read), "tries"}. Only where the model runs on the CPU: a GPU's forward does not share the
   host's cores."""
   fns = _probes(model, sizes, cache_len, filled, loop)
-  if not _runs_on_cpu(model):
+  if not packing.on_cpu_devices(model):
     tries = 1
   best = None
   for n in range(1, tries + 1):
@@ -150,16 +150,6 @@ def measure_seconds_quietly(model, sizes=SIZES, *, cache_len: int = CACHE_LEN,
     if share is None or share <= quiet:
       break
   return dict(best, tries=n)
-
-
-def _runs_on_cpu(model) -> bool:
-  """Whether the model's weights live on CPU devices (where its forward shares the host's cores
-  with every other process)."""
-  leaf = next(iter(jax.tree_util.tree_leaves(model.params)), None)
-  try:
-    return all(d.platform == "cpu" for d in leaf.devices())
-  except AttributeError:
-    return jax.default_backend() == "cpu"
 
 
 def _probes(model, sizes, cache_len, filled, loop) -> dict:

@@ -342,6 +342,16 @@ def unpack(model):
   return _rebuild(model, module)
 
 
+def on_cpu_devices(model) -> bool:
+  """Whether the model's weights live on CPU devices: where the CPU kernels run and a forward
+  shares the host's cores (decided from the arrays, not from jax.default_backend())."""
+  leaf = next(iter(jax.tree_util.tree_leaves(model.params)), None)
+  try:
+    return all(d.platform == "cpu" for d in leaf.devices())
+  except AttributeError:  # no arrays (or abstract ones): where jax runs by default
+    return jax.default_backend() == "cpu"
+
+
 def single_cpu_device() -> bool:
   devices = jax.devices()
   return len(devices) == 1 and devices[0].platform == "cpu"

@@ -61,7 +61,12 @@ QUANTIZED_COST = {("kernel", "float", 4): 0.4, ("kernel", "float", 8): 0.4,
                   # W4A8 target's own products do too, so a draft costs about a target step.
                   ("jax", "float", 4): 1.5, ("jax", "float", 8): 1.5,
                   ("jax", "blocks", 4): 3.3, ("jax", "blocks", 8): 3.3,
-                  ("jax", "w4a8", 4): 1.0, ("jax", "w4a8", 8): 1.0}
+                  ("jax", "w4a8", 4): 1.0, ("jax", "w4a8", 8): 1.0,
+                  # On an accelerator the int8 draft is XLA's, its weights dequantized in every
+                  # call: one 8-bit draft forward took 1.3 bf16 target steps on an H200
+                  # (SmolLM2's shape; experiments/accelerator, 2026-11-28). 4 bits: not measured.
+                  **{("accelerator", kind, bits): 1.3 for kind in ("float", "blocks", "w4a8")
+                     for bits in (4, 8)}}
 RANK_SHARE = 0.45  # rank r+1's accuracy over rank r's where only top-1 is recorded (as the prior)
 
 
@@ -162,13 +167,15 @@ def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:
 
 def quantized_gamma(target, bits: int, cost) -> Choice:
   """quantized: gamma = argmax tau(g) / (c(g + 1) + g q) with the prior a = QUANTIZED_PRIOR[bits]
-  and q = QUANTIZED_COST for this kernel and target (no acceptance is recorded: the draft is the
+  and q = QUANTIZED_COST for this kernel, target and device (no acceptance is recorded: the draft is the
   target itself, so nothing was trained or held out)."""
+  from specjax import packing
   from specjax.kernels import qdot
 
   if bits not in QUANTIZED_PRIOR or isinstance(bits, bool):
     return Choice({})  # (the class names what is allowed)
-  path = "kernel" if qdot.available() else "jax"
+  path = ("kernel" if qdot.available() else "jax") if packing.on_cpu_devices(target) else \
+      "accelerator"
   kind = "float"
   if getattr(target, "weights", "") == "blocks":
     kind = "w4a8" if getattr(target, "activations", "") == "int8" else "blocks"
