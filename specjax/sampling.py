@@ -40,14 +40,30 @@ class SamplingParams:
     )
 
 
+ARGMAX_BLOCK = 128  # argmax's first level: the maximum of every block of this many entries
+
+
 def argmax(x: jax.Array) -> jax.Array:
-  """jnp.argmax over the last axis (the first maximum) as two plain reductions, a max and then a
-  min over the maxima's indices: XLA's CPU argmax is one scalar loop per row, several times
-  slower on vocabulary-wide rows (measured: docs/performance.md). int32 [...]."""
-  m = jnp.max(x, axis=-1, keepdims=True)
+  """jnp.argmax over the last axis (the first maximum), in two levels: the maxima of blocks of
+  ARGMAX_BLOCK entries (one pass over the row), the first block that holds the row's maximum, and
+  the first index of the maximum inside that block. XLA's CPU argmax is one scalar loop per row,
+  and a max followed by a min over a where() of every index writes a vocabulary-wide int32 array
+  per row: on SmolLM2's 49152 ids, 4 rows took 155 us that way and 52 us so (docs/performance.md).
+  A NaN row (no element equals its maximum) gives the last index. int32 [...]."""
   n = x.shape[-1]
-  i = jnp.min(jnp.where(x == m, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
-  return jnp.minimum(i, n - 1)  # a NaN row (no element equals its max) -> the last index
+  nb = -(-n // ARGMAX_BLOCK)
+  if nb * ARGMAX_BLOCK != n:  # pad to whole blocks with entries that never win
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, nb * ARGMAX_BLOCK - n)],
+                constant_values=-jnp.inf)
+  blocks = x.reshape(x.shape[:-1] + (nb, ARGMAX_BLOCK))
+  block_max = jnp.max(blocks, axis=-1)  # [..., nb]
+  m = jnp.max(block_max, axis=-1, keepdims=True)  # [..., 1]
+  b = jnp.min(jnp.where(block_max == m, jnp.arange(nb, dtype=jnp.int32), nb), axis=-1)
+  b = jnp.minimum(b, nb - 1)
+  row = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]  # [..., BLOCK]
+  j = jnp.min(jnp.where(row == m, jnp.arange(ARGMAX_BLOCK, dtype=jnp.int32), ARGMAX_BLOCK),
+              axis=-1)
+  return jnp.minimum(b * ARGMAX_BLOCK + j, n - 1)
 
 
 def top_k_ids(logits: jax.Array, k: int) -> jax.Array:

@@ -217,14 +217,25 @@ def test_sample_probs_draws_the_given_distribution(v):
 
 
 def test_argmax_is_jnp_argmax():
-  """sampling.argmax (two reductions) == jnp.argmax: first maximum on ties, all -inf rows, wide and
-  narrow rows, leading axes."""
+  """sampling.argmax (block maxima, then the first block holding the maximum, then the first
+  index in it) == jnp.argmax: first maximum on ties (inside a block and across blocks), all -inf
+  rows, rows of whole blocks and of a padded last block, one entry, leading axes, bfloat16; a NaN
+  row gives the last index."""
   rng = np.random.default_rng(0)
-  x = rng.integers(-3, 4, size=(3, 5, 300)).astype(np.float32)  # many ties
+  x = rng.integers(-3, 4, size=(3, 5, 300)).astype(np.float32)  # many ties; 300: a padded block
   x[0, 0] = -np.inf
   x[1, 2, 7] = np.inf
-  for a in (x, x[..., :1], rng.normal(size=(2, 49152)).astype(np.float32)):
-    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(a)), np.argmax(a, axis=-1))
+  x[2, 1, 290] = 9.0  # the maximum in the padded last block
+  whole = rng.integers(-2, 3, size=(4, 256)).astype(np.float32)
+  whole[0, [5, 200]] = 7.0  # a tie across blocks: the first block's
+  whole[1, [130, 131]] = 7.0  # a tie inside the second block
+  for a in (x, x[..., :1], whole, whole[:, :128], rng.normal(size=(2, 49152)).astype(np.float32),
+            jax.numpy.asarray(x, jax.numpy.bfloat16)):
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(a)),
+                                  np.argmax(np.asarray(a, np.float32), axis=-1))
+  nan = whole.copy()
+  nan[2, 40] = np.nan
+  assert int(jax.jit(sampling.argmax)(nan)[2]) == nan.shape[-1] - 1
 
 
 # ----------------------------------------------------------------------------- model families
