@@ -343,7 +343,8 @@ def cost_curve(model) -> dict[int, float]:
 def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, reps: int = 20):
   """c = (one draft forward of one token) / (one target decode step), timed on this device, for a
   drafting method with a draft forward (specjax.methods.draft: DraftModel, SelfSpeculative,
-  QuantizedDraft).
+  QuantizedDraft). A parallel draft (ParallelDraft, PARD) drafts a round in one forward over its
+  window (gamma + 1 committed tokens, gamma - 1 masks): c is that forward's cost, once a round.
 
   Also returns the verification cost (gamma + 1 tokens) relative to one decode step, and for a
   method whose verification width varies (adaptive / threshold) the cost of every width 2 ..
@@ -357,6 +358,9 @@ def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, 
   dcache = method.timing_cache(target, b, s)
 
   def draft_fn(params, arrays, cache, toks):
+    if hasattr(method, "block_logits"):  # a round's whole chain from one forward
+      seq = jnp.zeros((b, s), jnp.int32)
+      return method.block_logits(arrays, cache, seq, lengths)
     return method._draft_forward(prog, params, arrays, cache, toks, lengths)
 
   def timed(fn, *args):
@@ -373,6 +377,7 @@ def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, 
   t_verify = timed(target_fn, target.params, cache, jnp.zeros((b, method.gamma + 1), jnp.int32))
   t_draft = timed(draft_fn, target.params, arrays, dcache, jnp.zeros((b, 1), jnp.int32))
   out = {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
+         "draft": "one forward a round" if hasattr(method, "block_logits") else "one a token",
          "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}
   if method.variable_width:
     out["verify_by_width"] = {w: timed(target_fn, target.params, cache,

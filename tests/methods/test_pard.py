@@ -149,3 +149,16 @@ def test_shipped_smollm2_pard(smollm2):
   assert max(out.stats["accept_hist"][3:]) > 0, out.stats  # three or more tokens in one step
   assert sj.generate(smollm2, prompts[:1], "pard", max_new_tokens=32,
                      chat=True).tokens == ref[:1]
+
+
+def test_cost_ratio_times_the_rounds_one_forward(pair, monkeypatch):
+  """calibrate.measure_cost_ratio times a parallel draft's round as it runs: one forward over
+  its window (block_logits), not a one-token draft forward."""
+  from specjax import calibrate
+
+  target, draft = pair
+  method = sj.ParallelDraft(draft, gamma=GAMMA, mask_token_id=target.config.vocab_size - 1)
+  monkeypatch.setattr(type(method), "_draft_forward",
+                      lambda *a, **k: pytest.fail("timed a one-token draft forward"))
+  r = calibrate.measure_cost_ratio(target, method, cache_len=64, reps=2)
+  assert r["draft"] == "one forward a round" and r["c"] > 0 and r["verify_over_step"] > 0
