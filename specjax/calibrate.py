@@ -18,14 +18,15 @@ tree or a longer chain pays c(N + 1) per step) and what `method="auto"` predicts
 
 The record is a JSON file under the user cache (`$SPECJAX_CACHE`, else `~/.cache/specjax`, folder
 `calibration/`), named by a hash of its key: the device kind and platform, the model's name and a
-hash of its config, its dtype, the jax and jaxlib versions, whether the model runs on the CPU
-kernel (specjax.packing.on_kernel) and then the kernel's build key, ISA and threads (and the
-decode attention kernel's build key), and the
-measurement's own settings. A record is read back only when its stored key equals the one computed
-now, so any change (a new jaxlib, bfloat16 weights, the kernel switched off) measures afresh. Files
-are written under a temporary name and renamed into place; a file that cannot be read or parsed is
-measured again, never an error. Under jax.distributed process 0 reads, measures and writes for all
-(specjax.distributed), so every process chooses the same sizes.
+hash of its config, its dtype, the processor on a CPU (vendor, family, model: the machines this
+project runs on change from day to day), the jax and jaxlib versions, whether the model runs on the
+CPU kernel (specjax.packing.on_kernel) and then the kernel's build key, ISA and threads (and the
+decode attention kernel's build key), and the measurement's own settings. A record is read back
+only when its stored key equals the one computed now, so any change (a new jaxlib, bfloat16
+weights, the kernel switched off) measures afresh. Files are written under a temporary name and
+renamed into place; a file that cannot be read or parsed is measured again, never an error. Under
+jax.distributed process 0 reads, measures and writes for all (specjax.distributed), so every
+process chooses the same sizes.
 
 Switches (`SPECJAX_CALIBRATION`): "0" / "off" / "false" / "no": nothing is measured or read, the
 curve is DEFAULT_CURVE; "quick": fewer sizes and rounds (QUICK_SIZES, 3 rounds: tests); anything
@@ -60,8 +61,8 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 QUICK_SIZES = (1, 2, 4, 8, 16)
 REPS, QUICK_REPS = 7, 3
 CACHE_LEN, FILLED = 512, 256
-FORMAT = 4  # 2: the curve from the envelope of the seconds; 3: inputs traced, not constants;
-# 4: LOOP forwards per call
+FORMAT = 5  # 2: the curve from the envelope of the seconds; 3: inputs traced, not constants;
+# 4: LOOP forwards per call; 5: the CPU's identity in the key
 LOOP = 4  # forwards per timed call (forward_probe's loop)
 # A measurement while other processes kept more than QUIET of this process's CPUs busy is timed
 # again, at most TRIES times; the least disturbed is used, and kept on disk only if it was quiet.
@@ -239,6 +240,8 @@ def cache_key(model, quick: bool = False) -> dict:
   on = packing.on_kernel(model)
   return {
       "format": FORMAT, "device": dev.device_kind, "platform": dev.platform,
+      # a CPU device's kind is "cpu" whatever the processor; the machines this runs on change
+      "cpu": cpu_identity() if dev.platform == "cpu" else None,
       "model": model.name, "config": hashlib.sha256(config.encode()).hexdigest()[:16],
       "dtype": jnp.dtype(model.dtype).name, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
       "kernel": {"build": build.build_key(), "isa": kernels.isa(), "threads": kernels.threads(),
@@ -255,6 +258,24 @@ def cache_key(model, quick: bool = False) -> dict:
       "sizes": list(QUICK_SIZES if quick else SIZES), "reps": QUICK_REPS if quick else REPS,
       "cache_len": CACHE_LEN, "filled": FILLED,
   }
+
+
+def cpu_identity() -> str:
+  """The processor as Linux's /proc/cpuinfo names it (vendor, family, model, model name: a VM's
+  model name alone can be as vague as "AMD EPYC"); "" where it cannot be read."""
+  fields = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("vendor_id", "cpu family", "model", "model name") and name not in fields:
+          fields[name] = value.strip()
+        if not line.strip() and fields:  # the first processor's block is enough
+          break
+  except OSError:
+    return ""
+  return " / ".join(fields.get(k, "?") for k in ("vendor_id", "cpu family", "model", "model name"))
 
 
 def path_for(key: dict) -> str:

@@ -80,6 +80,11 @@ def test_a_changed_key_measures_again(fake_timer, monkeypatch):
   blocks = sj.Model(base.config, base.graphdef, base.params, name=base.name)
   blocks.weights = "blocks"  # what load_model(..., weights="blocks") sets: another kernel
   assert calibrate.calibration(blocks)["source"] == "measured" and len(fake_timer) == 7
+  # Another processor (the machines change from day to day; a CPU's device kind is "cpu"
+  # on every one of them): measured again.
+  assert calibrate.cpu_identity().count(" / ") == 3
+  monkeypatch.setattr(calibrate, "cpu_identity", lambda: "GenuineIntel / 6 / 143 / Xeon")
+  assert calibrate.calibration(blocks)["source"] == "measured" and len(fake_timer) == 8
 
 
 def test_the_off_switch_gives_the_default_curve(monkeypatch, tmp_path):
