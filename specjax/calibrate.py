@@ -377,9 +377,10 @@ def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, 
   prog = Program(target.graphdef, target.config, method, s)
   arrays = method.arrays(target)
   dcache = method.timing_cache(target, b, s)
+  parallel = hasattr(method, "block_logits")  # a round's whole chain from one forward
 
   def draft_fn(params, arrays, cache, toks):
-    if hasattr(method, "block_logits"):  # a round's whole chain from one forward
+    if parallel:
       seq = jnp.zeros((b, s), jnp.int32)
       return method.block_logits(arrays, cache, seq, lengths)
     return method._draft_forward(prog, params, arrays, cache, toks, lengths)
@@ -398,7 +399,7 @@ def measure_cost_ratio(target, method, *, batch: int = 1, cache_len: int = 512, 
   t_verify = timed(target_fn, target.params, cache, jnp.zeros((b, method.gamma + 1), jnp.int32))
   t_draft = timed(draft_fn, target.params, arrays, dcache, jnp.zeros((b, 1), jnp.int32))
   out = {"c": t_draft / t_step, "verify_over_step": t_verify / t_step,
-         "draft": "one forward a round" if hasattr(method, "block_logits") else "one a token",
+         "draft": "one forward a round" if parallel else "one a token",
          "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * t_draft}
   if method.variable_width:
     out["verify_by_width"] = {w: timed(target_fn, target.params, cache,

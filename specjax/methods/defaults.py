@@ -167,8 +167,8 @@ def layer_skip_gamma(target, exit_layer: int, cost) -> Choice:
 
 def quantized_gamma(target, bits: int, cost) -> Choice:
   """quantized: gamma = argmax tau(g) / (c(g + 1) + g q) with the prior a = QUANTIZED_PRIOR[bits]
-  and q = QUANTIZED_COST for this kernel, target and device (no acceptance is recorded: the draft is the
-  target itself, so nothing was trained or held out)."""
+  and q = QUANTIZED_COST for this kernel, target and device (no acceptance is recorded: the draft
+  is the target itself, so nothing was trained or held out)."""
   from specjax import packing
   from specjax.kernels import qdot
 
