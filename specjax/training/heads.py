@@ -158,12 +158,17 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     heads_by, vocab = _starting_heads(inits, init, target, kinds, per_kind, tok, mask,
                                       vocab_size=vocab_size, num_layers=num_layers, seed=seed,
                                       taps=taps, dflash=dflash, log=log)
+    trained_as = _as_trained(heads_by)
+    if trained_as is not heads_by:
+      vocab = None
+      log("dflash: trained over the whole vocabulary; the init's subset of "
+          f"{len(heads_by['dflash'].vocab)} ids is kept for decoding")
     # One frozen set for every kind: the target's params and the LM-head rows the heads score.
-    frozen = frozen_arrays(target, heads_by[kinds[0]])
+    frozen = frozen_arrays(target, trained_as[kinds[0]])
     batches = trainer.row_batches((tok, valid, mask), batch_size, seed)
     params = {k: _f32(h.params) for k, h in heads_by.items()}  # trained in float32
     res = trainer.train(params if joint else params[kinds[0]],
-                        make_loss(target, heads_by, unroll=unroll, dflash_loss=dflash_loss),
+                        make_loss(target, trained_as, unroll=unroll, dflash_loss=dflash_loss),
                         batches, config, held_out=held, frozen=frozen, log=log,
                         title=", ".join(f"{k}: {per_kind[k]} heads" for k in kinds)
                         + f", Vs={'all' if vocab is None else len(vocab)}")
@@ -174,6 +179,18 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
                         if c in corpus.meta})
     out = {k: _finish(k, heads_by[k], res, joint, per_kind[k], export, meta, log) for k in kinds}
     return out if joint else out[kinds[0]]
+
+
+def _as_trained(heads_by: dict) -> dict:
+  """The heads as the loss sees them: a DFlash drafter with a vocabulary subset (an init asset
+  whose file records one for decoding) over the whole vocabulary instead. Its parameters do not
+  depend on the subset (it scores through the target's own LM-head rows), and its loss labels
+  are token ids of the whole vocabulary. heads_by itself where nothing changes."""
+  h = heads_by.get("dflash")
+  if h is None or h.vocab is None:
+    return heads_by
+  return {**heads_by, "dflash": dataclasses.replace(
+      h, vocab=None, config=dataclasses.replace(h.config, vocab_subset=0))}
 
 
 def _dflash_meta(heads_by: dict, dflash: dict, loss: dict) -> dict:

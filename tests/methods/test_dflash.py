@@ -231,6 +231,39 @@ def test_export_round_trips_bit_exact(hf, target, published, tmp_path):
     assert np.array_equal(np.asarray(back.params[name]), np.asarray(x)), name
 
 
+def test_training_on_from_a_subset_asset_is_training_over_the_whole_vocabulary(target, tmp_path):
+  """A DFlash file that records a vocabulary subset for decoding (the shipped drafter does) trains
+  on with `init=`: the drafter scores through the target's own LM head, so its loss is over the
+  whole vocabulary (labels are token ids of it), and the run is the run from the same drafter
+  without the subset, to the bit; the export keeps the subset. (The loss had taken subset rows
+  with whole-vocabulary labels: NaN from the first step.)"""
+  from specjax.drafters.heads_file import save_heads
+  from specjax.training import heads as heads_train
+  from tests.helpers.tinyhf import FakeCorpus
+
+  heads = sj.init_heads(target, "dflash", mask_token_id=MASK, block_size=BS, seed=3, scale=0.3)
+  ids = np.arange(1, V, 2)
+  sub = dataclasses.replace(heads, vocab=jnp.asarray(ids), config=dataclasses.replace(
+      heads.config, vocab_subset=ids.size))
+  save_heads(heads, str(tmp_path / "full.npz"))
+  save_heads(sub, str(tmp_path / "sub.npz"))
+  rng = np.random.default_rng(0)
+  corpus = FakeCorpus([rng.integers(0, V - 1, 24).tolist() for _ in range(24)], [2] * 24, V)
+  kw = dict(steps=3, batch_size=4, seq_len=16, lr=1e-2, warmup=1, held_out=0.2, eval_every=3,
+            progress=False, log=lambda *a: None)
+  runs = {name: heads_train.train_heads(
+      "dflash", target, corpus, out_dir=str(tmp_path / name), init=str(tmp_path / f"{name}.npz"),
+      export=str(tmp_path / f"out-{name}.npz"), **kw) for name in ("full", "sub")}
+  for name, run in runs.items():
+    held = run.meta["held_out"]
+    assert np.isfinite(held["loss"]) and held["top1_0"] > 0, (name, held)
+  assert runs["sub"].meta["held_out"] == runs["full"].meta["held_out"]
+  for name, x in runs["full"].params.items():
+    assert np.array_equal(np.asarray(runs["sub"].params[name]), np.asarray(x)), name
+  back = sj.load_heads(str(tmp_path / "out-sub.npz"), target)
+  assert np.array_equal(np.asarray(back.vocab), ids) and back.config.vocab_subset == ids.size
+
+
 def test_a_vocabulary_subset_scores_its_rows_of_the_full_block(target, published):
   """DFlash(vocab=ids): the block's logits over the subset are the full block's at those ids (the
   target's LM-head rows of the subset), and drafts map back to token ids; the subset's greedy and
