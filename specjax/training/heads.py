@@ -158,11 +158,7 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     heads_by, vocab = _starting_heads(inits, init, target, kinds, per_kind, tok, mask,
                                       vocab_size=vocab_size, num_layers=num_layers, seed=seed,
                                       taps=taps, dflash=dflash, log=log)
-    trained_as = _as_trained(heads_by)
-    if trained_as is not heads_by:
-      vocab = None
-      log("dflash: trained over the whole vocabulary; the init's subset of "
-          f"{len(heads_by['dflash'].vocab)} ids is kept for decoding")
+    trained_as, vocab = _as_trained(heads_by, vocab, log)
     # One frozen set for every kind: the target's params and the LM-head rows the heads score.
     frozen = frozen_arrays(target, trained_as[kinds[0]])
     batches = trainer.row_batches((tok, valid, mask), batch_size, seed)
@@ -181,16 +177,18 @@ def train_heads(kind, target="smollm2-135m", corpus=None, *, out_dir: str | None
     return out if joint else out[kinds[0]]
 
 
-def _as_trained(heads_by: dict) -> dict:
-  """The heads as the loss sees them: a DFlash drafter with a vocabulary subset (an init asset
-  whose file records one for decoding) over the whole vocabulary instead. Its parameters do not
-  depend on the subset (it scores through the target's own LM-head rows), and its loss labels
-  are token ids of the whole vocabulary. heads_by itself where nothing changes."""
+def _as_trained(heads_by: dict, vocab, log) -> tuple[dict, object]:
+  """(the heads as the loss sees them, the vocabulary subset it scores): a DFlash drafter with a
+  subset (an init asset whose file records one for decoding) over the whole vocabulary instead.
+  Its parameters do not depend on the subset (it scores through the target's own LM-head rows),
+  and its loss labels are token ids of the whole vocabulary. (heads_by, vocab) otherwise."""
   h = heads_by.get("dflash")
   if h is None or h.vocab is None:
-    return heads_by
+    return heads_by, vocab
+  log(f"dflash: trained over the whole vocabulary; the init's subset of {len(h.vocab)} ids is "
+      "kept for decoding")
   return {**heads_by, "dflash": dataclasses.replace(
-      h, vocab=None, config=dataclasses.replace(h.config, vocab_subset=0))}
+      h, vocab=None, config=dataclasses.replace(h.config, vocab_subset=0))}, None
 
 
 def _dflash_meta(heads_by: dict, dflash: dict, loss: dict) -> dict:
