@@ -311,8 +311,9 @@ def to_blocks(model, qtype: str = "Q8_0", *, head: bool = True, strict: bool = T
 def pack_int8(model, blocks: dict):
   """Every dense product on int8 activations times the GGUF's own blocks (the W4A8 target,
   `load_model(..., weights="blocks", activations="int8")`): each site's packed copy is the
-  QWeight of its blocks (kernels/quant.py: Q4_1 on the integer-dot kernel, Q8_0 in XLA's integer
-  dot), which multiplies itself. blocks: as for `pack_blocks`; every site must be there, of a
+  QWeight of its blocks (kernels/quant.py, `from_gguf`: Q4_0 / Q4_1 / Q4_K as Q4_1 blocks, Q8_0 /
+  Q5_0 as Q8_0 blocks, Q6_K as a QSum of two Q8_0 halves; on the integer-dot kernel where it is
+  available, else XLA's integer dot), which multiplies itself. blocks: as for `pack_blocks`; every site must be there, of a
   type in quant.GGUF_TYPES (load_model checks the file before it reads it)."""
   from specjax.kernels import quant
 

@@ -291,14 +291,15 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   warning and XLA where it cannot be; False: XLA's dot everywhere. Never with mesh or place.
   weights: "float32" (default): decode multiplies by float32 copies of the weights; "blocks"
   (GGUF files, float32, one CPU device): decode's dense products read the GGUF's quantized blocks
-  as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) through specjax.kernels.blocks, the same weights the
-  float32 copies hold (logits equal up to summation order) at a fraction of the bytes; a product
-  whose blocks are of another type (or a fused one whose parts differ) stays float32, with a
-  warning naming it. Prefill (more than 64 rows) still multiplies the float32 copies.
+  as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; Q5_0 read as the Q8_0 blocks of the same weights)
+  through specjax.kernels.blocks, the same weights the float32 copies hold (logits equal up to
+  summation order) at a fraction of the bytes; a product whose blocks are of another type (or a
+  fused one whose parts differ) stays float32, with a warning naming it. Prefill (more than 64 rows) still multiplies the float32 copies.
   activations: "float32" (default), or "int8" with weights="blocks" (the W4A8 target, llama.cpp's
   arithmetic): every dense product quantizes its activations per block of 32 to int8 and sums
-  integer products against the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored, with a fixed-order float
-  epilogue (specjax/kernels/quant.py); a file holding another block type in a dense product is an
+  integer products against the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored (Q5_0, Q4_K and Q6_K
+  re-expressed exactly as such blocks of 32), with a fixed-order float epilogue
+  (specjax/kernels/quant.py); a file holding another block type in a dense product is an
   InputError naming it, before anything is read.
   """
   from specjax import malloc, validate
@@ -397,7 +398,7 @@ def _int8_blocks(path: str, cfg) -> dict:
   converted."""
   from specjax.kernels import quant
 
-  blocks, skipped = gguf_blocks(path, cfg, tuple(quant.GGUF_TYPES))
+  blocks, skipped = gguf_blocks(path, cfg, tuple(quant.GGUF_TYPES), recode=quant.recode)
   if skipped:
     site, kind = next(iter(skipped.items()))
     raise InputError(f"activations='int8': {path} stores {'.'.join(map(str, site))} as {kind}, "
@@ -426,10 +427,13 @@ def _with_blocks(model, path: str, int8: dict | None = None):
     model = pack_int8(model, int8)
     model.weights, model.activations = "blocks", "int8"
     return model
-  blocks, skipped = gguf_blocks(path, model.config, kern.QTYPES)
+  from specjax.kernels import quant
+
+  supported = (*kern.QTYPES, "Q5_0")  # Q5_0: recoded as Q8_0 blocks of the same weights
+  blocks, skipped = gguf_blocks(path, model.config, supported, recode=quant.recode)
   if skipped:
     warnings.warn(f"weights='blocks': {len(skipped)} product(s) stay float32 (block types "
-                  f"{sorted(set(skipped.values()))}; supported: {sorted(kern.QTYPES)}), e.g. "
+                  f"{sorted(set(skipped.values()))}; supported: {sorted(supported)}), e.g. "
                   f"{next(iter(skipped))}", kern.KernelFallbackWarning, stacklevel=3)
   model = pack_blocks(model, blocks)
   model.weights = "blocks"

@@ -147,6 +147,19 @@ def test_gguf_blocks_float_and_int8_activations(tmp_path, activations):
   _assert_invariant(probe, TREES[0], context=9, batch=4)
 
 
+def test_gguf_k_quants_int8_activations(tmp_path):
+  """The W4A8 target over Gemma 3's block types: Q5_0 (as Q8_0) beside Q8_0 in one fused QKV
+  product, Q4_K (as Q4_1 blocks), Q6_K (two Q8_0 halves summed), a Q8_0 head."""
+  types = {"attn_q.weight": "Q5_0", "attn_k.weight": "Q5_0", "attn_v.weight": "Q8_0",
+           "attn_output.weight": "Q4_K", "ffn_gate.weight": "Q5_0", "ffn_up.weight": "Q5_0",
+           "ffn_down.weight": "Q6_K"}
+  path = write_gguf(tmp_path / "k.gguf", types=types, e=256, h=4, k=2, d=64, f=512)
+  model = sj.load_model(path, tokenizer=False, weights="blocks", activations="int8")
+  probe = BatchInvariance(model, cache_len=96)
+  _assert_chains(probe, (1, 3, 16, 64), context=20)
+  _assert_invariant(probe, TREES[0], context=9, batch=4)
+
+
 def _planted_dense(monkeypatch):
   """A product that splits K in two halves once a call has more than one row: the kind of
   shape-dependent order a GEMM library chooses."""

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf import GGUFReader, quants
+from gguf import GGMLQuantizationType, GGUFReader, quants
 
 import specjax as sj
 from specjax import cache as kv
@@ -30,6 +30,24 @@ def gguf_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def w4a8(gguf_file):
   return sj.load_model(gguf_file, tokenizer=False, weights="blocks", activations="int8")
+
+
+# Gemma 3 270M's file's types: Q5_0 q / k / gate / up beside a Q8_0 v (one fused QKV product of
+# two types), Q4_K attention outputs, a Q6_K down projection, the tied head Q8_0.
+KQUANT_TYPES = {"attn_q.weight": "Q5_0", "attn_k.weight": "Q5_0", "attn_v.weight": "Q8_0",
+                "attn_output.weight": "Q4_K", "ffn_gate.weight": "Q5_0",
+                "ffn_up.weight": "Q5_0", "ffn_down.weight": "Q6_K"}
+
+
+@pytest.fixture(scope="module")
+def kquant_file(tmp_path_factory):
+  return write_gguf(tmp_path_factory.mktemp("w4a8k") / "kq.gguf", types=KQUANT_TYPES, e=256,
+                    h=4, k=2, d=64, f=512)
+
+
+@pytest.fixture(scope="module")
+def kquant(kquant_file):
+  return sj.load_model(kquant_file, tokenizer=False, weights="blocks", activations="int8")
 
 
 def test_a_w4a8_model_prints_its_arithmetic(w4a8):
@@ -57,6 +75,48 @@ def test_every_product_holds_the_files_blocks(gguf_file, w4a8):
   assert copies["w_in"].packed is not None  # 4-bit products run on the integer-dot kernel
   leaves = jax.tree_util.tree_leaves_with_path(w4a8.params)
   assert sum(PREFIX in jax.tree_util.keystr(p) for p, _ in leaves) > 9  # QWeights' arrays
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"])
+def test_every_int8_type_holds_the_files_weights(kquant_file, gguf_file, kind):
+  """from_gguf re-expresses each type's blocks as blocks of 32 (Q5_0 as Q8_0, Q4_K as Q4_1 with
+  float32 scales, Q6_K as two Q8_0 halves): the weights gguf dequantizes, bit for bit."""
+  names = {"Q4_0": (gguf_file, "blk.1.attn_output.weight"), "Q4_1": (gguf_file, "blk.0.ffn_up.weight"),
+           "Q8_0": (kquant_file, "blk.0.attn_v.weight"), "Q5_0": (kquant_file, "blk.1.attn_q.weight"),
+           "Q4_K": (kquant_file, "blk.0.attn_output.weight"),
+           "Q6_K": (kquant_file, "blk.1.ffn_down.weight")}
+  path, name = names[kind]
+  t = {t.name: t for t in GGUFReader(path).tensors}[name]
+  assert t.tensor_type.name == kind
+  rows = np.asarray(t.data, np.uint8).reshape(int(t.shape[-1]), -1)
+  want = quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(t.shape[::-1])  # [N, K]
+  qw = quant.from_gguf(rows, *want.shape, kind)
+  assert isinstance(qw, quant.QSum if kind == "Q6_K" else quant.QWeight)
+  np.testing.assert_array_equal(np.asarray(quant.dequantize(qw)).T, want)
+  if kind == "Q5_0":  # as a Q8_0 tensor's rows, the same weights
+    q8, as_kind = quant.recode(rows, kind)
+    assert as_kind == "Q8_0"
+    got = quants.dequantize(q8, GGMLQuantizationType.Q8_0).reshape(want.shape)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_k_quant_products_follow_the_documented_arithmetic(kquant):
+  """Every product of the K-quant file (a Q5_0 + Q8_0 fused QKV, Q4_K, Q6_K's two halves) is the
+  documented integer arithmetic, at 1 and 9 rows."""
+  module = kquant.module()
+  layer = module.layers[0]
+  copies = {"wqkv": layer.attn.packed_wqkv.get_value(), "wo": layer.attn.packed_wo.get_value(),
+            "w_in": layer.mlp.packed_w_in.get_value(), "w_out": layer.mlp.packed_w_out.get_value()}
+  assert isinstance(copies["w_out"], quant.QSum) and copies["wqkv"].bits == 8
+  assert copies["wo"].bits == 4 and copies["wo"].packed is not None
+  for rows in (1, 9):
+    for site, qw in copies.items():
+      x = np.random.default_rng(rows).standard_normal((rows, qw.k)).astype(np.float32)
+      got = np.asarray(quant.qdense(jnp.asarray(x), qw) if isinstance(qw, quant.QWeight)
+                       else qw.product(jnp.asarray(x)))
+      parts = qw.parts if isinstance(qw, quant.QSum) else (qw,)
+      want = sum(_numpy_w4a8(x, p) for p in parts)
+      assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), site
 
 
 def _numpy_w4a8(x, qw):
@@ -126,6 +186,21 @@ METHODS = {
 }
 
 
+@pytest.mark.parametrize("method", ["prompt-lookup", "eagle", "draft"])
+def test_k_quant_target_greedy_identical_batch4(kquant, method):
+  """The K-quant file's W4A8 target (Gemma 3's types): speculative decoding gives its own
+  autoregressive tokens, and it stays near the float-activation model over the same blocks."""
+  test_greedy_identical_to_its_own_autoregressive_batch4(kquant, method)
+
+
+def test_k_quant_target_close_to_the_float_activations(kquant_file, kquant):
+  b = sj.load_model(kquant_file, tokenizer=False, weights="blocks")
+  toks = jnp.asarray(np.random.default_rng(0).integers(0, 128, (1, 24)))
+  la, lb = logits(b, toks), logits(kquant, toks)
+  assert np.abs(la - lb).max() <= 0.15 * np.abs(la).max()
+  assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.8
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_greedy_identical_to_its_own_autoregressive_batch4(w4a8, method):
   rng = np.random.default_rng(1)
@@ -140,10 +215,10 @@ def test_bad_activations_raise_before_loading(gguf_file, tmp_path, monkeypatch):
     sj.load_model(gguf_file, activations="int4")
   with pytest.raises(InputError, match="needs weights='blocks'"):
     sj.load_model(gguf_file, activations="int8")
-  bad = write_gguf(tmp_path / "q5.gguf", types={"ffn_down.weight": "Q5_0"})
+  bad = write_gguf(tmp_path / "q5.gguf", types={"ffn_down.weight": "Q5_1"})
   read = []
   monkeypatch.setattr("specjax.model.from_flat", lambda *a, **k: read.append(1))
-  with pytest.raises(InputError, match=r"layers\.0\.mlp\.w_out as Q5_0, which has no int8 path"):
+  with pytest.raises(InputError, match=r"layers\.0\.mlp\.w_out as Q5_1, which has no int8 path"):
     sj.load_model(bad, tokenizer=False, weights="blocks", activations="int8")
   assert not read  # the file's types are checked before any weight is converted
   with pytest.raises(InputError, match="activations='int8' applies to a GGUF model"):

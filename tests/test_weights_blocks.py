@@ -89,6 +89,27 @@ def test_greedy_identical_to_float32_batch4(pair, method):
   assert sj.generate(b, prompts, METHODS[method](b), max_new_tokens=16).tokens == ref
 
 
+def test_q5_0_runs_as_the_q8_0_blocks_of_its_weights(tmp_path):
+  """Q5_0 blocks (Gemma 3's q/k/gate/up) are read as Q8_0 blocks of the same weights (w = d (q -
+  16)), so a fused q/k/v of Q5_0 and Q8_0 parts is one Q8_0 product on the kernel: no product
+  stays float32, and the logits are the float32 model's up to summation order."""
+  import warnings
+
+  path = write_gguf(tmp_path / "q5.gguf", {"attn_q.weight": "Q5_0", "attn_k.weight": "Q5_0",
+                                           "attn_v.weight": "Q8_0", "ffn_gate.weight": "Q5_0",
+                                           "ffn_up.weight": "Q5_0"})
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", KernelFallbackWarning)
+    b = sj.load_model(path, tokenizer=False, weights="blocks")
+  a = sj.load_model(path, tokenizer=False)
+  kinds = {k.split("'")[-2]: x.dtype for k, x in packed_copies(b).items()
+           if k.startswith("['layers'][1]")}
+  assert set(kinds.values()) == {jnp.dtype(jnp.uint8)}, kinds
+  toks = jnp.asarray([[5, 9, 77, 3]])
+  la, lb = logits(a, toks), logits(b, toks)
+  assert np.abs(la - lb).max() <= 1e-5 * np.abs(la).max()
+
+
 def test_mixed_block_types_stay_float32_with_a_warning(tmp_path):
   """q/k/v of different types cannot share one fused product; an F32 tensor has no blocks."""
   path = write_gguf(tmp_path / "mixed.gguf", {"attn_k.weight": "Q8_0", "ffn_down.weight": "F32",

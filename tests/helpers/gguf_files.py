@@ -12,6 +12,24 @@ from gguf import GGUFValueType, GGUFWriter, quants
 from specjax import cache as kv
 
 
+K_QUANT_SIZES = {"Q4_K": 144, "Q6_K": 210}  # bytes per super-block of 256
+
+
+def k_quant_rows(shape, kind: str, rng) -> np.ndarray:
+  """Random Q4_K or Q6_K blocks for a [N, K] weight (K a multiple of 256): uint8 [N, K/256 *
+  bytes], every scale, min and quant byte random, the fp16 super-block scales small and positive
+  (weights within about +-0.2). Any bytes are valid blocks of these types."""
+  n, k = shape
+  size = K_QUANT_SIZES[kind]
+  blk = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
+  at = (0, 2) if kind == "Q4_K" else (size - 2,)  # d, dmin (Q4_K); d last (Q6_K)
+  scale = 2e-4 if kind == "Q4_K" else 5e-5
+  for i in at:
+    d = (scale * rng.uniform(0.5, 1.0, (n, k // 256))).astype(np.float16)
+    blk[..., i:i + 2] = d[..., None].view(np.uint8).reshape(n, k // 256, 2)
+  return blk.reshape(n, -1)
+
+
 def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, layers=2,
                tokens=False):
   """A tiny random llama GGUF; types maps a tensor's name (without "blk.i.") to its block type
@@ -37,6 +55,8 @@ def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, laye
     a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
     if kind == "F32":
       w.add_tensor(name, a)
+    elif kind in K_QUANT_SIZES:  # gguf cannot quantize to these: random blocks, sane scales
+      w.add_tensor(name, k_quant_rows(shape, kind, rng), raw_dtype=getattr(Q, kind))
     else:
       w.add_tensor(name, quants.quantize(a, getattr(Q, kind)), raw_dtype=getattr(Q, kind))
 
