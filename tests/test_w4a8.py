@@ -144,11 +144,14 @@ def test_products_follow_the_documented_arithmetic(w4a8, rows):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_close_to_the_float_activations(gguf_file, w4a8):
-  """int8 activations move the logits a little: the same weights, coarser inputs."""
-  b = sj.load_model(gguf_file, tokenizer=False, weights="blocks")
+@pytest.mark.parametrize("target", ["w4a8", "kquant"])
+def test_close_to_the_float_activations(request, target):
+  """int8 activations move the logits a little: the same weights, coarser inputs (the Q4 file,
+  and the file of Gemma 3's types)."""
+  path = request.getfixturevalue("gguf_file" if target == "w4a8" else "kquant_file")
+  b = sj.load_model(path, tokenizer=False, weights="blocks")
   toks = jnp.asarray(np.random.default_rng(0).integers(0, 128, (1, 24)))
-  la, lb = logits(b, toks), logits(w4a8, toks)
+  la, lb = logits(b, toks), logits(request.getfixturevalue(target), toks)
   assert np.abs(la - lb).max() <= 0.15 * np.abs(la).max()
   assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.8
 
@@ -186,28 +189,19 @@ METHODS = {
 }
 
 
-@pytest.mark.parametrize("method", ["prompt-lookup", "eagle", "draft"])
-def test_k_quant_target_greedy_identical_batch4(kquant, method):
-  """The K-quant file's W4A8 target (Gemma 3's types): speculative decoding gives its own
-  autoregressive tokens, and it stays near the float-activation model over the same blocks."""
-  test_greedy_identical_to_its_own_autoregressive_batch4(kquant, method)
+# Every method on the Q4 file; three on the file of Gemma 3's types.
+CASES = ([("w4a8", m) for m in sorted(METHODS)]
+         + [("kquant", m) for m in ("prompt-lookup", "eagle", "draft")])
 
 
-def test_k_quant_target_close_to_the_float_activations(kquant_file, kquant):
-  b = sj.load_model(kquant_file, tokenizer=False, weights="blocks")
-  toks = jnp.asarray(np.random.default_rng(0).integers(0, 128, (1, 24)))
-  la, lb = logits(b, toks), logits(kquant, toks)
-  assert np.abs(la - lb).max() <= 0.15 * np.abs(la).max()
-  assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.8
-
-
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_greedy_identical_to_its_own_autoregressive_batch4(w4a8, method):
+@pytest.mark.parametrize("target,method", CASES)
+def test_greedy_identical_to_its_own_autoregressive_batch4(request, target, method):
+  model = request.getfixturevalue(target)
   rng = np.random.default_rng(1)
   prompts = [rng.integers(0, 128, int(n)).tolist() for n in (3, 9, 14, 6)]
   prompts = [p + p for p in prompts]
-  ref = sj.generate(w4a8, prompts, sj.Autoregressive(), max_new_tokens=16).tokens
-  assert sj.generate(w4a8, prompts, METHODS[method](w4a8), max_new_tokens=16).tokens == ref
+  ref = sj.generate(model, prompts, sj.Autoregressive(), max_new_tokens=16).tokens
+  assert sj.generate(model, prompts, METHODS[method](model), max_new_tokens=16).tokens == ref
 
 
 def test_bad_activations_raise_before_loading(gguf_file, tmp_path, monkeypatch):
