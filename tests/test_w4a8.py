@@ -81,8 +81,10 @@ def test_every_product_holds_the_files_blocks(gguf_file, w4a8):
 def test_every_int8_type_holds_the_files_weights(kquant_file, gguf_file, kind):
   """from_gguf re-expresses each type's blocks as blocks of 32 (Q5_0 as Q8_0, Q4_K as Q4_1 with
   float32 scales, Q6_K as two Q8_0 halves): the weights gguf dequantizes, bit for bit."""
-  names = {"Q4_0": (gguf_file, "blk.1.attn_output.weight"), "Q4_1": (gguf_file, "blk.0.ffn_up.weight"),
-           "Q8_0": (kquant_file, "blk.0.attn_v.weight"), "Q5_0": (kquant_file, "blk.1.attn_q.weight"),
+  names = {"Q4_0": (gguf_file, "blk.1.attn_output.weight"),
+           "Q4_1": (gguf_file, "blk.0.ffn_up.weight"),
+           "Q8_0": (kquant_file, "blk.0.attn_v.weight"),
+           "Q5_0": (kquant_file, "blk.1.attn_q.weight"),
            "Q4_K": (kquant_file, "blk.0.attn_output.weight"),
            "Q6_K": (kquant_file, "blk.1.ffn_down.weight")}
   path, name = names[kind]

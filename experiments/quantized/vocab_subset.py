@@ -1,8 +1,9 @@
 """The quantized self-draft with and without a draft vocabulary subset (`QuantizedDraft(vocab=)`),
-batch 1, greedy, float32 target, one process.
+batch 1, greedy, one process; the target float32, or another arithmetic of the file
+(`--arithmetic w4a8`: the GGUF's blocks with int8 activations).
 
     .venv/bin/python experiments/quantized/vocab_subset.py [--model smollm2-135m|gemma3-270m]
-        [--size N] [--prompts N] [--max-new N] [--repeats N]
+        [--arithmetic float32|blocks|w4a8] [--size N] [--prompts N] [--max-new N] [--repeats N]
 
 The subset is the N most frequent next tokens of text: SmolLM2's shipped draft's own subset
 (8192 tokens, from its training corpus) for SmolLM2; for another model, the shipped SmolLM2
@@ -48,12 +49,13 @@ def subset(model, size: int) -> np.ndarray:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--model", default="smollm2-135m")
+  ap.add_argument("--arithmetic", default="float32", choices=sorted(bench.ARITHMETICS))
   ap.add_argument("--size", type=int, default=None, help="subset size (8192 for SmolLM2, 16384)")
   ap.add_argument("--prompts", type=int, default=4)
   ap.add_argument("--max-new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
   a = ap.parse_args(argv)
-  model = sj.load_model(a.model)
+  model = sj.load_model(a.model, **bench.ARITHMETICS[a.arithmetic])
   size = a.size or (8192 if a.model == "smollm2-135m" else 16384)
   vocab = subset(model, size)
   ps, chat = bench.load_prompt_set("mt_bench", a.prompts, fallback=True)
@@ -80,8 +82,9 @@ def main(argv=None):
           accs[name].append(out.stats["acceptance_by_position"])
     for name in configs:
       speed[name].append(best["autoregressive"] / best[name])
-  print(f"{a.model}, {len(ps)} MT-Bench prompts, {a.max_new} new tokens, load average "
-        f"{os.getloadavg()[0]:.2f}; every output identical to autoregressive decoding")
+  print(f"{a.model} ({a.arithmetic}), {len(ps)} MT-Bench prompts, {a.max_new} new tokens, "
+        f"load average {os.getloadavg()[0]:.2f}; every output identical to autoregressive "
+        "decoding")
   print("| configuration | speedup (median) | per prompt | tau | acceptance by position |")
   print("|---|---|---|---|---|")
   for name in list(configs)[1:]:

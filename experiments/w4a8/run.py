@@ -15,8 +15,9 @@ In one process, for each arithmetic (float32, blocks x float32, blocks x int8):
     activations pick, teacher forced along the blocks model's own greedy output.
 Then every method by name (its defaults from this device's cost curve for the W4A8 target) on
 the W4A8 target against its own autoregressive decoding (specjax.bench.run_cases: baseline runs
-around every method run), with greedy identity checked on every run. --llama-cpp: per arithmetic, the share of llama.cpp's
-greedy tokens (llama-cpp-python on the same file and token ids) before the first difference.
+around every method run), with greedy identity checked on every run. --llama-cpp: per
+arithmetic, the share of llama.cpp's greedy tokens (llama-cpp-python on the same file and token
+ids) before the first difference.
 A tokenizer without a chat template takes the chat prompts as text.
 
 Writes results.json / results.md here (results_quick.* with --quick).

@@ -231,7 +231,8 @@ def _q6_k(blk: np.ndarray):
   dd = _fp16(blk[..., 208:210])
   halves = []
   for h in range(2):  # 128 elements each: ql[64 h:], qh[32 h:]
-    a, b, hb = ql[..., 64 * h:64 * h + 32], ql[..., 64 * h + 32:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+    a, b = ql[..., 64 * h:64 * h + 32], ql[..., 64 * h + 32:64 * h + 64]
+    hb = qh[..., 32 * h:32 * h + 32]
     halves += [(a & 0xF) | ((hb & 3) << 4), (b & 0xF) | (((hb >> 2) & 3) << 4),
                (a >> 4) | (((hb >> 4) & 3) << 4), (b >> 4) | (((hb >> 6) & 3) << 4)]
   q = (np.concatenate(halves, axis=-1) - 32).astype(np.int8).reshape(n, ns * 8, 32)
