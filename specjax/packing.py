@@ -313,8 +313,9 @@ def pack_int8(model, blocks: dict):
   `load_model(..., weights="blocks", activations="int8")`): each site's packed copy is the
   QWeight of its blocks (kernels/quant.py, `from_gguf`: Q4_0 / Q4_1 / Q4_K as Q4_1 blocks, Q8_0 /
   Q5_0 as Q8_0 blocks, Q6_K as a QSum of two Q8_0 halves; on the integer-dot kernel where it is
-  available, else XLA's integer dot), which multiplies itself. blocks: as for `pack_blocks`; every site must be there, of a
-  type in quant.GGUF_TYPES (load_model checks the file before it reads it)."""
+  available, else XLA's integer dot), which multiplies itself. blocks: as for `pack_blocks`;
+  every site must be there, of a type in quant.GGUF_TYPES (load_model checks the file before it
+  reads it)."""
   from specjax.kernels import quant
 
   if is_packed(model):

@@ -294,7 +294,8 @@ def load_model(name_or_path: str, *, dtype=None, tokenizer: bool = True, place=N
   as stored (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; Q5_0 read as the Q8_0 blocks of the same weights)
   through specjax.kernels.blocks, the same weights the float32 copies hold (logits equal up to
   summation order) at a fraction of the bytes; a product whose blocks are of another type (or a
-  fused one whose parts differ) stays float32, with a warning naming it. Prefill (more than 64 rows) still multiplies the float32 copies.
+  fused one whose parts differ) stays float32, with a warning naming it. Prefill (more than 64
+  rows) still multiplies the float32 copies.
   activations: "float32" (default), or "int8" with weights="blocks" (the W4A8 target, llama.cpp's
   arithmetic): every dense product quantizes its activations per block of 32 to int8 and sums
   integer products against the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored (Q5_0, Q4_K and Q6_K
