@@ -224,8 +224,9 @@ def gguf_blocks(file: str, cfg: ModelConfig, supported, recode=None) -> tuple[di
   (..., "mlp", "w_out") and ("head",). A fused product (q/k/v, gate/up) keeps its blocks only
   when its parts share a type; a type not in `supported` (kernels.QTYPES), or F32 / F16, stays
   float32. Rows are output rows of the [K, N] matrix (GGUF stores [N, K] row-major, blocks along K).
-  recode: None, or (rows, type) -> (rows, type), applied to each part first: the same weights in
-  another type's blocks (kernels.quant.recode: Q5_0 as Q8_0, so Q5_0 and Q8_0 parts fuse).
+  recode: None, or (rows, type) -> (rows, type), applied to each part before its type is checked:
+  the same weights in another type's blocks (kernels.quant.recode: Q5_0 as Q8_0, so a Q5_0
+  product is a Q8_0 one, and Q5_0 and Q8_0 parts fuse).
   """
   _, tensors = gguf_index(file)
   permute = arch.of(cfg).gguf_permuted(cfg)
@@ -233,7 +234,7 @@ def gguf_blocks(file: str, cfg: ModelConfig, supported, recode=None) -> tuple[di
 
   def add(site, parts, join=lambda *rows: np.concatenate(rows, 0)):
     if recode is not None:
-      parts = [recode(rows, kind) if kind in supported else (rows, kind) for rows, kind in parts]
+      parts = [recode(rows, kind) for rows, kind in parts]
     kinds = {kind for _, kind in parts}
     if len(kinds) != 1 or next(iter(kinds)) not in supported:
       skipped[site] = "/".join(sorted(kinds))

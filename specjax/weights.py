@@ -430,11 +430,11 @@ def _with_blocks(model, path: str, int8: dict | None = None):
     return model
   from specjax.kernels import quant
 
-  supported = (*kern.QTYPES, "Q5_0")  # Q5_0: recoded as Q8_0 blocks of the same weights
-  blocks, skipped = gguf_blocks(path, model.config, supported, recode=quant.recode)
+  blocks, skipped = gguf_blocks(path, model.config, kern.QTYPES, recode=quant.recode)
   if skipped:
     warnings.warn(f"weights='blocks': {len(skipped)} product(s) stay float32 (block types "
-                  f"{sorted(set(skipped.values()))}; supported: {sorted(supported)}), e.g. "
+                  f"{sorted(set(skipped.values()))}; supported: {sorted(kern.QTYPES)} and Q5_0 "
+                  f"as Q8_0), e.g. "
                   f"{next(iter(skipped))}", kern.KernelFallbackWarning, stacklevel=3)
   model = pack_blocks(model, blocks)
   model.weights = "blocks"

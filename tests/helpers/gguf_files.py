@@ -6,13 +6,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType, GGUFWriter, quants
 
 from specjax import cache as kv
-
-
-K_QUANT_SIZES = {"Q4_K": 144, "Q6_K": 210}  # bytes per super-block of 256
 
 
 def k_quant_rows(shape, kind: str, rng) -> np.ndarray:
@@ -20,7 +18,7 @@ def k_quant_rows(shape, kind: str, rng) -> np.ndarray:
   bytes], every scale, min and quant byte random, the fp16 super-block scales small and positive
   (weights within about +-0.2). Any bytes are valid blocks of these types."""
   n, k = shape
-  size = K_QUANT_SIZES[kind]
+  size = GGML_QUANT_SIZES[getattr(Q, kind)][1]  # bytes per super-block of 256
   blk = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
   at = (0, 2) if kind == "Q4_K" else (size - 2,)  # d, dmin (Q4_K); d last (Q6_K)
   scale = 2e-4 if kind == "Q4_K" else 5e-5
@@ -55,7 +53,7 @@ def write_gguf(path, types=None, seed=0, e=64, h=4, k=2, d=16, f=96, v=128, laye
     a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
     if kind == "F32":
       w.add_tensor(name, a)
-    elif kind in K_QUANT_SIZES:  # gguf cannot quantize to these: random blocks, sane scales
+    elif kind in ("Q4_K", "Q6_K"):  # gguf cannot quantize to these: random blocks, sane scales
       w.add_tensor(name, k_quant_rows(shape, kind, rng), raw_dtype=getattr(Q, kind))
     else:
       w.add_tensor(name, quants.quantize(a, getattr(Q, kind)), raw_dtype=getattr(Q, kind))
